@@ -1,0 +1,22 @@
+"""SAGE: entropy-guided adaptive tree speculative decoding for vision-language models.
+
+Public entry points:
+    load_pair(target, draft, dtype, device)      -> ModelPair
+    prepare_input(pair, prompt, images, video)   -> PreparedInput
+    SpecEngine(pair).stream(prepared, policy)    -> iterator of StepEvent
+    SpecEngine(pair).generate(prepared, policy)  -> GenerationResult
+"""
+
+from .config import POLICY_NAMES, ChainConfig, Eagle2Config, SageConfig, StaticConfig
+from .engine import SpecEngine
+from .errors import InputError, ModelError, SageError
+from .events import GenerationResult, RunStats, StepEvent
+from .inputs import PreparedInput, prepare_input
+from .models import DEFAULT_DRAFT, DEFAULT_TARGET, ModelPair, load_pair
+from .policy import make_policy
+
+__all__ = [
+    "POLICY_NAMES", "ChainConfig", "Eagle2Config", "SageConfig", "StaticConfig", "SpecEngine",
+    "InputError", "ModelError", "SageError", "GenerationResult", "RunStats", "StepEvent",
+    "PreparedInput", "prepare_input", "DEFAULT_DRAFT", "DEFAULT_TARGET", "ModelPair", "load_pair", "make_policy",
+]

@@ -1,0 +1,30 @@
+"""KV-cache compaction after a verified step: keep the accepted path, drop the rejected branches.
+
+The tree region of a cache starts at `start`; `keep` lists the region columns to keep, in
+order. The kept entries move to the front of the region and the rest is cropped.
+Works on transformers' `DynamicCache` (`cache.layers[i].keys / .values`: [B, H, S, D]).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+
+def compact(cache: DynamicCache, start: int, keep: list[int]) -> None:
+    """Keep region columns `keep` (relative to `start`) and drop everything else after `start`."""
+    m = len(keep)
+    moved = keep != list(range(m))
+    idx = None
+    for layer in cache.layers:
+        if getattr(layer, "is_sliding", False):
+            raise NotImplementedError("tree decoding with sliding-window cache layers is not supported")
+        if not layer.is_initialized:
+            continue
+        if moved:
+            if idx is None or idx.device != layer.keys.device:
+                idx = torch.tensor(keep, device=layer.keys.device) + start
+            layer.keys[:, :, start : start + m] = layer.keys[:, :, idx]  # gather copies first: overlap-safe
+            layer.values[:, :, start : start + m] = layer.values[:, :, idx]
+        layer.keys = layer.keys[:, :, : start + m]
+        layer.values = layer.values[:, :, : start + m]

@@ -1,0 +1,80 @@
+"""Hyperparameters of every decoding policy, as frozen dataclasses with the papers' defaults.
+
+One comment per field. Where the SAGE paper leaves a choice open, the field says
+what we chose and why; every such choice is configurable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+# The 25-node, depth-5 static tree of SpecVLM / Medusa (nodes per level 4/8/8/3/2).
+# Each path lists the rank of the chosen child among the draft's top-k at every level.
+MEDUSA_25: tuple[tuple[int, ...], ...] = (
+    (0,), (1,), (2,), (3,),
+    (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0), (2, 1), (3, 0),
+    (0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 1, 0), (0, 1, 1), (1, 0, 0), (1, 0, 1), (2, 0, 0),
+    (0, 0, 0, 0), (0, 0, 0, 1), (0, 1, 0, 0),
+    (0, 0, 0, 0, 0), (0, 0, 0, 0, 1),
+)
+
+
+@dataclass(frozen=True)
+class ChainConfig:
+    """Classic speculative decoding: the draft proposes one chain."""
+
+    k: int = 5  # chain length (draft tokens per step)
+
+
+@dataclass(frozen=True)
+class StaticConfig:
+    """A fixed token tree, given as data: a list of rank paths."""
+
+    paths: tuple[tuple[int, ...], ...] = MEDUSA_25  # default: SpecVLM/Medusa 25-node depth-5 tree
+
+
+@dataclass(frozen=True)
+class Eagle2Config:
+    """EAGLE-2 dynamic tree: expand by cumulative draft probability, rerank, keep the best N."""
+
+    depth: int = 6  # levels drafted
+    top_k: int = 10  # children per expanded node, and nodes expanded per level
+    total_nodes: int = 64  # nodes kept after reranking all candidates (excluding the root)
+
+
+AlphaSource = Literal["prev_path", "prev_root", "current_root"]
+
+
+@dataclass(frozen=True)
+class SageConfig:
+    """SAGE: entropy-guided tree shape (Eq. 7-12) plus the history controller on D_max."""
+
+    k: int = 10  # top-k of the draft distribution used for the normalised entropy (Eq. 7-9)
+    d_min: int = 3  # D_min: depth at alpha = 0
+    d_max: int = 8  # D_max: depth at alpha = 1 (initial value; the history controller moves it)
+    w_min: int = 2  # W_min: root width at alpha = 1
+    w_max: int = 10  # W_max: root width at alpha = 0
+    n_max: int = 64  # N_max: node budget per tree (excluding the root)
+    theta_scale: float = 0.1  # theta_l = theta_scale * l / D(alpha): cumulative-probability threshold
+    width_parent_bias: float = 0.5  # W_l = W * (1/l) * (width_parent_bias + P_parent) for l > 1
+    alpha0: float = 0.5  # confidence before the first step ("confidence starts at 0.5")
+    # Open in the paper: which draft distribution feeds alpha for the NEXT tree.
+    #  prev_path: mean alpha over the draft distributions of step t's accepted path (incl. root);
+    #  prev_root: alpha of step t's root distribution only (the paper's "planned from step t");
+    #  current_root: alpha of the new tree's own root distribution (not in the paper; it is free here
+    #                because the draft computes that distribution before growing the tree).
+    alpha_source: AlphaSource = "prev_path"
+    # Open in the paper: rounding of D(alpha) and W(alpha). We round half up; W_l uses ceil so a
+    # confident parent keeps at least one child (the threshold theta_l does the pruning).
+    history_window: int = 10  # sliding window of acceptance lengths
+    history_low: float = 2.0  # mean accepted length below this lowers D_max
+    history_high: float = 3.0  # above this raises D_max
+    history_step: int = 1  # open in the paper: D_max change per adjustment
+    d_max_bounds: tuple[int, int] = (4, 12)  # open in the paper: D_max stays within these
+    history_cooldown: int = 0  # open: steps to wait after an adjustment before the next one (0 = every step)
+    max_depth_cap: int = field(default=16, repr=False)  # hard ceiling on any tree depth
+
+
+PolicyName = Literal["ar", "chain", "static", "eagle2", "sage"]
+POLICY_NAMES: tuple[str, ...] = ("ar", "chain", "static", "eagle2", "sage")

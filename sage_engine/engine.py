@@ -1,0 +1,216 @@
+"""The speculative decoding engine: one loop, every policy, a stream of step events.
+
+Contract: `stream()` is the one generator every consumer reads (CLI, benchmark, app);
+`generate()` consumes it. The engine knows the ORDER of the stages and nothing else:
+  0. prefill   both models read the prompt; the target's argmax is the first token
+  1. draft     the policy shapes a tree, the draft grows it            (draft.py, policy.py)
+  2. verify    one target forward over [root, tree]                     (verify.py)
+  3. accept    longest agreeing path + the target's bonus token         (verify.py)
+  4. compact   both KV caches keep only the accepted path               (cache.py via runner.py)
+  5. observe   the policy learns from the outcome (alpha, D_max)        (policy.py)
+The output equals the target's own greedy decoding: every emitted token is a target argmax.
+"""
+
+from __future__ import annotations
+
+import time
+from itertools import takewhile
+from typing import Iterator
+
+from .draft import Drafter
+from .errors import InputError
+from .events import GenerationResult, StepEvent, TreeView, summarize
+from .inputs import PreparedInput
+from .models import ModelPair
+from .policy import Policy, StepOutcome, make_policy
+from .runner import ModelRunner
+from .tree import DraftTree
+from .verify import GreedyAcceptance, verify_tree
+
+
+class Transcript:
+    """The output so far, with the stopping rules: EOS, token budget, stop strings."""
+
+    def __init__(self, tokenizer, eos: set[int], budget: int, stop: tuple[str, ...]):
+        self.tokenizer, self.eos, self.budget, self.stop = tokenizer, eos, budget, tuple(s for s in stop if s)
+        self.ids: list[int] = []
+        self.text = ""
+        self.finish_reason: str | None = None
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def extend(self, tokens: list[int]) -> tuple[list[int], str]:
+        """Append what a step produced, truncated by the stopping rules; returns (ids added, text added)."""
+        take = []
+        for tok in tokens:
+            if len(self.ids) + len(take) >= self.budget:
+                self.finish_reason = "length"
+                break
+            take.append(tok)
+            if tok in self.eos:
+                self.finish_reason = "eos"
+                break
+        if self.stop:
+            take = self._cut_at_stop(take)
+        self.ids += take
+        if len(self.ids) >= self.budget and self.finish_reason is None:
+            self.finish_reason = "length"
+        text = self.decode(self.ids)
+        added, self.text = text[len(self.text) :] if text.startswith(self.text) else text, text
+        return take, added
+
+    def _cut_at_stop(self, take: list[int]) -> list[int]:
+        for j in range(1, len(take) + 1):
+            tail = self.decode(self.ids + take[:j])[-(max(map(len, self.stop)) + 64) :]
+            if any(s in tail for s in self.stop):
+                self.finish_reason = "stop_string"
+                return take[:j]
+        return take
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class SpecEngine:
+    """Lossless tree speculative decoding of a target VLM with a draft VLM (batch of one)."""
+
+    def __init__(self, pair: ModelPair, acceptance=None):
+        self.pair = pair
+        self.tokenizer = pair.tokenizer
+        self.target = ModelRunner(pair.target)
+        self.draft = None
+        if pair.draft is not None:
+            shared = min(pair.target.get_output_embeddings().out_features, pair.draft.get_output_embeddings().out_features)
+            self.draft = ModelRunner(pair.draft, vocab_limit=shared)
+        self.drafter = Drafter(self.draft) if self.draft is not None else None
+        self.accept = acceptance or GreedyAcceptance()
+        self._texts: dict[int, str] = {}
+
+    # ------------------------------------------------------------------ helpers
+    def token_text(self, tok: int) -> str:
+        text = self._texts.get(tok)
+        if text is None:
+            text = self._texts[tok] = self.tokenizer.decode([tok])
+        return text
+
+    def _budget(self, prepared: PreparedInput, max_new_tokens: int) -> int:
+        if max_new_tokens < 1:
+            raise InputError("max_new_tokens must be at least 1")
+        cfg = self.pair.target.config
+        ctx = getattr(getattr(cfg, "text_config", cfg), "max_position_embeddings", None)
+        n = prepared.prompt_tokens
+        if ctx is not None and n >= ctx:
+            raise InputError(f"the prompt is too long for the model ({n} tokens; its context is {ctx})")
+        return max_new_tokens if ctx is None else min(max_new_tokens, ctx - n)
+
+    def _tree_view(self, root: int, tree: DraftTree, drafted: int) -> TreeView:
+        return TreeView(
+            root_token=root,
+            root_text=self.token_text(root),
+            tokens=list(tree.tokens),
+            texts=[self.token_text(t) for t in tree.tokens],
+            parents=list(tree.parents),
+            depths=list(tree.depths),
+            probs=[round(p, 5) for p in tree.probs],
+            cum_probs=[round(p, 5) for p in tree.cum_probs],
+            drafted_nodes=drafted,
+        )
+
+    # ------------------------------------------------------------------ the loop
+    def stream(
+        self,
+        prepared: PreparedInput,
+        policy: Policy | str = "sage",
+        max_new_tokens: int = 128,
+        stop: tuple[str, ...] = (),
+    ) -> Iterator[StepEvent]:
+        policy = make_policy(policy) if isinstance(policy, str) else policy
+        drafting = policy.uses_draft
+        if drafting and self.draft is None:
+            raise InputError(f"policy {policy.name!r} needs a draft model")
+        out = Transcript(self.tokenizer, self.pair.eos_token_ids, self._budget(prepared, max_new_tokens), stop)
+        self.target.reset_counters()
+        if self.draft is not None:
+            self.draft.reset_counters()
+
+        # 0. prefill: both models read the prompt; the target's argmax is the first token.
+        t0 = time.perf_counter()
+        first = int(self.target.prefill(prepared.target_inputs).argmax())
+        if drafting:
+            self.draft.prefill(prepared.for_draft())
+        ids, text = out.extend([first])
+        yield self._event(0, "prefill", policy, None, None, None, None, ids, text, out, t0)
+        root, pending = first, [first]  # root: newest token; pending: tokens the draft has not read
+
+        step = 0
+        while not out.finished:
+            step += 1
+            t0 = time.perf_counter()
+            # 1. draft a tree shaped by the policy (ar: an empty tree).
+            start_d = self.draft.seq_len if drafting else 0
+            if drafting:
+                shape, tree, drafted = self.drafter.grow(policy, pending)
+            else:
+                shape, tree, drafted = policy.shape(None), DraftTree(), 0
+            # 2. verify the whole tree in one target forward.
+            start_t = self.target.seq_len
+            logits = verify_tree(self.target, root, tree)
+            # 3. accept the longest agreeing path plus the bonus token.
+            verdict = self.accept(tree, logits)
+            # 4. compact both caches to the accepted path.
+            self.target.keep(start_t, [0] + [1 + n for n in verdict.accepted])
+            if drafting:
+                fed = list(takewhile(lambda n: tree.draft_slots[n] >= 0, verdict.accepted))
+                p = len(pending)
+                self.draft.keep(start_d, list(range(p)) + [p + tree.draft_slots[n] for n in fed])
+                pending = [tree.tokens[n] for n in verdict.accepted[len(fed) :]] + [verdict.bonus]
+            # 5. the policy learns from the outcome.
+            policy.observe(StepOutcome(tree, verdict.accepted, len(verdict.accepted) + 1))
+            ids, text = out.extend(verdict.accepted_tokens + [verdict.bonus])
+            view = self._tree_view(root, tree, drafted)
+            root = verdict.bonus
+            yield self._event(step, "decode", policy, shape, view, tree.root_alpha, verdict, ids, text, out, t0)
+
+    def generate(self, prepared: PreparedInput, policy: Policy | str = "sage", max_new_tokens: int = 128,
+                 stop: tuple[str, ...] = ()) -> GenerationResult:
+        """Run `stream()` to the end and summarise it."""
+        name = policy if isinstance(policy, str) else policy.name
+        t0 = time.perf_counter()
+        steps = list(self.stream(prepared, policy, max_new_tokens, stop))
+        seconds = time.perf_counter() - t0
+        ids = [t for s in steps for t in s.new_token_ids]
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return GenerationResult(name, text, ids, summarize(name, steps, text, ids, seconds), steps)
+
+    # ------------------------------------------------------------------ telemetry
+    def _event(self, step, kind, policy, shape, view, root_alpha, verdict, ids, text, out, t0) -> StepEvent:
+        _, t_ms = self.target.reset_counters()
+        d_fw, d_ms = self.draft.reset_counters() if self.draft is not None else (0, 0.0)
+        alpha = shape.alpha if shape is not None else None
+        wall_ms = (time.perf_counter() - t0) * 1e3
+        return StepEvent(
+            step=step,
+            kind=kind,
+            policy=policy.name,
+            alpha=alpha,
+            entropy=None if alpha is None else 1.0 - alpha,
+            root_alpha=root_alpha,
+            depth=0 if shape is None else shape.depth,
+            width=0 if shape is None else shape.width,
+            d_max=None if shape is None else shape.d_max,
+            tree=view,
+            accepted_nodes=[] if verdict is None else list(verdict.accepted),
+            accepted_tokens=[] if verdict is None else list(verdict.accepted_tokens),
+            bonus_token=None if verdict is None else verdict.bonus,
+            new_token_ids=ids,
+            new_text=text,
+            target_ms=t_ms,
+            draft_ms=d_ms,
+            other_ms=max(0.0, wall_ms - t_ms - d_ms),
+            draft_forwards=d_fw,
+            total_tokens=len(out.ids),
+            finished=out.finished,
+            finish_reason=out.finish_reason,
+        )

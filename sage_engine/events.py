@@ -1,0 +1,117 @@
+"""Telemetry as data: what the engine streams per step, and what a whole run returns.
+
+Every consumer (CLI, benchmark, Gradio app) reads these; none of them touches a tensor.
+All of them serialise to plain JSON with `to_dict()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+
+@dataclass
+class TreeView:
+    """One step's verified draft tree, node i in level order (parent -1 = the root)."""
+
+    root_token: int
+    root_text: str
+    tokens: list[int]
+    texts: list[str]
+    parents: list[int]
+    depths: list[int]
+    probs: list[float]  # draft probability of the node given its parent path
+    cum_probs: list[float]  # product along the path
+    drafted_nodes: int  # nodes the draft proposed before any final pruning (eagle2 reranks)
+
+
+@dataclass
+class StepEvent:
+    """One engine step. Step 0 is the prefill (no tree); every later step is one target forward."""
+
+    step: int
+    kind: Literal["prefill", "decode"]
+    policy: str
+    alpha: float | None  # confidence the tree was planned from (SAGE), else the root's confidence
+    entropy: float | None  # normalised top-k entropy 1 - alpha of the root distribution
+    root_alpha: float | None  # confidence of this step's root distribution (all policies with a draft)
+    depth: int  # chosen depth D (0 for ar / prefill)
+    width: int  # chosen root width W
+    d_max: int | None  # SAGE history controller state
+    tree: TreeView | None
+    accepted_nodes: list[int]  # indices into tree nodes, root side first
+    accepted_tokens: list[int]  # draft tokens the target agreed with
+    bonus_token: int | None  # the target's own token after the accepted path
+    new_token_ids: list[int]  # tokens this step adds to the output (after EOS/budget truncation)
+    new_text: str  # decoded text this step adds
+    target_ms: float  # target forward time (prefill or verify)
+    draft_ms: float  # draft forward time
+    other_ms: float  # everything else in the step: policy, tree, masks, acceptance, cache compaction
+    draft_forwards: int
+    total_tokens: int  # output tokens so far
+    finished: bool = False
+    finish_reason: str | None = None  # "eos" | "length" | "stop_string"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class RunStats:
+    """Whole-run figures; mean_accepted (tau) = decode-step tokens / target forwards after prefill."""
+
+    new_tokens: int
+    seconds: float
+    tokens_per_second: float
+    target_forwards: int  # after prefill
+    mean_accepted: float
+    draft_forwards: int
+    prefill_seconds: float
+    target_seconds: float
+    draft_seconds: float
+    other_seconds: float
+    overhead_fraction: float  # share of decode time outside model forwards
+    finish_reason: str | None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class GenerationResult:
+    policy: str
+    text: str
+    token_ids: list[int]
+    stats: RunStats
+    steps: list[StepEvent] = field(default_factory=list)
+
+    def to_dict(self, with_steps: bool = True) -> dict:
+        out = {"policy": self.policy, "text": self.text, "token_ids": self.token_ids, "stats": self.stats.to_dict()}
+        if with_steps:
+            out["steps"] = [s.to_dict() for s in self.steps]
+        return out
+
+
+def summarize(policy: str, steps: list[StepEvent], text: str, token_ids: list[int], seconds: float) -> RunStats:
+    """RunStats from a run's step events (the one place these figures are computed)."""
+    decode = [s for s in steps if s.kind == "decode"]
+    prefill = [s for s in steps if s.kind == "prefill"]
+    decode_tokens = sum(len(s.new_token_ids) for s in decode)
+    target_s = sum(s.target_ms for s in decode) / 1e3
+    draft_s = sum(s.draft_ms for s in steps) / 1e3
+    other_s = sum(s.other_ms for s in decode) / 1e3
+    decode_s = target_s + sum(s.draft_ms for s in decode) / 1e3 + other_s
+    return RunStats(
+        new_tokens=len(token_ids),
+        seconds=seconds,
+        tokens_per_second=len(token_ids) / seconds if seconds > 0 else 0.0,
+        target_forwards=len(decode),
+        mean_accepted=decode_tokens / len(decode) if decode else 0.0,
+        draft_forwards=sum(s.draft_forwards for s in steps),
+        prefill_seconds=sum(s.target_ms + s.draft_ms + s.other_ms for s in prefill) / 1e3,
+        target_seconds=target_s,
+        draft_seconds=draft_s,
+        other_seconds=other_s,
+        overhead_fraction=other_s / decode_s if decode_s > 0 else 0.0,
+        finish_reason=steps[-1].finish_reason if steps else None,
+    )

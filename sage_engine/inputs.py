@@ -1,0 +1,98 @@
+"""One multimodal prompt, prepared through the model's own chat template and processor.
+
+The same PreparedInput feeds the target and the draft. When the draft's processor
+differs (or its visual tokens are pruned), the draft gets its own tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from PIL import Image
+
+from .errors import InputError
+from .media import VideoClip, load_image, sample_video
+from .models import ModelPair
+
+DEFAULT_NUM_FRAMES = 8
+MAX_PROMPT_CHARS = 8000
+
+
+@dataclass
+class PreparedInput:
+    """Processor outputs for one request (batch of one)."""
+
+    target_inputs: dict[str, torch.Tensor]  # input_ids, attention_mask, pixel_values, *_grid_thw, ...
+    draft_inputs: dict[str, torch.Tensor] | None  # None: the draft reads target_inputs
+    prompt: str
+    images: list[Image.Image] = field(default_factory=list)
+    video: VideoClip | None = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return int(self.target_inputs["input_ids"].shape[1])
+
+    def for_draft(self) -> dict[str, torch.Tensor]:
+        return self.target_inputs if self.draft_inputs is None else self.draft_inputs
+
+
+def video_frames_for(processor) -> int:
+    """How many frames to sample for this processor (its own setting when it has one)."""
+    vp = getattr(processor, "video_processor", None)
+    n = getattr(vp, "num_frames", None)
+    return int(n) if isinstance(n, int) and n > 0 else DEFAULT_NUM_FRAMES
+
+
+def _messages(prompt: str, n_images: int, has_video: bool) -> list[dict]:
+    content = [{"type": "image"} for _ in range(n_images)]
+    if has_video:
+        content.append({"type": "video"})
+    content.append({"type": "text", "text": prompt})
+    return [{"role": "user", "content": content}]
+
+
+def process(processor, prompt: str, images: list[Image.Image], video: VideoClip | None) -> dict[str, torch.Tensor]:
+    """Chat template + processor call for one model."""
+    if video is not None and getattr(processor, "video_processor", None) is None:
+        raise InputError("this model does not take video input")
+    if images and getattr(processor, "image_processor", None) is None:
+        raise InputError("this model does not take image input")
+    text = processor.apply_chat_template(_messages(prompt, len(images), video is not None), add_generation_prompt=True)
+    kwargs = {}
+    if images:
+        kwargs["images"] = images
+    if video is not None:
+        kwargs["videos"] = [video.frames]
+        kwargs["video_metadata"] = [video.metadata()]
+        kwargs["do_sample_frames"] = False
+    try:
+        out = processor(text=[text], return_tensors="pt", **kwargs)
+    except (ValueError, RuntimeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise InputError(f"the processor rejected this input: {first}") from None
+    return {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
+
+
+def prepare_input(
+    pair: ModelPair,
+    prompt: str,
+    images: list | tuple = (),
+    video: str | VideoClip | None = None,
+    num_frames: int | None = None,
+) -> PreparedInput:
+    """Load media, apply the chat template and run the processor(s)."""
+    prompt = (prompt or "").strip()
+    if not prompt:
+        raise InputError("the prompt is empty")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise InputError(f"the prompt is too long ({len(prompt)} characters; the limit is {MAX_PROMPT_CHARS})")
+    pil = [load_image(im) for im in images]
+    clip = video
+    if isinstance(video, str):
+        clip = sample_video(video, num_frames or video_frames_for(pair.processor))
+    target_inputs = process(pair.processor, prompt, pil, clip)
+    draft_inputs = None
+    if pair.draft is not None and pair.draft_processor is not None:
+        draft_inputs = process(pair.draft_processor, prompt, pil, clip)
+    return PreparedInput(target_inputs, draft_inputs, prompt, pil, clip)

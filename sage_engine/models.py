@@ -1,0 +1,147 @@
+"""Loading a target/draft VLM pair through the transformers Auto classes and the official processor.
+
+Security defaults: trust_remote_code is never enabled, weights load from safetensors only.
+A pair whose tokenizers disagree is refused (padding of the embedding matrix is fine).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .errors import ModelError
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+DEFAULT_TARGET = str(ASSETS / "models" / "tinyworld-target")
+DEFAULT_DRAFT = str(ASSETS / "models" / "tinyworld-draft")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class ModelPair:
+    """A target VLM, an optional draft VLM sharing its tokenizer, and the processor(s) that feed them."""
+
+    target: torch.nn.Module
+    draft: torch.nn.Module | None
+    processor: object  # the target's processor (chat template, image and video processors, tokenizer)
+    draft_processor: object | None  # the draft's, when its visual preprocessing differs; else None
+    target_name: str = "target"
+    draft_name: str | None = None
+
+    @property
+    def tokenizer(self):
+        return getattr(self.processor, "tokenizer", self.processor)
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for src in (self.target.generation_config, self.target.config, self.tokenizer):
+            eos = getattr(src, "eos_token_id", None)
+            if isinstance(eos, int):
+                ids.add(eos)
+            elif isinstance(eos, (list, tuple)):
+                ids.update(int(e) for e in eos)
+        return ids
+
+    def describe(self) -> dict:
+        def count(m):
+            return None if m is None else sum(p.numel() for p in m.parameters())
+
+        return {
+            "target": self.target_name,
+            "draft": self.draft_name,
+            "target_params": count(self.target),
+            "draft_params": count(self.draft),
+            "dtype": str(self.target.dtype).replace("torch.", ""),
+        }
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelError("CUDA was requested but no GPU is available; use --device cpu")
+    return device
+
+
+def _load_one(name: str, dtype: torch.dtype, device: str, attn: str, device_map=None):
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    local = os.path.isdir(name)
+    if not local and os.environ.get("HF_HUB_OFFLINE") == "1":
+        raise ModelError(f"model {name!r} is not a local directory and the hub is offline")
+    try:
+        processor = AutoProcessor.from_pretrained(name, trust_remote_code=False)
+        model = AutoModelForImageTextToText.from_pretrained(
+            name,
+            dtype=dtype,
+            attn_implementation=attn,
+            trust_remote_code=False,
+            use_safetensors=True,
+            device_map=device_map,
+        )
+    except (OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelError(f"cannot load model {name!r}: {first}") from None
+    if device_map is None:
+        model.to(device)
+    model.eval()
+    return model, processor
+
+
+def check_same_tokenizer(target_tok, draft_tok) -> None:
+    """Refuse a pair whose tokenizers map the same text to different ids.
+
+    Every token both vocabularies know must have the same id, and the smaller vocabulary
+    must be a prefix of the larger one (extra ids are padding or added tokens of one side).
+    """
+    tv, dv = target_tok.get_vocab(), draft_tok.get_vocab()
+    small, large = (tv, dv) if len(tv) <= len(dv) else (dv, tv)
+    bad = [t for t, i in small.items() if large.get(t) != i]
+    if bad:
+        raise ModelError(
+            f"target and draft tokenizers differ ({len(bad)} of {len(small)} tokens map to other ids, "
+            f"e.g. {bad[0]!r}); speculative decoding needs a shared tokenizer"
+        )
+    if target_tok.eos_token_id != draft_tok.eos_token_id:
+        raise ModelError("target and draft tokenizers have different end-of-sequence tokens")
+
+
+def load_pair(
+    target: str = DEFAULT_TARGET,
+    draft: str | None = DEFAULT_DRAFT,
+    dtype: str = "float32",
+    device: str = "cpu",
+    attn_implementation: str = "sdpa",
+    target_device_map=None,
+    draft_device: str | None = None,
+) -> ModelPair:
+    """Load target (and draft) with their processors; `target_device_map` spreads the target (accelerate)."""
+    if dtype not in DTYPES:
+        raise ModelError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    device = resolve_device(device)
+    t_model, t_proc = _load_one(target, DTYPES[dtype], device, attn_implementation, target_device_map)
+    d_model = d_proc = None
+    if draft:
+        d_model, d_proc = _load_one(draft, DTYPES[dtype], draft_device or device, attn_implementation)
+        check_same_tokenizer(getattr(t_proc, "tokenizer", t_proc), getattr(d_proc, "tokenizer", d_proc))
+    return ModelPair(
+        target=t_model,
+        draft=d_model,
+        processor=t_proc,
+        draft_processor=None if d_proc is None or _same_preprocessing(t_proc, d_proc) else d_proc,
+        target_name=target,
+        draft_name=draft,
+    )
+
+
+def _same_preprocessing(a, b) -> bool:
+    """True when both processors turn the same input into the same ids and pixels."""
+    try:
+        return a.to_dict() == b.to_dict()
+    except (AttributeError, TypeError):  # processors without to_dict: prepare separately
+        return False

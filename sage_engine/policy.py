@@ -1,0 +1,272 @@
+"""Decoding policies: how each step's draft tree is shaped, and how the shape learns from the last step.
+
+A policy is a strategy with three verbs, called by the draft stage and the engine:
+  shape(root_alpha)        -> TreeShape  before drafting (depth, width, budget)
+  expand(shape, level, tree, frontier) -> nodes to grow next   while drafting, once per level
+  observe(outcome)         -> None       after verification (history, next alpha)
+Baselines are policies too; the engine has one loop for all of them.
+Symbols follow the SAGE paper: alpha (confidence), D (depth), W (width), theta_l, N_max.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from .config import ChainConfig, Eagle2Config, SageConfig, StaticConfig
+from .tree import DraftTree
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """What a policy decided for one step's tree."""
+
+    depth: int  # maximum depth D drafted this step (0 = no draft)
+    width: int  # children of the root, W
+    max_nodes: int  # node budget N_max (root excluded)
+    alpha: float | None = None  # confidence the shape was planned from
+    d_max: int | None = None  # current D_max of the history controller (SAGE only)
+
+
+@dataclass
+class Frontier:
+    """The draft's top-K next-token candidates for each node being expanded at one level."""
+
+    nodes: list[int]  # tree node per row, -1 = the root
+    top_tokens: np.ndarray  # [F, K] int64, best first
+    top_probs: np.ndarray  # [F, K] float, draft probabilities (not renormalised)
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What a policy may learn from a verified step."""
+
+    tree: DraftTree  # the tree that was verified
+    accepted: list[int]  # accepted node indices, root side first
+    tokens_this_step: int  # accepted + bonus (before truncation at EOS / budget)
+
+
+def confidence(top_probs: np.ndarray) -> np.ndarray:
+    """alpha = 1 - H(p) / log k over the renormalised top-k probabilities (Eq. 7-9).  # [F, k] -> [F]"""
+    k = top_probs.shape[-1]
+    p = top_probs / np.clip(top_probs.sum(axis=-1, keepdims=True), 1e-30, None)
+    h = -(p * np.log(np.clip(p, 1e-30, None))).sum(axis=-1)
+    return np.clip(1.0 - h / math.log(k), 0.0, 1.0)
+
+
+class Policy:
+    """Base strategy. `top_k` is how many candidates per node the draft must return."""
+
+    name = "base"
+    uses_draft = True
+    top_k = 1
+
+    def shape(self, root_alpha: float | None) -> TreeShape:
+        raise NotImplementedError
+
+    def expand(self, shape: TreeShape, level: int, tree: DraftTree, frontier: Frontier) -> list[int]:
+        """Add level `level` nodes to `tree` from `frontier`; return the nodes to expand next."""
+        raise NotImplementedError
+
+    def finalize(self, tree: DraftTree) -> DraftTree:
+        """The tree actually sent to verification (default: everything drafted)."""
+        return tree
+
+    def observe(self, outcome: StepOutcome) -> None:
+        """Update internal state after a verified step (default: stateless)."""
+
+    def state(self) -> dict:
+        """Serializable view of the policy's adaptive state, for telemetry."""
+        return {}
+
+
+class AutoregressivePolicy(Policy):
+    """`ar`: the target alone, one token per forward."""
+
+    name = "ar"
+    uses_draft = False
+
+    def shape(self, root_alpha: float | None) -> TreeShape:
+        return TreeShape(depth=0, width=0, max_nodes=0)
+
+    def expand(self, shape, level, tree, frontier):
+        return []
+
+
+class ChainPolicy(Policy):
+    """`chain`: classic speculative decoding, a chain of k draft tokens."""
+
+    name = "chain"
+
+    def __init__(self, cfg: ChainConfig = ChainConfig()):
+        self.cfg = cfg
+
+    def shape(self, root_alpha):
+        return TreeShape(depth=self.cfg.k, width=1, max_nodes=self.cfg.k, alpha=root_alpha)
+
+    def expand(self, shape, level, tree, frontier):
+        node = tree.add(int(frontier.top_tokens[0, 0]), frontier.nodes[0], float(frontier.top_probs[0, 0]))
+        return [node] if level < shape.depth else []
+
+
+class StaticTreePolicy(Policy):
+    """`static`: a fixed tree given as rank paths (default: the 25-node SpecVLM/Medusa tree)."""
+
+    name = "static"
+
+    def __init__(self, cfg: StaticConfig = StaticConfig()):
+        paths = sorted(set(tuple(p) for p in cfg.paths), key=lambda p: (len(p), p))
+        for p in paths:
+            if len(p) > 1 and p[:-1] not in paths:
+                raise ValueError(f"static tree path {p} has no parent path {p[:-1]}")
+        self.child_ranks: dict[tuple[int, ...], list[int]] = {}
+        for p in paths:
+            self.child_ranks.setdefault(p[:-1], []).append(p[-1])
+        self.depth = max(len(p) for p in paths)
+        self.n_nodes = len(paths)
+        self.top_k = max(p[-1] for p in paths) + 1
+        self._path_of: dict[int, tuple[int, ...]] = {}
+
+    def shape(self, root_alpha):
+        self._path_of = {-1: ()}
+        return TreeShape(depth=self.depth, width=len(self.child_ranks[()]), max_nodes=self.n_nodes, alpha=root_alpha)
+
+    def expand(self, shape, level, tree, frontier):
+        grow = []
+        for row, parent in enumerate(frontier.nodes):
+            prefix = self._path_of[parent]
+            for rank in self.child_ranks.get(prefix, ()):
+                node = tree.add(int(frontier.top_tokens[row, rank]), parent, float(frontier.top_probs[row, rank]))
+                self._path_of[node] = prefix + (rank,)
+                if self._path_of[node] in self.child_ranks:
+                    grow.append(node)
+        return grow
+
+
+def _best_candidates(frontier: Frontier, tree: DraftTree, per_row: Sequence[int], limit: int, floor: float):
+    """(row, rank, cumulative prob) of the best candidates, at most per_row[row] per frontier row,
+    cumulative probability above `floor`, at most `limit` in all, best first."""
+    parent_cum = np.array([1.0 if n < 0 else tree.cum_probs[n] for n in frontier.nodes])
+    cum = parent_cum[:, None] * frontier.top_probs  # [F, K]
+    ranks = np.arange(cum.shape[1])[None, :]
+    ok = (ranks < np.asarray(per_row)[:, None]) & (cum > floor)
+    rows, cols = np.nonzero(ok)
+    if rows.size == 0 or limit <= 0:
+        return []
+    order = np.argsort(-cum[rows, cols], kind="stable")[:limit]
+    return [(int(rows[i]), int(cols[i]), float(cum[rows[i], cols[i]])) for i in order]
+
+
+class Eagle2Policy(Policy):
+    """`eagle2`: expand the top-k nodes by cumulative draft probability per level, rerank all, keep N."""
+
+    name = "eagle2"
+
+    def __init__(self, cfg: Eagle2Config = Eagle2Config()):
+        self.cfg = cfg
+        self.top_k = cfg.top_k
+
+    def shape(self, root_alpha):
+        return TreeShape(depth=self.cfg.depth, width=self.cfg.top_k, max_nodes=self.cfg.total_nodes, alpha=root_alpha)
+
+    def expand(self, shape, level, tree, frontier):
+        k = self.cfg.top_k
+        # A candidate outside its level's top N can never reach the global top N: skip it early.
+        best = _best_candidates(frontier, tree, [k] * len(frontier.nodes), self.cfg.total_nodes, 0.0)
+        added = [
+            tree.add(int(frontier.top_tokens[r, c]), frontier.nodes[r], float(frontier.top_probs[r, c]))
+            for r, c, _ in best
+        ]
+        return added[:k] if level < shape.depth else []  # `best` is sorted: the first k are the top-k
+
+    def finalize(self, tree):
+        order = sorted(range(len(tree)), key=lambda i: (-tree.cum_probs[i], tree.depths[i], i))
+        return tree.subtree(order[: self.cfg.total_nodes])
+
+
+class SagePolicy(Policy):
+    """`sage`: entropy-guided depth and width, width decay, thresholds, history controller on D_max."""
+
+    name = "sage"
+
+    def __init__(self, cfg: SageConfig = SageConfig()):
+        self.cfg = cfg
+        self.top_k = max(cfg.w_max, cfg.k)
+        self.alpha = cfg.alpha0  # confidence planned for the next tree
+        self.d_max = cfg.d_max  # moved by the history controller
+        self.history: list[int] = []
+        self._cooldown = 0
+
+    # Eq. 10-11, rounding half up (open in the paper).
+    def depth_for(self, alpha: float) -> int:
+        d = self.cfg.d_min + alpha * (self.d_max - self.cfg.d_min)
+        return max(1, min(self.cfg.max_depth_cap, int(math.floor(d + 0.5))))
+
+    def width_for(self, alpha: float) -> int:
+        w = self.cfg.w_min + (1.0 - alpha) * (self.cfg.w_max - self.cfg.w_min)
+        return max(1, int(math.floor(w + 0.5)))
+
+    def shape(self, root_alpha):
+        alpha = root_alpha if (self.cfg.alpha_source == "current_root" and root_alpha is not None) else self.alpha
+        return TreeShape(self.depth_for(alpha), self.width_for(alpha), self.cfg.n_max, alpha, self.d_max)
+
+    def expand(self, shape, level, tree, frontier):
+        cfg = self.cfg
+        if level == 1:
+            per_row = [shape.width] * len(frontier.nodes)
+        else:  # Eq. 12: W_l = W * (1/l) * (0.5 + P_parent), ceil so a likely parent keeps a child
+            per_row = [math.ceil(shape.width / level * (cfg.width_parent_bias + tree.probs[n])) for n in frontier.nodes]
+        theta = cfg.theta_scale * level / shape.depth
+        best = _best_candidates(frontier, tree, per_row, shape.max_nodes - len(tree), theta)
+        added = [
+            tree.add(int(frontier.top_tokens[r, c]), frontier.nodes[r], float(frontier.top_probs[r, c]))
+            for r, c, _ in best
+        ]
+        return added if level < shape.depth else []
+
+    def observe(self, outcome):
+        cfg = self.cfg
+        tree, path = outcome.tree, outcome.accepted
+        if cfg.alpha_source == "prev_root" and tree.root_alpha is not None:
+            self.alpha = tree.root_alpha
+        elif cfg.alpha_source == "prev_path":
+            seen = [tree.root_alpha] + [tree.alphas[n] for n in path]
+            seen = [a for a in seen if a is not None]
+            if seen:
+                self.alpha = float(sum(seen) / len(seen))
+        # History controller: sliding window of tokens per step.
+        self.history = (self.history + [outcome.tokens_this_step])[-cfg.history_window :]
+        if self._cooldown > 0:
+            self._cooldown -= 1
+            return
+        mean = sum(self.history) / len(self.history)
+        lo, hi = cfg.d_max_bounds
+        if mean < cfg.history_low and self.d_max > lo:
+            self.d_max = max(lo, self.d_max - cfg.history_step)
+            self._cooldown = cfg.history_cooldown
+        elif mean > cfg.history_high and self.d_max < hi:
+            self.d_max = min(hi, self.d_max + cfg.history_step)
+            self._cooldown = cfg.history_cooldown
+
+    def state(self):
+        return {"alpha_next": self.alpha, "d_max": self.d_max, "history": list(self.history)}
+
+
+def make_policy(name: str, config=None) -> Policy:
+    """A fresh policy by name; `config` overrides the defaults of that policy's dataclass."""
+    table = {
+        "ar": (AutoregressivePolicy, None),
+        "chain": (ChainPolicy, ChainConfig),
+        "static": (StaticTreePolicy, StaticConfig),
+        "eagle2": (Eagle2Policy, Eagle2Config),
+        "sage": (SagePolicy, SageConfig),
+    }
+    if name not in table:
+        raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(table)}")
+    cls, cfg_cls = table[name]
+    if cfg_cls is None:
+        return cls()
+    return cls(config if config is not None else cfg_cls())

@@ -1,0 +1,95 @@
+"""One model behind three verbs: prefill a prompt, forward tokens under a tree mask, keep cache columns.
+
+The runner owns the model's KV cache and its position rule, so the rest of the engine
+speaks only in sequence positions, token ids and boolean attention patterns:
+  - text LMs and LLaVA-style VLMs: position_ids [1, q] = sequence index;
+  - M-RoPE VLMs (Qwen2-VL, Qwen2.5-VL): after a multimodal prefix, text positions are shifted by the
+    model's rope delta (max vision position + 1 - prompt length); we read it once after prefill and pass
+    [1, q] positions, which the model broadcasts to its three rotary axes.
+Everything goes through the model's public forward(); no modeling code is forked.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from .cache import compact
+from .tree import additive_mask
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, vocab_limit: int | None = None):
+        self.model = model
+        self.device = model.get_input_embeddings().weight.device  # where input ids go (first shard)
+        self.dtype = model.get_input_embeddings().weight.dtype
+        self.vocab_limit = vocab_limit  # slice logits to the vocabulary both models share
+        self.cache: DynamicCache | None = None
+        self.rope_delta = 0  # M-RoPE text-position shift after a multimodal prefix
+        self.forwards = 0
+        self.elapsed_ms = 0.0
+
+    @property
+    def seq_len(self) -> int:
+        return 0 if self.cache is None else self.cache.get_seq_length()
+
+    def _inner_with_rope(self):
+        inner = getattr(self.model, "model", None)
+        return inner if inner is not None and hasattr(inner, "rope_deltas") else None
+
+    @torch.inference_mode()
+    def prefill(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Run the whole prompt; returns the logits after its last token.  # [V]"""
+        self.cache = DynamicCache(config=self.model.config)
+        mrope = self._inner_with_rope()
+        if mrope is not None:
+            mrope.rope_deltas = None  # never reuse a previous request's delta
+        batch = {k: v.to(self.device) for k, v in inputs.items()}
+        t0 = time.perf_counter()
+        out = self.model(**batch, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        _sync(self.device)
+        self.elapsed_ms += (time.perf_counter() - t0) * 1e3
+        self.forwards += 1
+        self.rope_delta = 0
+        if mrope is not None and mrope.rope_deltas is not None:
+            self.rope_delta = int(mrope.rope_deltas.reshape(-1)[0])
+        return self._logits(out.logits[0, -1])
+
+    @torch.inference_mode()
+    def forward(self, tokens: list[int], positions: list[int], allowed: np.ndarray) -> torch.Tensor:
+        """Append `tokens` at sequence `positions`; `allowed` [q, r] is their attention pattern over the
+        newest r key columns (the last q of which are these tokens); older columns are always visible.
+        Returns logits.  # [q, V]"""
+        q, r = allowed.shape
+        past = self.seq_len + q - r
+        ids = torch.tensor([tokens], device=self.device)  # [1, q]
+        pos = torch.tensor([positions], device=self.device) + self.rope_delta  # [1, q]
+        mask = additive_mask(allowed, past, self.dtype, self.device)  # [1, 1, q, past + r]
+        t0 = time.perf_counter()
+        out = self.model(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=self.cache, use_cache=True)
+        _sync(self.device)
+        self.elapsed_ms += (time.perf_counter() - t0) * 1e3
+        self.forwards += 1
+        return self._logits(out.logits[0])
+
+    @torch.inference_mode()
+    def keep(self, start: int, cols: list[int]) -> None:
+        """Keep cache columns start + cols (in order), drop the rest of the region."""
+        compact(self.cache, start, cols)
+
+    def _logits(self, logits: torch.Tensor) -> torch.Tensor:
+        logits = logits.float()
+        return logits if self.vocab_limit is None else logits[..., : self.vocab_limit]
+
+    def reset_counters(self) -> tuple[int, float]:
+        out = (self.forwards, self.elapsed_ms)
+        self.forwards, self.elapsed_ms = 0, 0.0
+        return out

@@ -1,0 +1,147 @@
+"""The draft token tree as data, and the pure tensor functions over it.
+
+A tree is stored in level order (a parent always precedes its children), with
+`parents[i] == -1` meaning "child of the root". The root is the last token that is
+already decided (the previous step's bonus token); it is not a node of the tree.
+
+Nothing here runs a model: masks, positions and acceptance are plain functions
+of the tree, testable on hand-built trees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+
+@dataclass
+class DraftTree:
+    """Nodes proposed by the draft model for one step (root excluded), in level order."""
+
+    tokens: list[int] = field(default_factory=list)  # token id per node
+    parents: list[int] = field(default_factory=list)  # parent node index, -1 = root
+    depths: list[int] = field(default_factory=list)  # 1 = child of the root
+    probs: list[float] = field(default_factory=list)  # draft probability p(token | parent path)
+    cum_probs: list[float] = field(default_factory=list)  # product of probs along the path
+    alphas: list[float | None] = field(default_factory=list)  # confidence of the node's own next-token dist.
+    draft_slots: list[int] = field(default_factory=list)  # column in the draft's tree region, -1 if never fed
+    root_alpha: float | None = None  # confidence of the root's next-token distribution
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def depth(self) -> int:
+        return max(self.depths, default=0)
+
+    def add(self, token: int, parent: int, prob: float) -> int:
+        """Append one node; returns its index."""
+        parent_cum = 1.0 if parent < 0 else self.cum_probs[parent]
+        self.tokens.append(token)
+        self.parents.append(parent)
+        self.depths.append(1 if parent < 0 else self.depths[parent] + 1)
+        self.probs.append(prob)
+        self.cum_probs.append(parent_cum * prob)
+        self.alphas.append(None)
+        self.draft_slots.append(-1)
+        return len(self.tokens) - 1
+
+    def subtree(self, keep: list[int]) -> "DraftTree":
+        """The tree restricted to `keep` (must be closed under ancestors), renumbered in level order."""
+        keep = sorted(keep, key=lambda i: (self.depths[i], i))
+        new_index = {old: new for new, old in enumerate(keep)}
+        out = DraftTree(root_alpha=self.root_alpha)
+        for old in keep:
+            p = self.parents[old]
+            if p >= 0 and p not in new_index:
+                raise ValueError(f"node {old} kept without its parent {p}")
+            out.tokens.append(self.tokens[old])
+            out.parents.append(-1 if p < 0 else new_index[p])
+            out.depths.append(self.depths[old])
+            out.probs.append(self.probs[old])
+            out.cum_probs.append(self.cum_probs[old])
+            out.alphas.append(self.alphas[old])
+            out.draft_slots.append(self.draft_slots[old])
+        return out
+
+    def path_to(self, node: int) -> list[int]:
+        """Node indices from the root's child down to `node`."""
+        path = []
+        while node >= 0:
+            path.append(node)
+            node = self.parents[node]
+        return path[::-1]
+
+    @classmethod
+    def from_paths(cls, paths: list[tuple[int, ...]], tokens_of: dict[tuple[int, ...], int] | None = None):
+        """A tree whose nodes are the given paths (tuples of child ranks); tokens default to 0.
+
+        Used for static trees and for tests; every path's prefixes must be present.
+        """
+        tree = cls()
+        index: dict[tuple[int, ...], int] = {}
+        for path in sorted(set(paths), key=lambda p: (len(p), p)):
+            parent = -1 if len(path) == 1 else index[path[:-1]]
+            token = 0 if tokens_of is None else tokens_of[path]
+            index[path] = tree.add(token, parent, 1.0)
+        return tree
+
+
+def ancestor_matrix(parents: list[int]) -> np.ndarray:
+    """anc[i, j] = True when node j is node i or one of its ancestors.  # [n, n] bool"""
+    n = len(parents)
+    anc = np.zeros((n, n), dtype=bool)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            anc[i] = anc[p]
+        anc[i, i] = True
+    return anc
+
+
+def verify_allowed(parents: list[int]) -> np.ndarray:
+    """Attention pattern of a verify pass over [root, node_0, ..., node_{n-1}].  # [n+1, n+1] bool
+
+    The root sees itself; every node sees the root, its ancestors and itself.
+    """
+    n = len(parents)
+    allowed = np.zeros((n + 1, n + 1), dtype=bool)
+    allowed[:, 0] = True
+    allowed[1:, 1:] = ancestor_matrix(parents)
+    return allowed
+
+
+def chain_allowed(q: int) -> np.ndarray:
+    """Causal pattern for q consecutive tokens.  # [q, q] bool"""
+    return np.tril(np.ones((q, q), dtype=bool))
+
+
+def additive_mask(allowed: np.ndarray, past_len: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """4D additive float mask: every query sees the whole cached past plus `allowed` in the new region.
+
+    allowed: [q, r] bool over the r newest key columns.  Returns [1, 1, q, past_len + r].
+    Additive float (0 / finfo.min) is the one format that both eager and sdpa honour.
+    """
+    q, r = allowed.shape
+    mask = torch.zeros((1, 1, q, past_len + r), dtype=dtype)
+    mask[0, 0, :, past_len:].masked_fill_(torch.from_numpy(~allowed), torch.finfo(dtype).min)
+    return mask.to(device)
+
+
+def accept_greedy(tree: DraftTree, target_next: list[int]) -> tuple[list[int], int]:
+    """Greedy acceptance: the longest root-to-node path whose tokens all equal the target's argmax.
+
+    target_next[0] is the target's argmax after the root, target_next[1 + i] after node i.
+    Returns (accepted node indices from the root down, bonus token).
+    """
+    children: dict[int, dict[int, int]] = {}
+    for i, (p, tok) in enumerate(zip(tree.parents, tree.tokens)):
+        children.setdefault(p, {}).setdefault(tok, i)  # first sibling wins on duplicates
+    path: list[int] = []
+    node, want = -1, target_next[0]
+    while want in children.get(node, {}):
+        node = children[node][want]
+        path.append(node)
+        want = target_next[1 + node]
+    return path, want

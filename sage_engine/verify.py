@@ -1,0 +1,43 @@
+"""Verification: one target forward over [root, whole tree], then an acceptance rule.
+
+Positions: the root sits at the target's cache length L, a node at L + its depth.
+Acceptance is a separate strategy (greedy today) so that lossless tree sampling
+(SpecInfer-style residual sampling) can be added without touching the loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .runner import ModelRunner
+from .tree import DraftTree, accept_greedy, verify_allowed
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the target decided about one tree."""
+
+    accepted: list[int]  # accepted node indices, root side first
+    accepted_tokens: list[int]  # their tokens
+    bonus: int  # the target's own next token after the accepted path
+
+
+def verify_tree(runner: ModelRunner, root: int, tree: DraftTree) -> torch.Tensor:
+    """Target logits after the root and after every node, in one pass.  # [1 + n, V]"""
+    L = runner.seq_len
+    tokens = [root] + tree.tokens
+    positions = [L] + [L + d for d in tree.depths]
+    return runner.forward(tokens, positions, verify_allowed(tree.parents))
+
+
+class GreedyAcceptance:
+    """Accept the longest path on which every draft token equals the target's argmax (lossless greedy)."""
+
+    name = "greedy"
+
+    def __call__(self, tree: DraftTree, logits: torch.Tensor) -> Verdict:
+        target_next = logits.argmax(dim=-1).tolist()  # [1 + n]
+        path, bonus = accept_greedy(tree, target_next)
+        return Verdict(path, [tree.tokens[i] for i in path], bonus)
