@@ -1,0 +1,89 @@
+"""python -m sage_engine.tinyworld {render, train, eval} ..."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+ASSETS = Path(__file__).resolve().parents[2] / "assets" / "models"
+
+
+def cmd_render(a) -> None:
+    from .render import render_dir
+    render_dir(Path(a.out), a.seed, a.n)
+    print(f"wrote {a.n} images and {a.n} videos to {a.out}")
+
+
+def cmd_train(a) -> None:
+    import torch
+    from . import models as M
+    from .train import TrainConfig, run
+    torch.set_num_threads(a.threads)
+    cfg = TrainConfig(seed=a.seed)
+    if a.tiny:   # smoke test: a few steps of the real script on a tiny config
+        cfg = dataclasses.replace(cfg, n_images=32, n_videos=8, batch_size=4, target_steps=a.steps or 3,
+                                  draft_steps=a.steps or 3, warmup=1, eval_every=0, target=M.TINY, draft=M.TINY)
+    elif a.steps:
+        cfg = dataclasses.replace(cfg, target_steps=a.steps, draft_steps=a.steps // 2)
+    cache = Path(a.cache) if a.cache else Path(tempfile.gettempdir()) / (
+        f"tinyworld-cache-s{cfg.seed}-{cfg.n_images}-{cfg.n_videos}")
+    run(Path(a.out), cache, cfg, log=lambda *x: print(*x, flush=True))
+
+
+def cmd_eval(a) -> None:
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from .evaluate import evaluate, make_items
+    torch.set_num_threads(a.threads)
+    items = make_items(a.seed, a.n)
+    out = {"n": a.n, "seed": a.seed}
+    for role in ("target", "draft"):
+        path = Path(a.models) / f"tinyworld-{role}"
+        model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32)
+        processor = AutoProcessor.from_pretrained(path)
+        res, answers = evaluate(model, processor, a.seed, a.n, items=items)
+        out[role] = res
+        if not a.json:
+            print(f"{role}: accuracy {res['accuracy']:.3f}")
+            for k, v in res["by_kind"].items():
+                print(f"  {k:15s} {v:.3f}")
+            if a.show:
+                for it, ans in zip(items[:a.show], answers):
+                    print(f"    [{it.example.kind}] {it.example.prompt} -> {ans!r}  (truth: {it.example.answer!r})")
+    if a.json:
+        print(json.dumps(out))
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m sage_engine.tinyworld", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("render", help="write N images + N MP4 videos with truth.jsonl and prompts.jsonl")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--n", type=int, default=10)
+    r.add_argument("--out", required=True)
+    r.set_defaults(fn=cmd_render)
+    t = sub.add_parser("train", help="train the target/draft pair from scratch")
+    t.add_argument("--out", default=str(ASSETS))
+    t.add_argument("--cache", default=None, help="where the rendered training set is cached")
+    t.add_argument("--threads", type=int, default=1)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--steps", type=int, default=0, help="override the number of target steps (draft: half)")
+    t.add_argument("--tiny", action="store_true", help="tiny models and data: a smoke test of the script")
+    t.set_defaults(fn=cmd_train)
+    e = sub.add_parser("eval", help="score target and draft on fresh scenes")
+    e.add_argument("--seed", type=int, default=1)
+    e.add_argument("--n", type=int, default=30)
+    e.add_argument("--models", default=str(ASSETS))
+    e.add_argument("--threads", type=int, default=2)
+    e.add_argument("--json", action="store_true")
+    e.add_argument("--show", type=int, default=0, help="print the first SHOW answers")
+    e.set_defaults(fn=cmd_eval)
+    a = p.parse_args(argv)
+    a.fn(a)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,189 @@
+"""The training set, rendered and tokenized once, and batches built from it with tensor ops only.
+
+Layout of a cache directory:
+  images.npy   uint8 (N_img, S, S, 3)              rendered scenes
+  videos.npy   uint8 (N_vid, MODEL_FRAMES, S, S, 3) frames as the models see them (after an MP4 round trip)
+  examples.pt  dict of tensors: tokens (flat), offsets, prompt_len, media (0 image / 1 video), index, kind
+
+`patchify` reproduces the Qwen2-VL image/video processor (rescale, normalise,
+2 x 14 x 14 patches in 2 x 2 merge order) so batches never go through the
+processor; `check_against_processor` asserts that it matches.
+"""
+from __future__ import annotations
+
+import dataclasses
+import random
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .language import IMAGE_KINDS, VIDEO_KINDS, image_example, video_example
+from .tokenizer import user_turn
+from .world import MODEL_FRAMES, SIZE, read_video, render_clip, render_image, sample_clip, sample_scene, write_mp4
+
+MEAN = torch.tensor([0.48145466, 0.4578275, 0.40821073])
+STD = torch.tensor([0.26862954, 0.26130258, 0.27577711])
+PATCH, TEMPORAL, MERGE = 14, 2, 2
+IMAGE_TOKENS = (SIZE // PATCH) ** 2 // MERGE ** 2                       # 16
+VIDEO_TOKENS = IMAGE_TOKENS * MODEL_FRAMES // TEMPORAL                  # 32
+
+KINDS = IMAGE_KINDS + tuple(k for k in VIDEO_KINDS if k not in IMAGE_KINDS)
+IMAGE_WEIGHTS = {"describe": 0.25, "count": 0.08, "colour": 0.2, "shape": 0.15, "size": 0.1, "position": 0.12, "yesno": 0.1}
+VIDEO_WEIGHTS = {"describe_video": 0.45, "motion": 0.4, "count": 0.15}
+
+
+def expand_pads(text: str) -> str:
+    return (text.replace("<|image_pad|>", "<|image_pad|>" * IMAGE_TOKENS)
+                .replace("<|video_pad|>", "<|video_pad|>" * VIDEO_TOKENS))
+
+
+def patchify(frames: torch.Tensor) -> torch.Tensor:
+    """frames: uint8 (T, H, W, 3) with T even (an image is repeated to T = 2)
+    -> pixel values (T/2 * H/14 * W/14, 3 * 2 * 14 * 14) exactly as Qwen2VL processors give."""
+    t, h, w, _ = frames.shape
+    x = (frames.float() / 255 - MEAN) / STD                               # (T, H, W, C)
+    x = x.permute(0, 3, 1, 2)                                             # (T, C, H, W)
+    gt, gh, gw = t // TEMPORAL, h // PATCH, w // PATCH
+    x = x.reshape(gt, TEMPORAL, 3, gh // MERGE, MERGE, PATCH, gw // MERGE, MERGE, PATCH)
+    x = x.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
+    return x.reshape(gt * gh * gw, 3 * TEMPORAL * PATCH * PATCH)
+
+
+def sample_kind(rng: random.Random, weights: dict[str, float], k: int) -> list[str]:
+    kinds, w = list(weights), list(weights.values())
+    out: list[str] = []
+    while len(out) < k:
+        c = rng.choices(kinds, w)[0]
+        if c not in out:
+            out.append(c)
+    return out
+
+
+def build_cache(out: Path, tok, seed: int, n_images: int, n_videos: int, per_image: int = 3, per_video: int = 2,
+                log=print) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    images = np.lib.format.open_memmap(out / "images.npy", "w+", np.uint8, (n_images, SIZE, SIZE, 3))
+    videos = np.lib.format.open_memmap(out / "videos.npy", "w+", np.uint8, (n_videos, MODEL_FRAMES, SIZE, SIZE, 3))
+    prompts, answers, media, index, kinds = [], [], [], [], []
+    for i in range(n_images):
+        scene = sample_scene(rng)
+        images[i] = render_image(scene, noise_seed=rng.randrange(1 << 30))
+        for kind in sample_kind(rng, IMAGE_WEIGHTS, per_image):
+            ex = image_example(scene, rng, kind)
+            prompts.append(user_turn("image", ex.prompt)); answers.append(ex.answer)
+            media.append(0); index.append(i); kinds.append(KINDS.index(kind))
+        if (i + 1) % 5000 == 0:
+            log(f"  rendered {i + 1}/{n_images} images")
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(n_videos):
+            clip = sample_clip(rng)
+            path = Path(tmp) / "clip.mp4"
+            write_mp4(render_clip(clip, noise_seed=rng.randrange(1 << 30)), path)
+            frames, _ = read_video(path)
+            videos[i] = np.stack(frames)
+            for kind in sample_kind(rng, VIDEO_WEIGHTS, per_video):
+                ex = video_example(clip, rng, kind)
+                prompts.append(user_turn("video", ex.prompt)); answers.append(ex.answer)
+                media.append(1); index.append(i); kinds.append(KINDS.index(kind))
+            if (i + 1) % 2000 == 0:
+                log(f"  rendered {i + 1}/{n_videos} videos")
+    images.flush(); videos.flush()
+    p_ids = tok([expand_pads(p) for p in prompts], add_special_tokens=False)["input_ids"]
+    a_ids = tok([a + "<|im_end|>" for a in answers], add_special_tokens=False)["input_ids"]
+    seqs = [p + a for p, a in zip(p_ids, a_ids)]
+    lens = torch.tensor([len(s) for s in seqs])
+    torch.save({
+        "tokens": torch.tensor([t for s in seqs for t in s], dtype=torch.int32),
+        "offsets": torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)]),
+        "prompt_len": torch.tensor([len(p) for p in p_ids]),
+        "media": torch.tensor(media), "index": torch.tensor(index), "kind": torch.tensor(kinds),
+    }, out / "examples.pt")
+    log(f"  cache: {len(seqs)} examples, mean length {lens.float().mean():.1f} tokens, max {lens.max()}")
+
+
+@dataclasses.dataclass
+class TrainSet:
+    images: np.ndarray
+    videos: np.ndarray
+    ex: dict
+    image_token: int
+    video_token: int
+    pad: int
+
+    @classmethod
+    def load(cls, path: Path, tok) -> "TrainSet":
+        return cls(np.load(path / "images.npy", mmap_mode="r"), np.load(path / "videos.npy", mmap_mode="r"),
+                   torch.load(path / "examples.pt"), tok.convert_tokens_to_ids("<|image_pad|>"),
+                   tok.convert_tokens_to_ids("<|video_pad|>"), tok.pad_token_id)
+
+    def __len__(self) -> int:
+        return len(self.ex["media"])
+
+    def batches(self, batch_size: int, rng: random.Random, pool: int = 64):
+        """Endless length-bucketed batches: draw pool * batch_size examples, sort by length,
+        cut into batches, shuffle those."""
+        lens = (self.ex["offsets"][1:] - self.ex["offsets"][:-1]).tolist()
+        n = len(self)
+        while True:
+            idx = rng.sample(range(n), min(n, pool * batch_size))
+            idx.sort(key=lambda i: lens[i])
+            chunks = [idx[k:k + batch_size] for k in range(0, len(idx), batch_size)]
+            rng.shuffle(chunks)
+            for c in chunks:
+                yield self.collate(c)
+
+    def collate(self, ids: list[int]) -> dict[str, torch.Tensor]:
+        """Right-padded batch with labels on the answer only (-100 elsewhere)."""
+        ex = self.ex
+        seqs = [ex["tokens"][ex["offsets"][i]:ex["offsets"][i + 1]].long() for i in ids]
+        L = max(len(s) for s in seqs)
+        input_ids = torch.full((len(ids), L), self.pad, dtype=torch.long)
+        attn = torch.zeros((len(ids), L), dtype=torch.long)
+        labels = torch.full((len(ids), L), -100, dtype=torch.long)
+        img_pix, vid_pix, n_img, n_vid = [], [], 0, 0
+        for b, (i, s) in enumerate(zip(ids, seqs)):
+            input_ids[b, :len(s)] = s
+            attn[b, :len(s)] = 1
+            p = int(ex["prompt_len"][i])
+            labels[b, p:len(s)] = s[p:]
+            j = int(ex["index"][i])
+            if int(ex["media"][i]) == 0:
+                img = torch.from_numpy(np.array(self.images[j]))
+                img_pix.append(patchify(img.unsqueeze(0).expand(TEMPORAL, -1, -1, -1))); n_img += 1
+            else:
+                vid_pix.append(patchify(torch.from_numpy(np.array(self.videos[j])))); n_vid += 1
+        mm = torch.zeros_like(input_ids)
+        mm[input_ids == self.image_token] = 1
+        mm[input_ids == self.video_token] = 2
+        g = SIZE // PATCH
+        batch = {"input_ids": input_ids, "attention_mask": attn, "labels": labels, "mm_token_type_ids": mm}
+        if n_img:
+            batch["pixel_values"] = torch.cat(img_pix)
+            batch["image_grid_thw"] = torch.tensor([[1, g, g]] * n_img)
+        if n_vid:
+            batch["pixel_values_videos"] = torch.cat(vid_pix)
+            batch["video_grid_thw"] = torch.tensor([[MODEL_FRAMES // TEMPORAL, g, g]] * n_vid)
+            batch["second_per_grid_ts"] = torch.ones(n_vid)   # TEMPORAL / sampled fps (2 fps): see world.clip_metadata
+        return batch
+
+
+def check_against_processor(processor, seed: int = 0) -> None:
+    """Assert that patchify and the pad expansion reproduce the processor exactly."""
+    from .world import clip_metadata
+    rng = random.Random(seed)
+    img = render_image(sample_scene(rng))
+    text = user_turn("image", "Describe.")
+    ref = processor(text=[text], images=[img], return_tensors="pt")
+    assert torch.allclose(ref["pixel_values"], patchify(torch.from_numpy(img).unsqueeze(0).expand(2, -1, -1, -1)), atol=1e-5)
+    ids = processor.tokenizer(expand_pads(text), add_special_tokens=False)["input_ids"]
+    assert ref["input_ids"][0].tolist() == ids
+    frames = render_clip(sample_clip(rng))[:MODEL_FRAMES]
+    ref = processor(text=[user_turn("video", "What happens?")], videos=[frames],
+                    videos_kwargs={"do_sample_frames": False, "video_metadata": [clip_metadata()]}, return_tensors="pt")
+    assert torch.allclose(ref["pixel_values_videos"], patchify(torch.from_numpy(np.stack(frames))), atol=1e-5)
+    assert float(ref["second_per_grid_ts"][0]) == 1.0
+    assert ref["input_ids"].shape[1] == len(processor.tokenizer(expand_pads(user_turn("video", "What happens?")),
+                                                                 add_special_tokens=False)["input_ids"])

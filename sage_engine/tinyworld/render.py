@@ -1,0 +1,43 @@
+"""`render`: N images (PNG) + N clips (MP4) of fresh scenes, with truth.jsonl and prompts.jsonl.
+
+truth.jsonl  one object per media file: file, media, prompt, answer, kind, truth (scene facts)
+prompts.jsonl one {"file", "prompt"} per media file: what `python -m sage_engine bench --inputs DIR`
+             asks about each input (detailed descriptions: the bench measures long generations)
+"""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from PIL import Image
+
+from .language import image_example, video_example
+from .world import render_clip, render_image, sample_clip, sample_scene, write_mp4
+
+
+def render_dir(out: Path, seed: int, n: int) -> list[dict]:
+    out.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(20_000_003 + seed)   # a stream apart from training (seed 0..) and eval
+    rows = []
+    for i in range(n):
+        scene = sample_scene(rng)
+        name = f"img_{i:04d}.png"
+        Image.fromarray(render_image(scene, noise_seed=rng.randrange(1 << 30))).save(out / name)
+        ex = image_example(scene, rng, "describe")
+        rows.append({"file": name, "media": "image", "prompt": ex.prompt, "answer": ex.answer,
+                     "kind": ex.kind, "truth": scene.truth()})
+    for i in range(n):
+        clip = sample_clip(rng)
+        name = f"vid_{i:04d}.mp4"
+        write_mp4(render_clip(clip, noise_seed=rng.randrange(1 << 30)), out / name)
+        ex = video_example(clip, rng, "describe_video")
+        rows.append({"file": name, "media": "video", "prompt": ex.prompt, "answer": ex.answer,
+                     "kind": ex.kind, "truth": clip.truth()})
+    with open(out / "truth.jsonl", "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    with open(out / "prompts.jsonl", "w") as f:
+        for r in rows:
+            f.write(json.dumps({"file": r["file"], "prompt": r["prompt"]}) + "\n")
+    return rows
