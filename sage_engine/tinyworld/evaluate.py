@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .language import IMAGE_KINDS, VIDEO_KINDS, Example, image_example, score, video_example
+from .language import IMAGE_KINDS, VIDEO_KINDS, Example, clip_objects, image_example, score, video_example
 from .tokenizer import user_turn
 from .world import Obj, read_video, render_clip, render_image, sample_clip, sample_scene, write_mp4
 
@@ -45,7 +45,7 @@ def make_items(seed: int, n: int, image_kinds=IMAGE_KINDS, video_kinds=VIDEO_KIN
             path = Path(tmp) / f"clip_{i}.mp4"
             write_mp4(render_clip(clip, noise_seed=rng.randrange(1 << 30)), path)
             frames, meta = read_video(path)
-            items += [Item("video", frames, meta, video_example(clip, rng, k), list(clip.start.objects)) for k in video_kinds]
+            items += [Item("video", frames, meta, video_example(clip, rng, k), clip_objects(clip)) for k in video_kinds]
     return items
 
 

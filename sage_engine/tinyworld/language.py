@@ -146,6 +146,11 @@ def event_sentence(clip: Clip, rng: random.Random) -> str:
     return rng.choice((f"{cap(the)} turns {a.colour}.", f"{cap(the)} changes colour from {s.colour} to {a.colour}."))
 
 
+def clip_objects(clip: Clip) -> list[Obj]:
+    """The objects a clip description names with size, colour and shape (start scene + any newcomer)."""
+    return list(clip.start.objects) + ([clip.subject] if clip.event == "appear" else [])
+
+
 def describe_clip(clip: Clip, rng: random.Random) -> str:
     sc = clip.start
     n = len(sc.objects)
@@ -254,7 +259,7 @@ def parse_position(text: str) -> str | None:
 def score_motion(clip: Clip, text: str) -> bool:
     t = text.lower()
     s, a = clip.subject, clip.after
-    verbs = {"move": "moves", "appear": "appears", "disappear": "disappears", "grow": "grows",
+    verbs = {"move": "moves", "appear": "appears", "disappear": ("disappears", "vanishes"), "grow": "grows",
              "shrink": "shrinks", "recolour": ("turns", "changes colour")}
     v = verbs[clip.event]
     if not any(x in t for x in ((v,) if isinstance(v, str) else v)):
