@@ -17,6 +17,12 @@ def cmd_render(a) -> None:
     print(f"wrote {a.n} images and {a.n} videos to {a.out}")
 
 
+def cmd_examples(a) -> None:
+    from .render import write_examples
+    rows = write_examples(Path(a.out))
+    print(f"wrote {len(rows)} examples to {a.out}")
+
+
 def cmd_train(a) -> None:
     import torch
     from . import models as M
@@ -65,6 +71,9 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--n", type=int, default=10)
     r.add_argument("--out", required=True)
     r.set_defaults(fn=cmd_render)
+    x = sub.add_parser("examples", help="write the demo inputs (assets/examples)")
+    x.add_argument("--out", default=str(ASSETS.parent / "examples"))
+    x.set_defaults(fn=cmd_examples)
     t = sub.add_parser("train", help="train the target/draft pair from scratch")
     t.add_argument("--out", default=str(ASSETS))
     t.add_argument("--cache", default=None, help="where the rendered training set is cached")

@@ -41,3 +41,23 @@ def render_dir(out: Path, seed: int, n: int) -> list[dict]:
         for r in rows:
             f.write(json.dumps({"file": r["file"], "prompt": r["prompt"]}) + "\n")
     return rows
+
+
+def write_examples(out: Path, seed: int = 7) -> list[dict]:
+    """A few demo inputs (3 images, 2 videos) with good prompts, listed in examples.json."""
+    out.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(30_000_001 + seed)
+    rows = []
+    prompts = ["Describe the image in detail.", "How many shapes are there?", "What do you see?"]
+    for i, prompt in enumerate(prompts):
+        scene = sample_scene(rng, min_count=3 if i != 1 else 2, max_count=4)
+        name = f"shapes_{i + 1}.png"
+        Image.fromarray(render_image(scene, noise_seed=rng.randrange(1 << 30))).save(out / name)
+        rows.append({"file": name, "media": "image", "prompt": prompt})
+    for i, prompt in enumerate(["Describe the video in detail.", "What happens in the video?"]):
+        clip = sample_clip(rng)
+        name = f"clip_{i + 1}.mp4"
+        write_mp4(render_clip(clip, noise_seed=rng.randrange(1 << 30)), out / name)
+        rows.append({"file": name, "media": "video", "prompt": prompt})
+    (out / "examples.json").write_text(json.dumps(rows, indent=1) + "\n")
+    return rows
