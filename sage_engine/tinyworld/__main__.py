@@ -63,6 +63,20 @@ def cmd_eval(a) -> None:
         print(json.dumps(out))
 
 
+def cmd_card(a) -> None:
+    import torch
+    from transformers import AutoModelForImageTextToText
+    from .card import write_cards
+    from .timing import measure
+    torch.set_num_threads(a.threads)
+    models = Path(a.models)
+    pair = [AutoModelForImageTextToText.from_pretrained(models / f"tinyworld-{r}", dtype=torch.float32).eval()
+            for r in ("target", "draft")]
+    timing = measure(*pair)
+    print(json.dumps(timing))
+    write_cards(models, json.loads(Path(a.eval_json).read_text()), Path(a.train_log).read_text(), timing, a.eval_cmd)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m sage_engine.tinyworld", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -90,6 +104,13 @@ def main(argv: list[str] | None = None) -> None:
     e.add_argument("--json", action="store_true")
     e.add_argument("--show", type=int, default=0, help="print the first SHOW answers")
     e.set_defaults(fn=cmd_eval)
+    c = sub.add_parser("card", help="write the model cards from an eval --json file and the training log")
+    c.add_argument("--models", default=str(ASSETS))
+    c.add_argument("--eval-json", required=True)
+    c.add_argument("--eval-cmd", required=True, help="the eval command line that produced --eval-json")
+    c.add_argument("--train-log", required=True)
+    c.add_argument("--threads", type=int, default=2)
+    c.set_defaults(fn=cmd_card)
     a = p.parse_args(argv)
     a.fn(a)
 

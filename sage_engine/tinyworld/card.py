@@ -1,0 +1,91 @@
+"""Model cards (README.md) for the shipped pair, written from measured numbers only:
+an `eval --json` result, the training log, and `timing.measure` run here and now."""
+from __future__ import annotations
+
+import json
+import re
+
+import torch
+from pathlib import Path
+
+from .world import CLIP_FPS, CLIP_FRAMES, MODEL_FRAMES, SIZE
+
+
+def _train_minutes(log: str) -> dict:
+    out = {}
+    for key, pat in (("target", r"\[target\] trained in ([\d.]+) min"), ("draft", r"\[draft\] distilled in ([\d.]+) min"),
+                     ("total", r"\[train\] done in ([\d.]+) min")):
+        m = re.search(pat, log)
+        if m:
+            out[key] = float(m.group(1))
+    m = re.search(r"\[data\] cache built in (\d+)s", log)
+    if m:
+        out["cache_s"] = int(m.group(1))
+    return out
+
+
+def _arch(model) -> str:
+    t, v = model.config.text_config, model.config.vision_config
+    return (f"text: {t.num_hidden_layers} layer(s), hidden {t.hidden_size}, {t.num_attention_heads} heads "
+            f"({t.num_key_value_heads} KV), FFN {t.intermediate_size}, vocab {t.vocab_size}, M-RoPE sections "
+            f"{t.rope_parameters['mrope_section']}; vision: {v.depth} block(s), hidden {v.hidden_size}, "
+            f"patch 14, 2x2 merge")
+
+
+def write_cards(models_dir: Path, eval_result: dict, train_log: str, timing: dict, eval_cmd: str) -> None:
+    from transformers import AutoModelForImageTextToText
+    pair = {r: AutoModelForImageTextToText.from_pretrained(models_dir / f"tinyworld-{r}") for r in ("target", "draft")}
+    n = {r: sum(p.numel() for p in m.parameters()) for r, m in pair.items()}
+    mins = _train_minutes(train_log)
+    kinds = sorted(eval_result["target"]["by_kind"])
+    table = "\n".join(f"| {k} | {eval_result['target']['by_kind'][k]:.3f} | {eval_result['draft']['by_kind'][k]:.3f} |"
+                      for k in kinds)
+    for role, model in pair.items():
+        other = "draft" if role == "target" else "target"
+        text = f"""# tinyworld-{role}
+
+The {role} of SAGE's embedded default VLM pair (its {other}: `tinyworld-{other}`), trained from scratch
+on the procedurally generated tinyworld (`sage_engine/tinyworld/`): coloured shapes on plain
+backgrounds, and short clips in which one thing happens. Not a general-purpose model: it knows
+6 colours, 6 shapes, 2 sizes, 9 positions, 1-4 objects, occlusion and 6 kinds of event.
+
+- Architecture: `Qwen2_5_VLForConditionalGeneration` (processor `Qwen2_5_VLProcessor`), {_arch(model)}.
+- Parameters: {n[role]:,} (target {n['target']:,} = {n['target'] / n['draft']:.1f}x the draft's {n['draft']:,}).
+- Stored in float32 (safetensors). Load with `AutoModelForImageTextToText.from_pretrained` and
+  `AutoProcessor.from_pretrained`; both work offline (`HF_HUB_OFFLINE=1`).
+- Inputs: images are resized to {SIZE}x{SIZE} pixels = 16 visual tokens. Videos: pass
+  {MODEL_FRAMES} frames sampled uniformly (`video_processor.num_frames` = {MODEL_FRAMES}) with
+  `do_sample_frames=False` and `video_metadata`; the training clips are {CLIP_FRAMES}-frame MP4s at
+  {CLIP_FPS:g} fps (32 visual tokens).
+- Tokenizer: byte-level BPE (any text encodes) trained on the world's corpus, Qwen chat template and
+  special tokens, shared by target and draft.
+
+## Training
+
+`python -m sage_engine.tinyworld train --threads 1` (seeded; writes both models). Data: 24,000
+rendered images x 3 questions and 8,000 clips (through an MP4 round trip) x 2 questions: detailed
+descriptions, count, colour, shape, size, position, yes/no, "what happens". The target is trained with
+cross-entropy on the answers (5,000 steps of batch 16, AdamW, cosine); the draft is distilled from the
+target, teacher-forced KL(p_target || q_draft) on the same answers (2,500 steps).
+Measured on this 2-core CPU, 1 thread, shared with other work: cache {mins.get('cache_s', '?')} s,
+target {mins.get('target', '?')} min, draft {mins.get('draft', '?')} min, total {mins.get('total', '?')} min.
+
+## Evaluation (fresh scenes, never seen in training)
+
+`{eval_cmd}`: greedy answers scored against the ground truth
+(n = {eval_result['n']} images with one question of each image kind, and {eval_result['n']} clips with one of each video kind).
+A description counts as right when it names exactly the true (size, colour, shape) triples.
+
+| kind | target | draft |
+|---|---|---|
+{table}
+| **all** | **{eval_result['target']['accuracy']:.3f}** | **{eval_result['draft']['accuracy']:.3f}** |
+
+## Per-forward cost on this CPU (fp32, {torch.get_num_threads()} thread(s), 130-token cached prefix, median ms)
+
+Measured by `python -m sage_engine.tinyworld card` (sage_engine/tinyworld/timing.py) on a machine shared with other work.
+
+| forward | ms |
+|---|---|
+""" + "\n".join(f"| {k.replace('_', ', ')} tokens | {v} |" for k, v in timing.items()) + "\n"
+        (models_dir / f"tinyworld-{role}" / "README.md").write_text(text)
