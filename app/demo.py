@@ -1,0 +1,53 @@
+"""build_demo(): the Gradio Blocks app. Layout (layout.py) and events (wiring.py) meet here, once."""
+
+from __future__ import annotations
+
+import logging
+from typing import Mapping
+
+import gradio as gr
+
+from sage_engine import ModelError
+
+from .handlers import Handlers
+from .layout import build_layout
+from .media import Example, RunFiles, load_examples
+from .pool import PairFactory, PairPool, load_preset
+from .presets import PRESETS, Preset, pick
+from .text import TITLE
+from .wiring import wire
+
+log = logging.getLogger("sage.app")
+
+CSS = """
+#spec-text .textfield { font-size: 14px; line-height: 1.9; }
+#ar-text textarea { font-size: 14px; }
+#status { min-height: 2.2em; }
+"""
+
+
+def build_demo(presets: Mapping[str, Preset] = PRESETS, default_preset: str | None = None,
+               pair_factory: PairFactory = load_preset, examples: list[Example] | None = None,
+               preload: bool = False, plot_every: float = 0.5, queue_size: int = 32) -> gr.Blocks:
+    """The demo over `presets` (the UI offers only these). `pair_factory(preset) -> ModelPair` loads a pair;
+    tests pass one that builds tiny models. `preload` loads the default pair now instead of on first use."""
+    preset = pick(presets, default_preset)
+    pool = PairPool(presets, pair_factory)
+    handlers = Handlers(pool, RunFiles(), preset.name, plot_every=plot_every)
+    with gr.Blocks(title=TITLE, delete_cache=(3600, 3600)) as demo:
+        ui = build_layout(presets, preset.name, load_examples() if examples is None else examples)
+        wire(demo, ui, handlers)
+    demo.queue(max_size=queue_size)
+    if preload:
+        try:
+            loaded = pool.get(preset.name)
+            log.info("loaded %s in %.1f s", preset.name, loaded.load_seconds)
+        except ModelError as e:  # the UI still starts and shows the reason on Run
+            log.warning("%s", e)
+    return demo
+
+
+def launch_options(max_file_size: str | int = "64mb") -> dict:
+    """Keyword arguments for `demo.launch()` (Gradio 6 takes theme and css there, not in Blocks)."""
+    return dict(max_file_size=max_file_size, css=CSS, theme=gr.themes.Soft(primary_hue="violet"),
+                footer_links=["api", "gradio"])

@@ -1,0 +1,171 @@
+"""Event handlers. They read inputs, call the engine through `Race`, and yield Views; no tensors here.
+
+`compare` is also the public API (`api_name="compare"`): parameters image, video, prompt,
+max_new_tokens, policy (then optional preset and SAGE knobs); its last output is the JSON summary.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, replace
+from typing import Iterator
+
+import gradio as gr
+
+from sage_engine import InputError, PreparedInput, SageConfig, SageError, make_policy, prepare_input
+from sage_engine.inputs import video_frames_for
+from sage_engine.media import VideoClip, sample_video
+
+from . import plots, replay, text
+from .layout import MAX_NEW_TOKENS, POLICIES
+from .media import RunFiles, frame_strip
+from .pool import Loaded, PairPool
+from .race import Race, Transcriber, consume
+from .record import Lane, RunRecord
+from .tree_plot import empty_tree, tree_figure
+from .view import View
+
+
+def sage_config(knobs: dict) -> SageConfig:
+    """SageConfig from the knobs panel (missing knobs keep the paper's defaults); InputError if inconsistent."""
+    cfg = SageConfig()
+    ints = {k: int(v) for k, v in knobs.items() if k in ("d_min", "d_max", "w_min", "w_max", "k", "n_max")}
+    floats = {k: float(v) for k, v in knobs.items() if k == "theta_scale"}
+    source = {k: str(v) for k, v in knobs.items() if k == "alpha_source" and v}
+    cfg = replace(cfg, **ints, **floats, **source)
+    if not (1 <= cfg.d_min <= cfg.d_max <= cfg.max_depth_cap):
+        raise InputError(f"SAGE knobs: need 1 <= D_min <= D_max <= {cfg.max_depth_cap} (got {cfg.d_min}, {cfg.d_max})")
+    if not (1 <= cfg.w_min <= cfg.w_max):
+        raise InputError(f"SAGE knobs: need 1 <= W_min <= W_max (got {cfg.w_min}, {cfg.w_max})")
+    if cfg.k < 2 or cfg.n_max < 1 or not (0.0 <= cfg.theta_scale <= 1.0):
+        raise InputError("SAGE knobs: need k >= 2, N_max >= 1 and 0 <= theta scale <= 1")
+    if cfg.alpha_source not in ("prev_path", "prev_root", "current_root"):
+        raise InputError(f"SAGE knobs: unknown alpha source {cfg.alpha_source!r}")
+    return cfg
+
+
+@dataclass
+class Setup:
+    """A validated request, ready to race."""
+
+    loaded: Loaded
+    prepared: PreparedInput
+    clip: VideoClip | None
+    cfg: SageConfig
+    record: RunRecord
+
+
+class Handlers:
+    """The app's behaviour; one instance per demo (owns the model pool and the export directory)."""
+
+    def __init__(self, pool: PairPool, files: RunFiles, default_preset: str, text_every: float = 0.1,
+                 plot_every: float = 0.5):
+        self.pool, self.files, self.default_preset = pool, files, default_preset
+        self.text_every = text_every  # seconds between streamed text updates
+        self.plot_every = plot_every  # seconds between streamed figure updates (a final full update follows)
+
+    # ------------------------------------------------------------------ compare (the API)
+    def compare(self, image, video, prompt, max_new_tokens, policy, preset=None, **knobs) -> Iterator[tuple]:
+        """Race autoregressive then speculative decoding on one input, streaming both."""
+        try:
+            setup = self._setup(image, video, prompt, max_new_tokens, policy, preset or self.default_preset, knobs)
+            yield from self._race(setup)
+        except SageError as e:
+            yield View(status=text.status_error(str(e))).row()
+            raise gr.Error(str(e), print_exception=False) from None
+
+    def _setup(self, image, video, prompt, max_new_tokens, policy, preset, knobs) -> Setup:
+        if not (prompt or "").strip():
+            raise InputError("the prompt is empty: type a question about the image or video")
+        if policy not in POLICIES:
+            raise InputError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+        n = int(max_new_tokens or 0)
+        if not 1 <= n <= MAX_NEW_TOKENS:
+            raise InputError(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS} (got {n})")
+        cfg = sage_config(knobs)
+        loaded = self.pool.get(preset)
+        clip = sample_video(video, video_frames_for(loaded.pair.processor)) if video else None
+        prepared = prepare_input(loaded.pair, prompt, images=[image] if image else [], video=clip)
+        media = {"image": os.path.basename(image) if image else None,
+                 "video": os.path.basename(video) if video else None, "frames": len(clip.frames) if clip else 0}
+        record = RunRecord(preset, prepared.prompt, n, policy, vars(cfg) if policy == "sage" else {}, media,
+                           spec=Lane("spec", policy))
+        return Setup(loaded, prepared, clip, cfg, record)
+
+    def _race(self, s: Setup) -> Iterator[tuple]:
+        record = s.record
+        spec_policy = make_policy(record.policy, s.cfg if record.policy == "sage" else None)
+        race = Race(s.loaded.engine, s.prepared, spec_policy, record.max_new_tokens, s.loaded.lock)
+        transcriber = Transcriber(s.loaded.pair.tokenizer)
+        yield self._reset_view(record, s.clip).row()
+        race.start()
+        last_text = last_plot = 0.0
+        try:
+            for batch in race.batches(wait=self.text_every):
+                if not consume(record, transcriber, batch) or record.done:
+                    continue
+                now = time.perf_counter()
+                if now - last_text >= self.text_every:
+                    draw = now - last_plot >= self.plot_every and bool(record.spec.decode_steps)
+                    last_text, last_plot = now, (now if draw else last_plot)
+                    yield self._live_view(record, s.cfg, draw).row()
+        finally:
+            race.stop()
+        yield self._final_view(record, s.cfg).row()
+
+    # ------------------------------------------------------------------ views
+    def _reset_view(self, record: RunRecord, clip: VideoClip | None) -> View:
+        waiting = plots.placeholder("", "decoding…")
+        return View(status=text.status_running(record), frames=frame_strip(clip), ar_text="", spec_text=[],
+                    scoreboard=text.scoreboard(record), replay=replay.replay_html(None), fig_alpha=waiting,
+                    fig_accepted=waiting, fig_tree=empty_tree("decoding…"), fig_mapping=waiting, fig_time=waiting,
+                    step=gr.Slider(interactive=False), export=gr.DownloadButton(value=None, interactive=False),
+                    run_state=record, summary={})
+
+    def _live_view(self, record: RunRecord, cfg: SageConfig, draw: bool) -> View:
+        view = View(status=text.status_running(record), ar_text=record.ar.text, spec_text=list(record.spec.segments),
+                    scoreboard=text.scoreboard(record), run_state=record)
+        if draw:
+            lane = record.spec
+            view.fig_alpha, view.fig_accepted = plots.alpha_figure(lane), plots.accepted_figure(lane)
+            view.fig_mapping = plots.mapping_figure(lane, cfg)
+            last = lane.decode_steps[-1]
+            view.fig_tree = tree_figure(last, lane.bonus_texts.get(last.step, ""))
+        return view
+
+    def _final_view(self, record: RunRecord, cfg: SageConfig) -> View:
+        lane, token_text = record.spec, self._token_text(record.preset)
+        steps = lane.decode_steps
+        best = max(steps, key=lambda st: (len(st.accepted_nodes), len(st.tree.tokens) if st.tree else 0), default=None)
+        slider = gr.Slider(minimum=1, maximum=max(2, len(steps)), value=best.step if best else 1,
+                           interactive=len(steps) > 1)
+        return View(
+            status=text.status_done(record), ar_text=record.ar.text, spec_text=list(lane.segments),
+            scoreboard=text.scoreboard(record, token_text), replay=replay.replay_html(record),
+            fig_alpha=plots.alpha_figure(lane), fig_accepted=plots.accepted_figure(lane),
+            fig_tree=self.show_step(record, best.step) if best else empty_tree("this run drafted no tree"),
+            fig_mapping=plots.mapping_figure(lane, cfg), fig_time=plots.time_figure(record), step=slider,
+            export=gr.DownloadButton(value=self.files.write(record.export()), interactive=True),
+            run_state=record, summary=record.summary(),
+        )
+
+    def _token_text(self, preset: str):
+        tok = self.pool.get(preset).pair.tokenizer
+        return lambda t: tok.decode([t])
+
+    # ------------------------------------------------------------------ other events
+    def show_step(self, record: RunRecord | None, step) -> object:
+        """The draft tree of speculative step `step` of the user's last run."""
+        if record is None or not record.spec.decode_steps:
+            return empty_tree("run something first")
+        want = int(step or 1)
+        ev = next((s for s in record.spec.decode_steps if s.step == want), record.spec.decode_steps[-1])
+        return tree_figure(ev, record.spec.bonus_texts.get(ev.step, ""))
+
+    def describe_model(self, preset: str | None) -> str:
+        name = preset or self.default_preset
+        if self.pool.is_loaded(name):
+            return self.pool.get(name).describe()
+        missing = self.pool.presets[name].missing() if name in self.pool.presets else "not configured"
+        return f"**{name}**: " + (f"not available ({missing})" if missing else "loads on the first run")

@@ -1,0 +1,185 @@
+"""The page, built in one place. Returns handles to every component; events are wired in wiring.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Mapping
+
+import gradio as gr
+
+from sage_engine import SageConfig
+
+from . import plots, replay, text
+from .media import Example, UploadedImage
+from .presets import Preset
+from .theme import TOKEN_COLORS
+from .tree_plot import empty_tree
+
+POLICIES = ("sage", "chain", "static", "eagle2")
+MAX_NEW_TOKENS = 512
+DEFAULT_NEW_TOKENS = 96
+
+
+@dataclass
+class Knobs:
+    """The SAGE knobs panel; names match SageConfig fields."""
+
+    d_min: gr.Slider
+    d_max: gr.Slider
+    w_min: gr.Slider
+    w_max: gr.Slider
+    k: gr.Slider
+    n_max: gr.Slider
+    theta_scale: gr.Slider
+    alpha_source: gr.Dropdown
+
+    def as_kwargs(self) -> dict[str, gr.components.Component]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass
+class Ui:
+    """Every component an event reads or writes."""
+
+    model_info: gr.Markdown
+    image: UploadedImage
+    video: gr.Video
+    prompt: gr.Textbox
+    max_new_tokens: gr.Slider
+    policy: gr.Dropdown
+    preset: gr.Dropdown
+    knobs: Knobs
+    run: gr.Button
+    stop: gr.Button
+    # outputs of a run, in the order of app.view.View
+    status: gr.Markdown
+    frames: gr.Gallery
+    ar_text: gr.Textbox
+    spec_text: gr.HighlightedText
+    scoreboard: gr.HTML
+    replay: gr.HTML
+    fig_alpha: gr.Plot
+    fig_accepted: gr.Plot
+    fig_tree: gr.Plot
+    fig_mapping: gr.Plot
+    fig_time: gr.Plot
+    step: gr.Slider
+    export: gr.DownloadButton
+    run_state: gr.State
+    summary: gr.JSON
+
+
+def _knobs(cfg: SageConfig) -> Knobs:
+    with gr.Accordion("SAGE knobs (defaults: the paper's)", open=False):
+        gr.Markdown("Depth D(α) = D_min + α(D_max − D_min), root width W(α) = W_min + (1 − α)(W_max − W_min). "
+                    "Used by the `sage` policy only.")
+        with gr.Row():
+            d_min = gr.Slider(1, 8, cfg.d_min, step=1, label="D_min (depth when unsure)")
+            d_max = gr.Slider(2, 16, cfg.d_max, step=1, label="D_max (depth when sure)")
+        with gr.Row():
+            w_min = gr.Slider(1, 8, cfg.w_min, step=1, label="W_min (width when sure)")
+            w_max = gr.Slider(1, 16, cfg.w_max, step=1, label="W_max (width when unsure)")
+        with gr.Row():
+            k = gr.Slider(2, 50, cfg.k, step=1, label="k (top-k for the entropy)")
+            n_max = gr.Slider(1, 128, cfg.n_max, step=1, label="N_max (nodes per tree)")
+        with gr.Row():
+            theta = gr.Slider(0.0, 0.5, cfg.theta_scale, step=0.01, label="θ scale (θ_l = θ·l/D)")
+            source = gr.Dropdown(["prev_path", "prev_root", "current_root"], value=cfg.alpha_source,
+                                 label="α for the next tree comes from")
+    return Knobs(d_min, d_max, w_min, w_max, k, n_max, theta, source)
+
+
+def _inputs(presets: Mapping[str, Preset], default_preset: str) -> dict:
+    with gr.Row():
+        image = UploadedImage(type="filepath", image_mode=None, sources=["upload", "clipboard"], label="Image",
+                              elem_id="image", height=240)
+        video = gr.Video(sources=["upload"], format=None, include_audio=True, label="Video", elem_id="video",
+                         height=240)
+    frames = gr.Gallery(label="Video frames the model sees (sampled uniformly)", columns=8, height=110,
+                        elem_id="frames", allow_preview=False, interactive=False)
+    prompt = gr.Textbox(label="Prompt", lines=2, placeholder="Ask something about the image or video",
+                        elem_id="prompt")
+    with gr.Row():
+        max_new = gr.Slider(1, MAX_NEW_TOKENS, DEFAULT_NEW_TOKENS, step=1, label="Max new tokens",
+                            elem_id="max-new-tokens")
+        policy = gr.Dropdown(list(POLICIES), value="sage", label="Speculative policy", elem_id="policy")
+    preset = gr.Dropdown(list(presets), value=default_preset, label="Model pair (configured presets only)",
+                         elem_id="preset", interactive=len(presets) > 1,
+                         info=presets[default_preset].description or None)
+    return dict(image=image, video=video, frames=frames, prompt=prompt, max_new_tokens=max_new,
+                policy=policy, preset=preset)
+
+
+def _examples(examples: list[Example], image, video, prompt) -> None:
+    # One gr.Examples per media type (a column empty in every row breaks the example click).
+    # Not cached: a cached example would replay stale timings instead of racing the decoders.
+    for media, component in (("image", image), ("video", video)):
+        rows = [[e.file, e.prompt] for e in examples if e.media == media]
+        if rows:
+            gr.Examples(rows, inputs=[component, prompt], label=f"{media.capitalize()} examples",
+                        cache_examples=False, examples_per_page=6)
+
+
+def _texts() -> dict:
+    gr.Markdown(text.FAIRNESS)
+    with gr.Row(equal_height=True):
+        ar_text = gr.Textbox(label="Autoregressive (target only)", lines=9, max_lines=14, interactive=False,
+                             elem_id="ar-text")
+        spec_text = gr.HighlightedText(label="Speculative (SAGE): coloured by who wrote each token",
+                                       color_map=dict(TOKEN_COLORS), show_legend=True, combine_adjacent=False,
+                                       elem_id="spec-text")
+    scoreboard = gr.HTML(text.scoreboard(None), css_template=text.SCOREBOARD_CSS, elem_id="scoreboard",
+                         js_on_load=None)
+    replay_panel = gr.HTML(replay.replay_html(None), css_template=replay.CSS, js_on_load=replay.JS,
+                           elem_id="replay")
+    return dict(ar_text=ar_text, spec_text=spec_text, scoreboard=scoreboard, replay=replay_panel)
+
+
+def _plots() -> dict:
+    with gr.Row():
+        fig_alpha = gr.Plot(plots.placeholder("Draft confidence α per step", "run something first"),
+                            elem_id="plot-alpha", show_label=False)
+        fig_accepted = gr.Plot(plots.placeholder("Tokens per target forward", "run something first"),
+                               elem_id="plot-accepted", show_label=False)
+    with gr.Row():
+        with gr.Column(scale=3):
+            step = gr.Slider(1, 2, 1, step=1, label="Step: scrub through the speculative run's draft trees",
+                             elem_id="step", interactive=False)
+            fig_tree = gr.Plot(empty_tree("the draft tree of a step appears here after a run"),
+                               elem_id="plot-tree", show_label=False)
+        with gr.Column(scale=2):
+            fig_mapping = gr.Plot(plots.placeholder("SAGE's tree shape as a function of α", "run something first"),
+                                  elem_id="plot-mapping", show_label=False)
+            fig_time = gr.Plot(plots.placeholder("Where the time went", "run something first", 260),
+                               elem_id="plot-time", show_label=False)
+    return dict(fig_alpha=fig_alpha, fig_accepted=fig_accepted, step=step, fig_tree=fig_tree,
+                fig_mapping=fig_mapping, fig_time=fig_time)
+
+
+def build_layout(presets: Mapping[str, Preset], default_preset: str, examples: list[Example],
+                 cfg: SageConfig = SageConfig()) -> Ui:
+    """Create every component inside the current gr.Blocks; returns their handles."""
+    gr.Markdown(f"# {text.TITLE}\n{text.INTRO}")
+    with gr.Accordion("What am I looking at? (explanation and legend)", open=False):
+        gr.Markdown(text.EXPLAIN)
+    model_info = gr.Markdown(elem_id="model-info")
+    with gr.Row():
+        with gr.Column(scale=4, min_width=320):
+            inputs = _inputs(presets, default_preset)
+            knobs = _knobs(cfg)
+            with gr.Row():
+                run = gr.Button("Run", variant="primary", elem_id="run")
+                stop = gr.Button("Stop", variant="stop", elem_id="stop")
+            status = gr.Markdown("Ready.", elem_id="status")
+            _examples(examples, inputs["image"], inputs["video"], inputs["prompt"])
+        with gr.Column(scale=7, min_width=480):
+            outputs = _texts()
+    figures = _plots()
+    with gr.Row():
+        export = gr.DownloadButton("Download the run (JSON: both decoders' step events and stats)", value=None,
+                                   interactive=False, elem_id="export", variant="secondary")
+    with gr.Accordion("JSON summary (the last output of the `compare` API endpoint)", open=False):
+        summary = gr.JSON(elem_id="summary")
+    return Ui(model_info=model_info, knobs=knobs, run=run, stop=stop, status=status, export=export,
+              run_state=gr.State(None), summary=summary, **inputs, **outputs, **figures)
+

@@ -1,0 +1,75 @@
+"""Loaded model pairs, one engine per preset, created on first use and kept for the process.
+
+The pool belongs to one `build_demo()` call (no module-level state). Runs that use an engine
+are serialised by the queue (one run per device), so the pool only guards its own dict.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+from sage_engine import ModelError, ModelPair, SpecEngine, load_pair
+
+from .presets import Preset
+
+PairFactory = Callable[[Preset], ModelPair]
+
+
+def load_preset(preset: Preset) -> ModelPair:
+    """The default pair factory: `sage_engine.load_pair` on the preset's paths."""
+    if preset.source == "builtin":
+        raise ModelError(f"preset {preset.name!r} is built in code and needs its own pair factory")
+    reason = preset.missing()
+    if reason:
+        raise ModelError(f"model pair {preset.name!r} is not available: {reason}")
+    return load_pair(target=preset.target, draft=preset.draft, dtype=preset.dtype, device=preset.device)
+
+
+@dataclass
+class Loaded:
+    """A ready pair and its engine."""
+
+    preset: Preset
+    pair: ModelPair
+    engine: SpecEngine
+    load_seconds: float
+    lock: threading.Lock = field(default_factory=threading.Lock)  # held by the run using this engine
+
+    def describe(self) -> str:
+        d = self.pair.describe()
+
+        def size(n):
+            return "none" if n is None else f"{n / 1e6:.1f}M params"
+
+        return (f"**{self.preset.name}**: target {size(d['target_params'])}, draft {size(d['draft_params'])}, "
+                f"{d['dtype']} on {self.preset.device}")
+
+
+class PairPool:
+    """Preset name -> Loaded, at most `capacity` pairs in memory (the oldest is dropped first)."""
+
+    def __init__(self, presets: Mapping[str, Preset], factory: PairFactory = load_preset, capacity: int = 1):
+        self.presets = presets
+        self.factory = factory
+        self.capacity = max(1, capacity)
+        self._loaded: dict[str, Loaded] = {}
+        self._lock = threading.Lock()
+
+    def get(self, name: str) -> Loaded:
+        """The loaded pair for preset `name`; loads it if needed. Raises ModelError (one line)."""
+        if name not in self.presets:
+            raise ModelError(f"unknown model preset {name!r}; this app serves: {', '.join(self.presets)}")
+        with self._lock:
+            if name not in self._loaded:
+                while len(self._loaded) >= self.capacity:
+                    self._loaded.pop(next(iter(self._loaded)))
+                t0 = time.perf_counter()
+                pair = self.factory(self.presets[name])
+                self._loaded[name] = Loaded(self.presets[name], pair, SpecEngine(pair), time.perf_counter() - t0)
+            return self._loaded[name]
+
+    def is_loaded(self, name: str) -> bool:
+        return name in self._loaded

@@ -1,0 +1,157 @@
+"""The race: autoregressive, then speculative, on one prepared input, in a worker thread.
+
+The worker only decodes and timestamps step events; the Gradio handler drains them and draws
+at its own pace, so drawing never paces decoding. The two decoders NEVER overlap: on a shared
+device a parallel run would slow both and make the speed comparison meaningless. Each lane is
+timed like `SpecEngine.generate()` (the CLI): from the call to `stream()` to its last event.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+from sage_engine import PreparedInput, SpecEngine, StepEvent
+from sage_engine.policy import Policy, make_policy
+
+from .record import ACCEPTED, BONUS, FIRST, Lane, RunRecord
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """One step event (or, with event None, the end of a lane) as the worker saw it."""
+
+    lane: str  # "ar" | "spec"
+    event: StepEvent | None
+    at: float  # seconds since the lane started
+
+
+@dataclass(frozen=True)
+class Failure:
+    """An exception raised in the worker, handed to the handler thread to re-raise."""
+
+    error: Exception
+
+
+_END = object()
+
+
+class Race:
+    """One Run's decoding. `start()`, then iterate `batches()`; `stop()` asks the worker to quit."""
+
+    def __init__(self, engine: SpecEngine, prepared: PreparedInput, spec_policy: Policy, max_new_tokens: int,
+                 device_lock: threading.Lock):
+        self.engine, self.prepared, self.max_new_tokens = engine, prepared, max_new_tokens
+        self.lanes = (("ar", make_policy("ar")), ("spec", spec_policy))
+        self.device_lock = device_lock  # held while decoding: a cancelled run's worker finishes first
+        self._queue: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._work, name="sage-race", daemon=True)
+
+    def start(self) -> "Race":
+        self._thread.start()
+        return self
+
+    def stop(self, wait: float = 30.0) -> None:
+        self._stop.set()
+        self._thread.join(wait)
+
+    def _work(self) -> None:
+        try:
+            with self.device_lock:
+                for lane, policy in self.lanes:
+                    if not self._run_lane(lane, policy):
+                        return
+        except Exception as e:  # noqa: BLE001 - not swallowed: re-raised in the handler thread
+            self._queue.put(Failure(e))
+        finally:
+            self._queue.put(_END)
+
+    def _run_lane(self, lane: str, policy: Policy) -> bool:
+        t0 = time.perf_counter()
+        for ev in self.engine.stream(self.prepared, policy, self.max_new_tokens):
+            self._queue.put(Arrival(lane, ev, time.perf_counter() - t0))
+            if self._stop.is_set():
+                return False
+        self._queue.put(Arrival(lane, None, time.perf_counter() - t0))
+        return True
+
+    def batches(self, wait: float) -> Iterator[list[Arrival]]:
+        """Everything that arrived since the last batch; waits at most `wait` s (may yield [])."""
+        while True:
+            try:
+                items = [self._queue.get(timeout=wait)]
+            except queue.Empty:
+                yield []
+                continue
+            while True:
+                try:
+                    items.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            end = any(x is _END for x in items)
+            items = [x for x in items if x is not _END]
+            for x in items:
+                if isinstance(x, Failure):
+                    raise x.error
+            yield items
+            if end:
+                return
+
+
+class Transcriber:
+    """Turns a lane's step events into text, split per step into accepted-draft and target parts."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def add(self, lane: Lane, arrival: Arrival) -> None:
+        """Record one arrival in `lane`: the event, its time, the text and its origin segments."""
+        if arrival.event is None:
+            lane.seconds = arrival.at
+            return
+        ev = arrival.event
+        before = lane.token_ids
+        lane.steps.append(ev)
+        lane.arrivals.append(arrival.at)
+        n_draft = min(len(ev.accepted_tokens), len(ev.new_token_ids))  # EOS / budget may cut the path
+        parts = [(ev.new_token_ids[:n_draft], ACCEPTED), (ev.new_token_ids[n_draft:], BONUS)]
+        if ev.kind == "prefill":
+            parts = [(ev.new_token_ids, FIRST)]
+        ids, text = before, lane.text
+        for part, label in parts:
+            if not part:
+                continue
+            ids = ids + part
+            new = self.decode(ids)
+            lane.segments.append((_added(text, new), label))
+            if label == BONUS:
+                lane.bonus_texts[ev.step] = self.tokenizer.decode(part)  # specials shown (e.g. EOS)
+            text = new
+        lane.text = text
+        lane.text_ends.append(len(text))
+
+
+def _added(old: str, new: str) -> str:
+    """The text `new` adds to `old` (a byte-level token can complete an earlier partial character)."""
+    if new.startswith(old):
+        return new[len(old):]
+    i = 0
+    while i < min(len(old), len(new)) and old[i] == new[i]:
+        i += 1
+    return new[i:]
+
+
+def consume(record: RunRecord, transcriber: Transcriber, batch: list[Arrival]) -> set[str]:
+    """Apply a batch to the record; returns the lanes that changed."""
+    touched = set()
+    for a in batch:
+        transcriber.add(record.ar if a.lane == "ar" else record.spec, a)
+        touched.add(a.lane)
+    return touched

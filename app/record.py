@@ -1,0 +1,131 @@
+"""What one Run produced, as plain data: the per-user state behind the plots, slider, replay and export.
+
+Built only from StepEvents and arrival times; stats come from `sage_engine.events.summarize`,
+the same function the CLI uses, so the app and the CLI report the same figures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sage_engine import RunStats, StepEvent
+from sage_engine.events import summarize
+
+ACCEPTED = "draft, accepted"  # HighlightedText labels (also the legend)
+BONUS = "target, bonus"
+FIRST = "target, prefill"
+
+
+@dataclass
+class Lane:
+    """One decoder's run: its step events, when each arrived, and its text split by origin."""
+
+    name: str  # "ar" | "spec"
+    policy: str
+    steps: list[StepEvent] = field(default_factory=list)
+    arrivals: list[float] = field(default_factory=list)  # seconds from lane start to each event
+    segments: list[tuple[str, str]] = field(default_factory=list)  # (text, origin label) per step part
+    text: str = ""
+    text_ends: list[int] = field(default_factory=list)  # len(text) after each step (race replay)
+    bonus_texts: dict[int, str] = field(default_factory=dict)  # step -> text of its bonus token
+    seconds: float | None = None  # wall time of the whole lane; None while it runs
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [t for s in self.steps for t in s.new_token_ids]
+
+    @property
+    def decode_steps(self) -> list[StepEvent]:
+        return [s for s in self.steps if s.kind == "decode"]
+
+    @property
+    def done(self) -> bool:
+        return self.seconds is not None
+
+    def stats(self) -> RunStats | None:
+        if not self.done:
+            return None
+        return summarize(self.steps, self.token_ids, self.seconds)
+
+    def summary(self) -> dict:
+        stats = self.stats()
+        return {"policy": self.policy, "text": self.text, "token_ids": self.token_ids,
+                "stats": None if stats is None else stats.to_dict()}
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where two token sequences first differ."""
+
+    index: int  # first output position that differs
+    ar_token: int | None  # None: the sequence ended there
+    spec_token: int | None
+
+
+@dataclass
+class RunRecord:
+    """Both lanes of one Run plus its settings."""
+
+    preset: str
+    prompt: str
+    max_new_tokens: int
+    policy: str
+    policy_config: dict
+    media: dict  # {"image": name or None, "video": name or None, "frames": n}
+    ar: Lane = field(default_factory=lambda: Lane("ar", "ar"))
+    spec: Lane = field(default_factory=lambda: Lane("spec", "sage"))
+    stopped: bool = False
+
+    @property
+    def done(self) -> bool:
+        return self.ar.done and self.spec.done
+
+    def divergence(self) -> Divergence | None:
+        a, b = self.ar.token_ids, self.spec.token_ids
+        for i in range(max(len(a), len(b))):
+            x = a[i] if i < len(a) else None
+            y = b[i] if i < len(b) else None
+            if x != y:
+                return Divergence(i, x, y)
+        return None
+
+    def speedup(self) -> float | None:
+        sa, ss = self.ar.stats(), self.spec.stats()
+        if sa is None or ss is None or sa.tokens_per_second <= 0:
+            return None
+        return ss.tokens_per_second / sa.tokens_per_second
+
+    def summary(self) -> dict:
+        """The API's JSON summary: {"ar": {...}, "speculative": {...}} plus the comparison."""
+        div = self.divergence()
+        ar = self.ar.summary()
+        ar.pop("policy")
+        return {
+            "ar": ar,
+            "speculative": self.spec.summary(),
+            "identical": self.done and div is None,
+            "divergence": None if div is None else vars(div),
+            "speedup": self.speedup(),
+            "preset": self.preset,
+            "stopped": self.stopped,
+        }
+
+    def export(self) -> dict:
+        """The full run for download: settings, both lanes' step events with arrival times, stats."""
+        def lane(x: Lane) -> dict:
+            return {**x.summary(), "seconds": x.seconds,
+                    "steps": [{**s.to_dict(), "arrival_s": t} for s, t in zip(x.steps, x.arrivals)]}
+
+        return {
+            "format": "sage-run/1",
+            "preset": self.preset,
+            "prompt": self.prompt,
+            "media": self.media,
+            "max_new_tokens": self.max_new_tokens,
+            "policy": self.policy,
+            "policy_config": self.policy_config,
+            "note": "the two decoders ran one after the other on the same input, never at the same time",
+            "ar": lane(self.ar),
+            "speculative": lane(self.spec),
+            **{k: v for k, v in self.summary().items() if k not in ("ar", "speculative")},
+        }

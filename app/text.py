@@ -1,0 +1,152 @@
+"""Words the app shows: the newcomer's explanation with its legend, the scoreboard, status lines."""
+
+from __future__ import annotations
+
+from html import escape
+
+from .record import Divergence, RunRecord
+from .theme import AMBER, BLUE, GREEN, GREY, ORANGE, SLATE, VIOLET, token_label
+
+TITLE = "SAGE: adaptive speculative decoding for vision-language models"
+
+INTRO = (
+    "Upload an image or a video, ask a question, press **Run**. The same target model answers twice: once "
+    "alone, one token per forward pass, and once helped by a small draft model that guesses a *tree* of "
+    "continuations which the target checks in a single pass. Same answer, fewer target passes."
+)
+
+FAIRNESS = (
+    "**Fair timing:** the two decoders run **one after the other** on the same input and the same device, "
+    "never at the same time, so neither slows the other. The *race replay* below starts both together, "
+    "each at the speed it measured in its own run."
+)
+
+
+def _chip(color: str, label: str, border: str | None = None) -> str:
+    edge = f"border:1px solid {border};" if border else ""
+    return (f'<span style="display:inline-block;width:0.9em;height:0.9em;border-radius:3px;background:{color};'
+            f'{edge}vertical-align:-0.1em;margin:0 0.3em 0 0.8em"></span>{label}')
+
+
+LEGEND = " ".join([
+    _chip(GREEN, "draft token the target accepted"),
+    _chip(BLUE, "the target's own (bonus) token"),
+    _chip(GREY, "drafted, rejected", "#64748b"),
+    _chip(SLATE, "tree root = newest output token"),
+    _chip(ORANGE, "overhead"),
+])
+
+EXPLAIN = f"""
+**Speculative decoding in four lines.** A big *target* model writes text one token per forward pass
+(left column). A small *draft* model is much cheaper: it guesses several tokens ahead, as a tree of
+alternatives. The target then scores the whole tree in **one** forward pass and keeps the longest branch
+it agrees with, plus one token of its own (the *bonus*). The answer is exactly what the target would have
+written alone; it just needed fewer target passes. The mean number of tokens per target pass is **τ**.
+
+**What SAGE adds.** How big should the tree be? SAGE reads the draft's *confidence* **α = 1 − H / log k**
+(H: entropy of the draft's top-k next-token probabilities). Confident (α near 1): a **deep, narrow** tree,
+betting on one long branch. Unsure (α near 0): a **shallow, wide** tree, covering alternatives.
+A history controller also moves the maximum depth D_max when recent steps accept more or fewer tokens.
+*Policies to compare:* `chain` (classic: one line of k guesses), `static` (a fixed 25-node tree),
+`eagle2` (grows the most probable nodes), `sage` (the tree shape follows α).
+
+**Reading the plots.**
+- *Confidence per step*: α (violet) and the depth D / width W it chose (bars).
+- *Tokens per target forward*: green = accepted draft tokens, blue = the target's bonus token.
+- *Draft tree*: scrub with the step slider; hover a node for its draft probability and depth.
+- *α → (D, W)*: SAGE's rule as curves, this run's steps as points.
+- *Time*: prefill, draft model, target verification, and the overhead of planning and bookkeeping.
+
+**Legend.** {LEGEND}
+
+**Why could the two outputs differ?** Greedy speculative decoding is exact in exact arithmetic. In bfloat16 or
+float16, the target scoring a token inside a tree (many positions in one pass) can round differently from
+scoring it alone, so when two candidate tokens are nearly tied the argmax can flip, and the texts part ways
+from there. In float32 (this demo's default pair) they match token for token.
+"""
+
+SCOREBOARD_CSS = """
+.sb { display: grid; grid-template-columns: repeat(4, minmax(0, 1fr)); gap: 10px; }
+.card { border: 1px solid #e2e8f0; border-radius: 10px; padding: 10px 12px; background: #fff; }
+.card .k { font-size: 12px; color: #64748b; text-transform: uppercase; letter-spacing: .04em; }
+.card .v { font-size: 26px; font-weight: 700; line-height: 1.25; }
+.card .v small { font-size: 13px; font-weight: 500; color: #64748b; }
+.card .s { font-size: 12px; color: #475569; }
+.card.ok .v { color: #15803d; } .card.bad .v { color: #b91c1c; }
+.sb-note { font-size: 13px; color: #475569; margin-top: 8px; }
+@media (max-width: 900px) { .sb { grid-template-columns: repeat(2, minmax(0, 1fr)); } }
+"""
+
+
+def _card(key: str, value: str, sub: str, cls: str = "", color: str | None = None) -> str:
+    style = f' style="border-top:3px solid {color}"' if color else ""
+    return (f'<div class="card {cls}"{style}><div class="k">{escape(key)}</div><div class="v">{value}</div>'
+            f'<div class="s">{sub}</div></div>')
+
+
+def _lane_card(title: str, lane, color: str) -> str:
+    if not lane.steps:
+        return _card(title, "–", "waiting", color=color)
+    n = len(lane.token_ids)
+    stats = lane.stats()
+    if stats is None:
+        return _card(title, f"{n} <small>tokens</small>", "decoding…", color=color)
+    extra = f" · τ = {stats.mean_accepted:.2f}" if lane.name == "spec" else ""
+    return _card(title, f"{stats.tokens_per_second:.1f} <small>tok/s</small>",
+                 f"{n} tokens · {stats.seconds:.2f} s · {stats.target_forwards} target forwards{extra}", color=color)
+
+
+def divergence_note(div: Divergence, token_text) -> str:
+    def show(tok):
+        return "end of output" if tok is None else f"'{escape(token_label(token_text(tok), 16))}' (id {tok})"
+
+    return (f"The outputs part at token {div.index}: autoregressive {show(div.ar_token)} vs speculative "
+            f"{show(div.spec_token)}. In bf16/fp16 the target scoring a token inside a tree can round "
+            f"differently from scoring it alone; with a near tie the argmax flips. In float32 they match.")
+
+
+def scoreboard(record: RunRecord | None, token_text=None) -> str:
+    """The four cards: each lane's speed, the speedup with tau, and whether the outputs are identical."""
+    if record is None:
+        return '<div class="sb-note">Press Run to race the two decoders.</div>'
+    ar_title, spec_title = "Autoregressive", f"Speculative ({record.spec.policy})"
+    cards = [_lane_card(ar_title, record.ar, AMBER), _lane_card(spec_title, record.spec, VIOLET)]
+    speedup, note = record.speedup(), ""
+    if speedup is None:
+        cards.append(_card("Speedup", "–", "after both runs"))
+        cards.append(_card("Same output?", "–", "after both runs"))
+    else:
+        stats = record.spec.stats()
+        cards.append(_card("Speedup", f"{speedup:.2f}×",
+                           f"τ = {stats.mean_accepted:.2f} tokens per target forward", "ok" if speedup >= 1 else ""))
+        div = record.divergence()
+        n = len(record.ar.token_ids)
+        if div is None:
+            cards.append(_card("Same output?", "✓ identical", f"all {n} tokens match", "ok"))
+        else:
+            cards.append(_card("Same output?", "✗ differs", f"from token {div.index} of {n}", "bad"))
+            note = f'<div class="sb-note">{divergence_note(div, token_text or str)}</div>'
+    return f'<div class="sb">{"".join(cards)}</div>{note}'
+
+
+def status_running(record: RunRecord) -> str:
+    if not record.ar.done:
+        return f"Running 1/2: autoregressive decoding… {_tokens(len(record.ar.token_ids))}"
+    return f"Running 2/2: speculative decoding ({record.spec.policy})… {_tokens(len(record.spec.token_ids))}"
+
+
+def _tokens(n: int) -> str:
+    return f"{n} token" if n == 1 else f"{n} tokens"
+
+
+def status_done(record: RunRecord) -> str:
+    if record.stopped:
+        return "Stopped."
+    speedup = record.speedup()
+    same = "token-identical" if record.divergence() is None else "outputs differ (see the scoreboard)"
+    faster = f"{speedup:.2f}× the autoregressive speed" if speedup is not None else ""
+    return f"**Done.** Speculative ({record.spec.policy}) ran at {faster}, {same}."
+
+
+def status_error(message: str) -> str:
+    return f"**Cannot run:** {escape(message)}"

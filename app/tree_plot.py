@@ -1,0 +1,101 @@
+"""The draft tree of one speculative step as a Plotly figure.
+
+Layout: depth on x (the root, i.e. the newest accepted token, at 0), siblings stacked on y
+in draft-rank order. Colours: accepted path (green), rejected (grey), the target's bonus
+token (blue), the root (slate). Hover shows the draft probability and depth of a node.
+"""
+
+from __future__ import annotations
+
+from sage_engine import StepEvent
+
+from .theme import BLUE, GREEN, GREY, SLATE, figure, layout, token_label
+
+BONUS_NODE = -2  # the bonus token is drawn as an extra child of the last accepted node
+
+
+def _layout(parents: list[int], extra_parent: int | None) -> dict[int, float]:
+    """y of every node (-1 = root, BONUS_NODE = bonus): leaves in DFS order, parents centred."""
+    children: dict[int, list[int]] = {-1: []}
+    for i, p in enumerate(parents):
+        children.setdefault(p, []).append(i)
+    if extra_parent is not None:
+        children.setdefault(extra_parent, []).insert(0, BONUS_NODE)
+    y: dict[int, float] = {}
+    next_leaf = 0.0
+    stack: list[tuple[int, bool]] = [(-1, False)]
+    while stack:  # iterative post-order DFS (trees can be 16 levels deep)
+        node, seen = stack.pop()
+        kids = children.get(node, [])
+        if not kids:
+            y[node], next_leaf = next_leaf, next_leaf + 1.0
+        elif seen:
+            y[node] = (y[kids[0]] + y[kids[-1]]) / 2.0
+        else:
+            stack.append((node, True))
+            stack.extend((k, False) for k in reversed(kids))
+    return {n: -v for n, v in y.items()}  # first rank on top
+
+
+def _hover(text: str, tok: int, depth: int, prob: float | None, cum: float | None, status: str) -> str:
+    p = "" if prob is None else f"<br>draft p = {prob:.3f}, path p = {cum:.3f}"
+    return f"<b>{token_label(text, 24)}</b> (id {tok})<br>depth {depth}{p}<br>{status}"
+
+
+def tree_figure(ev: StepEvent, bonus_text: str = ""):
+    """The verified tree of step `ev` (a decode step of a policy with a draft)."""
+    tv = ev.tree
+    if tv is None:
+        return empty_tree("no tree: this step drafted nothing")
+    accepted = list(ev.accepted_nodes)
+    acc, last = set(accepted), (accepted[-1] if accepted else -1)
+    has_bonus = ev.bonus_token is not None
+    y = _layout(tv.parents, last if has_bonus else None)
+    depth = {-1: 0, **{i: d for i, d in enumerate(tv.depths)}}
+    depth[BONUS_NODE] = depth[last] + 1
+
+    data = []
+    for on_path in (False, True):
+        xs, ys = [], []
+        for i, p in enumerate(tv.parents):
+            if (i in acc) == on_path:
+                xs += [depth[p], depth[i], None]
+                ys += [y[p], y[i], None]
+        data.append(dict(type="scatter", x=xs, y=ys, mode="lines", hoverinfo="skip", showlegend=False,
+                         line=dict(color=GREEN if on_path else "#94a3b8", width=3 if on_path else 1)))
+    if has_bonus:
+        data.append(dict(type="scatter", x=[depth[last], depth[BONUS_NODE]], y=[y[last], y[BONUS_NODE]],
+                         mode="lines", hoverinfo="skip", showlegend=False, line=dict(color=BLUE, width=3, dash="dot")))
+    data.append(_nodes("root (last accepted token)", SLATE, [0], [y[-1]], [tv.root_text],
+                       [_hover(tv.root_text, tv.root_token, 0, None, None, "root: already in the output")], size=16))
+    for name, color in (("accepted", GREEN), ("rejected", GREY)):
+        idx = [i for i in range(len(tv.tokens)) if (i in acc) == (name == "accepted")]
+        data.append(_nodes(f"draft, {name}", color, [depth[i] for i in idx], [y[i] for i in idx],
+                           [tv.texts[i] for i in idx],
+                           [_hover(tv.texts[i], tv.tokens[i], tv.depths[i], tv.probs[i], tv.cum_probs[i], name)
+                            for i in idx]))
+    if has_bonus:
+        data.append(_nodes("target, bonus", BLUE, [depth[BONUS_NODE]], [y[BONUS_NODE]], [bonus_text],
+                           [_hover(bonus_text, ev.bonus_token, depth[BONUS_NODE], None, None,
+                                   "the target's own next token")], symbol="star", size=18))
+    title = (f"Step {ev.step}: {len(tv.tokens)} drafted nodes (D={ev.depth}, W={ev.width}), "
+             f"{len(accepted)} accepted + 1 bonus")
+    rows = len(set(y.values()))
+    return figure(data, layout(title, max(380, min(900, 22 * rows + 130)), hovermode="closest",
+                               xaxis=dict(title=dict(text="depth (tokens ahead of the output)"), dtick=1,
+                                          zeroline=False, range=[-0.4, max(depth.values()) + 1.2]),
+                               yaxis=dict(visible=False)))
+
+
+def _nodes(name, color, xs, ys, texts, hovers, symbol="circle", size=13) -> dict:
+    return dict(type="scatter", x=xs, y=ys, mode="markers+text", name=name, text=[token_label(t, 8) for t in texts],
+                textposition="middle right", textfont=dict(size=11, color="#0f172a"), hovertext=hovers,
+                hoverinfo="text", marker=dict(color=color, size=size, symbol=symbol,
+                                              line=dict(color="#0f172a", width=1)))
+
+
+def empty_tree(message: str):
+    note = dict(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
+                font=dict(size=14, color="#64748b"))
+    return figure([], layout("Draft tree", 380, annotations=[note], xaxis=dict(visible=False),
+                             yaxis=dict(visible=False)))

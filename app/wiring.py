@@ -1,0 +1,31 @@
+"""Events, wired in one place: which component triggers which handler, with which queue."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from .handlers import Handlers
+from .layout import Ui
+from .view import View
+
+DEVICE = "device"  # one run per device at a time: every model-using event shares this concurrency id
+
+
+def wire(demo: gr.Blocks, ui: Ui, h: Handlers) -> None:
+    run = gr.on(
+        triggers=[ui.run.click, ui.prompt.submit],
+        fn=h.compare,
+        inputs=[ui.image, ui.video, ui.prompt, ui.max_new_tokens, ui.policy, ui.preset],
+        inputs_kwargs=ui.knobs.as_kwargs(),
+        outputs=View.outputs(ui),
+        api_name="compare",
+        concurrency_id=DEVICE,
+        concurrency_limit=1,
+        show_progress_on=[ui.status],  # a progress overlay on the outputs would hide the streamed text
+    )
+    ui.stop.click(lambda: "Stopped.", None, ui.status, cancels=[run], api_visibility="private", queue=False)
+    ui.step.change(h.show_step, [ui.run_state, ui.step], ui.fig_tree, api_visibility="private",
+                   concurrency_limit=None, show_progress="hidden", trigger_mode="always_last")
+    ui.video.clear(lambda: [], None, ui.frames, api_visibility="private", queue=False)
+    ui.preset.change(h.describe_model, ui.preset, ui.model_info, api_visibility="private", queue=False)
+    demo.load(h.describe_model, ui.preset, ui.model_info, api_visibility="private", queue=False)
