@@ -125,12 +125,18 @@ class SpecEngine:
         policy: Policy | str = "sage",
         max_new_tokens: int = 128,
         stop: tuple[str, ...] = (),
+        ignore_eos: bool = False,
     ) -> Iterator[StepEvent]:
+        """Decode `prepared` with `policy`, yielding one StepEvent per step (step 0: prefill).
+
+        ignore_eos: keep decoding past end-of-sequence tokens (fixed-length benchmarks and tests).
+        """
         policy = make_policy(policy) if isinstance(policy, str) else policy
         drafting = policy.uses_draft
         if drafting and self.draft is None:
             raise InputError(f"policy {policy.name!r} needs a draft model")
-        out = Transcript(self.tokenizer, self.pair.eos_token_ids, self._budget(prepared, max_new_tokens), stop)
+        eos = set() if ignore_eos else self.pair.eos_token_ids
+        out = Transcript(self.tokenizer, eos, self._budget(prepared, max_new_tokens), stop)
         self.target.reset_counters()
         if self.draft is not None:
             self.draft.reset_counters()
@@ -174,15 +180,15 @@ class SpecEngine:
             yield self._event(step, "decode", policy, shape, view, tree.root_alpha, verdict, ids, text, out, t0)
 
     def generate(self, prepared: PreparedInput, policy: Policy | str = "sage", max_new_tokens: int = 128,
-                 stop: tuple[str, ...] = ()) -> GenerationResult:
+                 stop: tuple[str, ...] = (), ignore_eos: bool = False) -> GenerationResult:
         """Run `stream()` to the end and summarise it."""
         name = policy if isinstance(policy, str) else policy.name
         t0 = time.perf_counter()
-        steps = list(self.stream(prepared, policy, max_new_tokens, stop))
+        steps = list(self.stream(prepared, policy, max_new_tokens, stop, ignore_eos))
         seconds = time.perf_counter() - t0
         ids = [t for s in steps for t in s.new_token_ids]
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        return GenerationResult(name, text, ids, summarize(name, steps, text, ids, seconds), steps)
+        return GenerationResult(name, text, ids, summarize(steps, ids, seconds), steps)
 
     # ------------------------------------------------------------------ telemetry
     def _event(self, step, kind, policy, shape, view, root_alpha, verdict, ids, text, out, t0) -> StepEvent:

@@ -92,7 +92,7 @@ class GenerationResult:
         return out
 
 
-def summarize(policy: str, steps: list[StepEvent], text: str, token_ids: list[int], seconds: float) -> RunStats:
+def summarize(steps: list[StepEvent], token_ids: list[int], seconds: float) -> RunStats:
     """RunStats from a run's step events (the one place these figures are computed)."""
     decode = [s for s in steps if s.kind == "decode"]
     prefill = [s for s in steps if s.kind == "prefill"]

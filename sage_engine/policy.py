@@ -218,7 +218,8 @@ class SagePolicy(Policy):
         if level == 1:
             per_row = [shape.width] * len(frontier.nodes)
         else:  # Eq. 12: W_l = W * (1/l) * (0.5 + P_parent), ceil so a likely parent keeps a child
-            per_row = [math.ceil(shape.width / level * (cfg.width_parent_bias + tree.probs[n])) for n in frontier.nodes]
+            per_row = [math.ceil(shape.width / level * (cfg.width_parent_bias + (tree.probs[n] if n >= 0 else 1.0)))
+                       for n in frontier.nodes]
         theta = cfg.theta_scale * level / shape.depth
         best = _best_candidates(frontier, tree, per_row, shape.max_nodes - len(tree), theta)
         added = [

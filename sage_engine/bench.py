@@ -1,0 +1,171 @@
+"""Benchmark: every policy on every image and video of a folder, interleaved per input.
+
+Timings on a shared machine drift, so contenders are compared inside one run: after a
+warm-up, each input is decoded by every policy back to back (the order rotates from one
+input to the next), and speeds are reported as ratios to `ar` measured the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .engine import SpecEngine
+from .errors import InputError
+from .events import GenerationResult
+from .inputs import prepare_input
+from .models import ModelPair
+
+IMAGE_EXT = {".png", ".jpg", ".jpeg", ".webp", ".bmp"}
+VIDEO_EXT = {".mp4", ".avi", ".mov", ".mkv", ".webm"}
+DEFAULT_PROMPT = "Describe the image in detail."
+DEFAULT_VIDEO_PROMPT = "Describe what happens in the video in detail."
+
+
+@dataclass(frozen=True)
+class BenchInput:
+    path: str
+    media: str  # "image" | "video"
+    prompt: str
+
+
+def find_inputs(folder: str, prompt: str | None = None) -> list[BenchInput]:
+    """Media files of `folder`, each with its own prompt from prompts.jsonl when the folder has one."""
+    root = Path(folder)
+    if not root.is_dir():
+        raise InputError(f"--inputs is not a directory: {folder}")
+    own: dict[str, str] = {}
+    prompts_file = root / "prompts.jsonl"
+    if prompts_file.is_file():
+        for line in prompts_file.read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                own[row["file"]] = row["prompt"]
+    found = []
+    for f in sorted(root.iterdir()):
+        ext = f.suffix.lower()
+        media = "image" if ext in IMAGE_EXT else "video" if ext in VIDEO_EXT else None
+        if media is None:
+            continue
+        fallback = prompt or (DEFAULT_PROMPT if media == "image" else DEFAULT_VIDEO_PROMPT)
+        found.append(BenchInput(str(f), media, own.get(f.name, fallback)))
+    if not found:
+        raise InputError(f"no images or videos in {folder}")
+    return found
+
+
+def _peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # process peak RSS (Linux: KiB)
+
+
+def _run_record(inp: BenchInput, res: GenerationResult, ar_ids: list[int] | None) -> dict:
+    s = res.stats
+    alphas = [e.root_alpha for e in res.steps if e.root_alpha is not None]
+    decode = [e for e in res.steps if e.kind == "decode"]
+    return {
+        "input": os.path.basename(inp.path),
+        "media": inp.media,
+        "policy": res.policy,
+        **s.to_dict(),
+        "tokens_per_step": [len(e.new_token_ids) for e in decode],
+        "alpha_mean": statistics.fmean(alphas) if alphas else None,
+        "alpha_std": statistics.pstdev(alphas) if len(alphas) > 1 else None,
+        "tree_nodes_mean": statistics.fmean(len(e.tree.tokens) for e in decode) if decode else 0.0,
+        "overhead_ms_per_step": 1e3 * s.other_seconds / len(decode) if decode else 0.0,
+        "exact_match_vs_ar": None if ar_ids is None else res.token_ids == ar_ids,
+        "token_ids": res.token_ids,
+    }
+
+
+def _aggregate(runs: list[dict], ar_tps: float | None) -> dict:
+    steps = sum(r["target_forwards"] for r in runs)
+    decode_tokens = sum(sum(r["tokens_per_step"]) for r in runs)
+    tokens = sum(r["new_tokens"] for r in runs)
+    seconds = sum(r["seconds"] for r in runs)
+    decode_s = sum(r["target_seconds"] + r["draft_seconds"] + r["other_seconds"] for r in runs)
+    tps = tokens / seconds if seconds else 0.0
+    alpha_std = [r["alpha_std"] for r in runs if r["alpha_std"] is not None]
+    matches = [r["exact_match_vs_ar"] for r in runs if r["exact_match_vs_ar"] is not None]
+    return {
+        "mean_accepted": decode_tokens / steps if steps else 0.0,
+        "tokens_per_second": tps,
+        "speedup_vs_ar": tps / ar_tps if ar_tps else None,
+        "exact_match_vs_ar": sum(matches) / len(matches) if matches else None,
+        "target_forwards": steps,
+        "draft_forwards": sum(r["draft_forwards"] for r in runs),
+        "overhead_fraction": sum(r["other_seconds"] for r in runs) / decode_s if decode_s else 0.0,
+        "overhead_ms_per_step": 1e3 * sum(r["other_seconds"] for r in runs) / steps if steps else 0.0,
+        "time_split": {
+            "prefill": sum(r["prefill_seconds"] for r in runs) / seconds if seconds else 0.0,
+            "verify": sum(r["target_seconds"] for r in runs) / seconds if seconds else 0.0,
+            "draft": sum(r["draft_seconds"] for r in runs) / seconds if seconds else 0.0,
+            "other": sum(r["other_seconds"] for r in runs) / seconds if seconds else 0.0,
+        },
+        "alpha_std_within_run": statistics.fmean(alpha_std) if alpha_std else None,
+        "new_tokens": tokens,
+        "seconds": seconds,
+    }
+
+
+def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], max_new_tokens: int,
+              warmup: int = 1, progress=None) -> dict:
+    """Decode every input with every policy (ar first in the list is added if missing); returns the report."""
+    policies = ["ar"] + [p for p in policies if p != "ar"]
+    engine = SpecEngine(pair)
+    prepared = [prepare_input(pair, i.prompt, images=[i.path] if i.media == "image" else [],
+                              video=i.path if i.media == "video" else None) for i in inputs]
+    for prep in prepared[:warmup]:  # warm-up: allocator, kernels, caches
+        for pol in policies:
+            engine.generate(prep, pol, max_new_tokens=min(16, max_new_tokens))
+    device = engine.target.device
+    runs: list[dict] = []
+    peak: dict[str, float] = {}
+    for n, (inp, prep) in enumerate(zip(inputs, prepared)):
+        order = policies[n % len(policies):] + policies[: n % len(policies)]  # rotate to cancel drift
+        results = {}
+        for pol in order:
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            results[pol] = engine.generate(prep, pol, max_new_tokens=max_new_tokens)
+            peak[pol] = max(peak.get(pol, 0.0), _peak_memory_mb(device))
+            if progress is not None:
+                progress.update(1)
+        ar_ids = results["ar"].token_ids
+        runs += [_run_record(inp, results[pol], None if pol == "ar" else ar_ids) for pol in policies]
+    ar_tps = _aggregate([r for r in runs if r["policy"] == "ar"], None)["tokens_per_second"]
+    report = {
+        "device": str(device),
+        "dtype": str(pair.target.dtype).replace("torch.", ""),
+        "threads": torch.get_num_threads(),
+        "models": pair.describe(),
+        "max_new_tokens": max_new_tokens,
+        "inputs": len(inputs),
+        "policies": {},
+        "runs": runs,
+    }
+    for pol in policies:
+        agg = _aggregate([r for r in runs if r["policy"] == pol], ar_tps)
+        agg["peak_memory_mb"] = peak.get(pol)
+        if pol == "ar":
+            agg["exact_match_vs_ar"] = 1.0
+        report["policies"][pol] = agg
+    return report
+
+
+def format_table(report: dict) -> str:
+    head = f"{'policy':8} {'tau':>6} {'tok/s':>8} {'speedup':>8} {'exact':>6} {'ovh%':>6} {'ovh ms/step':>11}"
+    lines = [head, "-" * len(head)]
+    for name, p in report["policies"].items():
+        lines.append(
+            f"{name:8} {p['mean_accepted']:6.2f} {p['tokens_per_second']:8.1f} {p['speedup_vs_ar'] or 0:7.2f}x "
+            f"{p['exact_match_vs_ar'] or 0:6.2f} {100 * p['overhead_fraction']:6.1f} {p['overhead_ms_per_step']:11.2f}"
+        )
+    return "\n".join(lines)

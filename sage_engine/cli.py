@@ -1,0 +1,124 @@
+"""Command line: `python -m sage_engine generate ...` and `python -m sage_engine bench ...`.
+
+Error contract: anything the user can fix (bad file, unknown policy, too long a prompt,
+unloadable model) exits with status 2 and ONE line on stderr starting with `error:`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from .config import POLICY_NAMES
+from .errors import SageError
+from .events import summarize
+from .models import DEFAULT_DRAFT, DEFAULT_TARGET, DTYPES
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, status 2, no usage dump
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default=DEFAULT_TARGET, help="target model directory or hub id")
+    p.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model directory or hub id")
+    p.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto")
+    p.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"], help="attention implementation")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m sage_engine", description="SAGE speculative decoding for VLMs")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    gen = sub.add_parser("generate", help="decode one prompt (with images or a video)")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--image", action="append", default=[], help="image file (repeatable)")
+    gen.add_argument("--video", default=None, help="video file (frames sampled uniformly)")
+    gen.add_argument("--frames", type=int, default=None, help="video frames to sample (default: the model's)")
+    gen.add_argument("--policy", default="sage", choices=POLICY_NAMES)
+    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    gen.add_argument("--json", action="store_true", help="print one JSON object with text, ids, stats, steps")
+    _model_args(gen)
+
+    bench = sub.add_parser("bench", help="every policy on every image/video of a folder")
+    bench.add_argument("--inputs", required=True, help="folder of images/videos (prompts.jsonl optional)")
+    bench.add_argument("--prompt", default=None, help="prompt for inputs without their own")
+    bench.add_argument("--policies", default=",".join(POLICY_NAMES))
+    bench.add_argument("--limit", type=int, default=None, help="use only the first N inputs")
+    bench.add_argument("--warmup", type=int, default=1, help="inputs decoded once before timing")
+    bench.add_argument("--out", required=True, help="report JSON file")
+    _model_args(bench)
+    return parser
+
+
+def _load(args):
+    import torch
+
+    from .models import load_pair
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    draft = None if getattr(args, "policy", None) == "ar" else args.draft
+    return load_pair(args.target, draft, dtype=args.dtype, device=args.device, attn_implementation=args.attn)
+
+
+def cmd_generate(args) -> int:
+    from .engine import SpecEngine
+    from .inputs import prepare_input
+
+    pair = _load(args)
+    prepared = prepare_input(pair, args.prompt, images=args.image, video=args.video, num_frames=args.frames)
+    engine = SpecEngine(pair)
+    if args.json:
+        res = engine.generate(prepared, args.policy, args.max_new_tokens, tuple(args.stop))
+        print(json.dumps(res.to_dict()))
+        return 0
+    steps, t0 = [], time.perf_counter()
+    for ev in engine.stream(prepared, args.policy, args.max_new_tokens, tuple(args.stop)):
+        steps.append(ev)
+        print(ev.new_text, end="", flush=True)
+    ids = [t for s in steps for t in s.new_token_ids]
+    st = summarize(steps, ids, time.perf_counter() - t0)
+    print(f"\n[{args.policy}] {st.new_tokens} tokens, {st.tokens_per_second:.1f} tok/s, "
+          f"tau {st.mean_accepted:.2f}, {st.target_forwards} target forwards", file=sys.stderr)
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from tqdm import tqdm
+
+    from .bench import find_inputs, format_table, run_bench
+
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    unknown = [p for p in policies if p not in POLICY_NAMES]
+    if unknown:
+        raise SageError(f"unknown policy {unknown[0]!r}; choose from {', '.join(POLICY_NAMES)}")
+    inputs = find_inputs(args.inputs, args.prompt)[: args.limit]
+    pair = _load(args)
+    n_pol = len(set(policies) | {"ar"})
+    with tqdm(total=len(inputs) * n_pol, desc="bench", unit="run", file=sys.stderr) as bar:
+        report = run_bench(pair, inputs, policies, args.max_new_tokens, args.warmup, bar)
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=1)
+    print(format_table(report))
+    print(f"report: {args.out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return cmd_generate(args) if args.command == "generate" else cmd_bench(args)
+    except SageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130

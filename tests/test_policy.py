@@ -1,0 +1,165 @@
+"""Policies on hand-built frontiers: alpha, D/W mapping, width decay, thresholds, history, baselines."""
+
+import math
+
+import numpy as np
+import pytest
+
+from sage_engine.config import MEDUSA_25, Eagle2Config, SageConfig
+from sage_engine.policy import (ChainPolicy, Eagle2Policy, Frontier, SagePolicy, StaticTreePolicy, StepOutcome,
+                                confidence, make_policy)
+from sage_engine.tree import DraftTree
+
+
+def frontier(nodes, probs):
+    probs = np.asarray(probs, dtype=float)
+    tokens = np.arange(probs.size).reshape(probs.shape) + 100
+    return Frontier(list(nodes), tokens, probs)
+
+
+def test_alpha_uniform_is_zero_onehot_is_one():
+    assert confidence(np.full((1, 10), 0.1))[0] == pytest.approx(0.0, abs=1e-9)
+    one = np.zeros((1, 10))
+    one[0, 0] = 1.0
+    assert confidence(one)[0] == pytest.approx(1.0)
+
+
+def test_alpha_renormalises_the_top_k():
+    p = np.array([[0.4, 0.2, 0.1, 0.1]])  # sums to 0.8: renormalised -> 0.5, 0.25, 0.125, 0.125
+    q = np.array([0.5, 0.25, 0.125, 0.125])
+    expected = 1 - (-(q * np.log(q)).sum()) / math.log(4)
+    assert confidence(p)[0] == pytest.approx(expected)
+
+
+def test_depth_and_width_follow_eq_10_11():
+    pol = SagePolicy(SageConfig())
+    assert (pol.depth_for(0.0), pol.width_for(0.0)) == (3, 10)
+    assert (pol.depth_for(1.0), pol.width_for(1.0)) == (8, 2)
+    assert pol.depth_for(0.9) == 8  # 7.5 rounds half up
+    assert pol.width_for(0.9) == 3  # 2.8
+    assert pol.depth_for(0.5) == 6 and pol.width_for(0.5) == 6  # 5.5 -> 6, 6.0 -> 6
+
+
+def test_first_tree_is_planned_from_alpha0():
+    shape = SagePolicy(SageConfig()).shape(root_alpha=0.99)
+    assert shape.alpha == 0.5 and shape.depth == 6
+
+
+def test_current_root_source_uses_the_root_alpha():
+    shape = SagePolicy(SageConfig(alpha_source="current_root")).shape(root_alpha=1.0)
+    assert shape.depth == 8 and shape.width == 2
+
+
+def test_level_one_width_and_threshold():
+    pol = SagePolicy(SageConfig())
+    shape = pol.shape(None)  # alpha 0.5: D 6, W 6 -> theta_1 = 0.1/6
+    tree = DraftTree()
+    probs = [[0.5, 0.2, 0.1, 0.05, 0.03, 0.02, 0.016, 0.01, 0.005, 0.004]]
+    grow = pol.expand(shape, 1, tree, frontier([-1], probs))
+    # the 6 widest candidates, minus those at or below theta_1 = 0.0167: 0.5, 0.2, 0.1, 0.05, 0.03, 0.02
+    assert len(tree) == 6 and grow == list(range(6))
+    probs[0][5] = 0.016
+    tree2 = DraftTree()
+    pol.expand(shape, 1, tree2, frontier([-1], probs))
+    assert len(tree2) == 5  # 0.016 < theta_1 pruned
+
+
+def test_width_decays_with_depth_and_parent_probability():
+    pol = SagePolicy(SageConfig(theta_scale=0.0))
+    shape = pol.shape(None)  # W = 6
+    tree = DraftTree()
+    a = tree.add(1, -1, 0.9)
+    b = tree.add(2, -1, 0.1)
+    probs = np.full((2, 10), 0.09)
+    pol.expand(shape, 2, tree, frontier([a, b], probs))
+    kids_a = sum(1 for p in tree.parents if p == a)
+    kids_b = sum(1 for p in tree.parents if p == b)
+    assert kids_a == math.ceil(6 / 2 * (0.5 + 0.9))  # 5
+    assert kids_b == math.ceil(6 / 2 * (0.5 + 0.1))  # 2
+
+
+def test_node_budget_keeps_the_most_probable():
+    pol = SagePolicy(SageConfig(n_max=4, theta_scale=0.0))
+    shape = pol.shape(None)
+    tree = DraftTree()
+    probs = [[0.05, 0.3, 0.2, 0.1, 0.15, 0.02, 0.01, 0.01, 0.01, 0.01]]
+    pol.expand(shape, 1, tree, frontier([-1], probs))
+    assert sorted(tree.probs, reverse=True) == [0.3, 0.2, 0.15, 0.1]
+
+
+def test_last_level_is_not_expanded():
+    pol = SagePolicy(SageConfig())
+    shape = pol.shape(None)
+    tree = DraftTree()
+    assert pol.expand(shape, shape.depth, tree, frontier([-1], [[0.9] + [0.01] * 9])) == []
+    assert len(tree) >= 1
+
+
+def outcome(tokens_this_step, alphas=(0.3,)):
+    tree = DraftTree(root_alpha=alphas[0])
+    return StepOutcome(tree, [], tokens_this_step)
+
+
+def test_history_controller_lowers_raises_and_bounds_d_max():
+    pol = SagePolicy(SageConfig(d_max_bounds=(4, 10)))
+    for _ in range(20):
+        pol.observe(outcome(1))
+    assert pol.d_max == 4
+    for _ in range(40):
+        pol.observe(outcome(5))
+    assert pol.d_max == 10
+    before = pol.d_max
+    pol.history = [2, 3] * 5
+    pol.observe(outcome(3))  # mean 2.55: between the thresholds -> unchanged
+    assert pol.d_max == before
+
+
+def test_prev_path_alpha_is_the_mean_over_root_and_accepted_path():
+    pol = SagePolicy(SageConfig(alpha_source="prev_path"))
+    tree = DraftTree(root_alpha=0.2)
+    a = tree.add(1, -1, 0.9)
+    b = tree.add(2, a, 0.9)
+    tree.alphas[a], tree.alphas[b] = 0.5, None
+    pol.observe(StepOutcome(tree, [a, b], 3))
+    assert pol.alpha == pytest.approx(0.35)
+
+
+def test_chain_is_a_single_path_of_k():
+    pol = ChainPolicy()
+    shape = pol.shape(None)
+    tree, front = DraftTree(), frontier([-1], [[0.6, 0.4]])
+    for level in range(1, shape.depth + 1):
+        grow = pol.expand(shape, level, tree, front)
+        front = frontier(grow, [[0.6, 0.4]]) if grow else None
+    assert len(tree) == 5 and tree.parents == [-1, 0, 1, 2, 3]
+
+
+def test_static_default_is_the_25_node_medusa_tree():
+    pol = StaticTreePolicy()
+    shape = pol.shape(None)
+    tree, front, level = DraftTree(), frontier([-1], np.full((1, 4), 0.25)), 1
+    while front is not None:
+        grow = pol.expand(shape, level, tree, front)
+        front = frontier(grow, np.full((len(grow), 4), 0.25)) if grow else None
+        level += 1
+    per_level = [tree.depths.count(d) for d in range(1, 6)]
+    assert len(tree) == 25 == len(MEDUSA_25) and per_level == [4, 8, 8, 3, 2]
+
+
+def test_eagle2_reranks_to_an_ancestor_closed_top_n():
+    pol = Eagle2Policy(Eagle2Config(depth=3, top_k=3, total_nodes=5))
+    shape = pol.shape(None)
+    tree = DraftTree()
+    grow = pol.expand(shape, 1, tree, frontier([-1], [[0.5, 0.3, 0.2]]))
+    assert grow == [0, 1, 2]
+    grow = pol.expand(shape, 2, tree, frontier(grow, [[0.9, 0.05, 0.05], [0.5, 0.4, 0.1], [0.6, 0.3, 0.1]]))
+    assert len(grow) == 3
+    final = pol.finalize(tree)
+    assert len(final) == 5
+    assert all(p < i for i, p in enumerate(final.parents))  # parents precede children: ancestor-closed
+    assert sorted(final.cum_probs, reverse=True) == sorted(sorted(tree.cum_probs, reverse=True)[:5], reverse=True)
+
+
+def test_unknown_policy_is_refused():
+    with pytest.raises(ValueError, match="unknown policy"):
+        make_policy("beam")
