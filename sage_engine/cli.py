@@ -60,9 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _load(args):
     import torch
+    from transformers.utils import logging as hf_logging
 
     from .models import load_pair
 
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
     if args.threads:
         torch.set_num_threads(args.threads)
     draft = None if getattr(args, "policy", None) == "ar" else args.draft
@@ -72,9 +75,11 @@ def _load(args):
 def cmd_generate(args) -> int:
     from .engine import SpecEngine
     from .inputs import prepare_input
+    from .media import load_image
 
+    images = [load_image(p) for p in args.image]  # bad files fail before the models load
     pair = _load(args)
-    prepared = prepare_input(pair, args.prompt, images=args.image, video=args.video, num_frames=args.frames)
+    prepared = prepare_input(pair, args.prompt, images=images, video=args.video, num_frames=args.frames)
     engine = SpecEngine(pair)
     if args.json:
         res = engine.generate(prepared, args.policy, args.max_new_tokens, tuple(args.stop))

@@ -1,0 +1,72 @@
+"""KV-cache compaction: moved columns are exact, and a compacted cache continues like sequential decoding."""
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from sage_engine.cache import compact
+from sage_engine.runner import ModelRunner
+from sage_engine.tree import DraftTree, verify_allowed
+from tiny_models import image, qwen25_pair
+
+
+def test_compact_moves_kept_columns_to_the_front_of_the_region():
+    cache = DynamicCache()
+    keys = torch.arange(10, dtype=torch.float32).view(1, 1, 10, 1).repeat(1, 2, 1, 3)
+    cache.update(keys.clone(), keys.clone() * 10, 0)
+    compact(cache, start=4, keep=[0, 3, 5])
+    layer = cache.layers[0]
+    assert layer.keys.shape == (1, 2, 7, 3)
+    assert layer.keys[0, 0, :, 0].tolist() == [0, 1, 2, 3, 4, 7, 9]
+    assert layer.values[0, 1, :, 2].tolist() == [0, 10, 20, 30, 40, 70, 90]
+    assert cache.get_seq_length() == 7
+
+
+@torch.inference_mode()
+def test_compacted_cache_gives_the_same_next_logits_as_sequential_decoding():
+    pair = qwen25_pair("noisy", seed=4)
+    from sage_engine import prepare_input
+
+    prep = prepare_input(pair, "describe the picture", images=[image(4)])
+    # A tree whose accepted path is node 1 -> node 3 (a non-prefix set of columns).
+    tree = DraftTree()
+    for tok, parent in [(40, -1), (41, -1), (42, 0), (43, 1), (44, 1)]:
+        tree.add(tok, parent, 0.5)
+    root, path, nxt = 17, [1, 3], 55
+
+    spec = ModelRunner(pair.target)
+    spec.prefill(prep.target_inputs)
+    L = spec.seq_len
+    spec.forward([root] + tree.tokens, [L] + [L + d for d in tree.depths], verify_allowed(tree.parents))
+    spec.keep(L, [0] + [1 + n for n in path])
+    got = spec.forward([nxt], [spec.seq_len], np.ones((1, 1), dtype=bool))
+
+    seq = ModelRunner(pair.target)
+    seq.prefill(prep.target_inputs)
+    for tok in [root] + [tree.tokens[n] for n in path]:
+        seq.forward([tok], [seq.seq_len], np.ones((1, 1), dtype=bool))
+    want = seq.forward([nxt], [seq.seq_len], np.ones((1, 1), dtype=bool))
+    assert spec.seq_len == seq.seq_len == L + 1 + len(path) + 1
+    assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+
+
+@torch.inference_mode()
+def test_tree_logits_equal_sequential_logits_for_every_node():
+    pair = qwen25_pair("noisy", seed=5)
+    from sage_engine import prepare_input
+
+    prep = prepare_input(pair, "describe the picture", images=[image(5)])
+    tree = DraftTree()
+    for tok, parent in [(40, -1), (41, -1), (42, 0), (43, 0), (44, 2)]:
+        tree.add(tok, parent, 0.5)
+    root = 17
+    r = ModelRunner(pair.target)
+    r.prefill(prep.target_inputs)
+    L = r.seq_len
+    logits = r.forward([root] + tree.tokens, [L] + [L + d for d in tree.depths], verify_allowed(tree.parents))
+    for node in range(len(tree)):
+        s = ModelRunner(pair.target)
+        s.prefill(prep.target_inputs)
+        for tok in [root] + [tree.tokens[n] for n in tree.path_to(node)]:
+            last = s.forward([tok], [s.seq_len], np.ones((1, 1), dtype=bool))
+        assert torch.allclose(logits[1 + node], last[0], atol=1e-5)

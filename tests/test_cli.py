@@ -1,0 +1,134 @@
+"""The CLI contract: generate (text and --json), bench report, and the one-line error contract."""
+
+import json
+import os
+import subprocess
+import sys
+
+import cv2
+import numpy as np
+import pytest
+from PIL import Image
+
+from sage_engine.cli import main
+
+ROOT = os.path.dirname(os.path.dirname(__file__))
+
+
+@pytest.fixture(scope="module")
+def media(tmp_path_factory):
+    d = tmp_path_factory.mktemp("media")
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 255, (56, 56, 3), dtype=np.uint8)).save(d / "a.png")
+    writer = cv2.VideoWriter(str(d / "b.mp4"), cv2.VideoWriter_fourcc(*"mp4v"), 4, (56, 56))
+    for _ in range(8):
+        writer.write(rng.integers(0, 255, (56, 56, 3), dtype=np.uint8))
+    writer.release()
+    (d / "prompts.jsonl").write_text(json.dumps({"file": "a.png", "prompt": "what colour is it?"}) + "\n")
+    (d / "broken.png").write_bytes(b"this is not an image")
+    (d / "empty.mp4").write_bytes(b"")
+    (d / "garbage.mp4").write_bytes(os.urandom(4096))
+    return d
+
+
+def run_main(capsys, *args):
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_generate_json_matches_ar_and_reports_stats(saved_qwen_pair, media, capsys):
+    target, draft = saved_qwen_pair
+    common = ["generate", "--prompt", "describe", "--image", str(media / "a.png"), "--max-new-tokens", "24",
+              "--target", target, "--draft", draft, "--json"]
+    code, out, _ = run_main(capsys, *common, "--policy", "ar")
+    assert code == 0
+    ar = json.loads(out)
+    code, out, _ = run_main(capsys, *common, "--policy", "sage")
+    sage = json.loads(out)
+    assert code == 0 and sage["policy"] == "sage"
+    assert set(sage["stats"]) >= {"new_tokens", "seconds", "tokens_per_second", "target_forwards", "mean_accepted"}
+    assert sage["token_ids"] == ar["token_ids"] and sage["text"] == ar["text"]
+    assert ar["stats"]["mean_accepted"] == pytest.approx(1.0)
+    n_decode = len(sage["token_ids"]) - 1
+    assert sage["stats"]["mean_accepted"] == pytest.approx(n_decode / sage["stats"]["target_forwards"])
+    assert sage["steps"][0]["kind"] == "prefill" and sage["steps"][1]["tree"]["tokens"]
+
+
+def test_generate_streams_text_for_a_video(saved_qwen_pair, media, capsys):
+    target, draft = saved_qwen_pair
+    code, out, err = run_main(capsys, "generate", "--prompt", "what happens?", "--video", str(media / "b.mp4"),
+                              "--policy", "eagle2", "--max-new-tokens", "12", "--target", target, "--draft", draft)
+    assert code == 0 and "tau" in err and "12 tokens" in err
+
+
+def test_bench_writes_the_report(saved_qwen_pair, media, tmp_path, capsys):
+    target, draft = saved_qwen_pair
+    d = tmp_path / "in"
+    d.mkdir()
+    for f in ("a.png", "b.mp4", "prompts.jsonl"):
+        (d / f).write_bytes((media / f).read_bytes())
+    out = tmp_path / "r.json"
+    code, stdout, _ = run_main(capsys, "bench", "--inputs", str(d), "--policies", "sage,chain",
+                               "--max-new-tokens", "10", "--target", target, "--draft", draft, "--out", str(out))
+    assert code == 0 and "sage" in stdout
+    report = json.loads(out.read_text())
+    assert set(report["policies"]) == {"ar", "sage", "chain"}
+    for p in report["policies"].values():
+        assert {"mean_accepted", "tokens_per_second", "speedup_vs_ar", "exact_match_vs_ar", "target_forwards",
+                "draft_forwards", "overhead_fraction", "peak_memory_mb"} <= set(p)
+        assert p["exact_match_vs_ar"] == 1.0
+    assert len(report["runs"]) == 2 * 3
+    assert {r["input"] for r in report["runs"]} == {"a.png", "b.mp4"}
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--image", "{media}/broken.png"], "cannot read image"),
+    (["--image", "{media}/missing.png"], "not found"),
+    (["--video", "{media}/empty.mp4"], "empty"),
+    (["--video", "{media}/garbage.mp4"], "video"),
+    (["--policy", "beam"], "invalid choice"),
+    (["--prompt", "word " * 1500], "too long"),
+])
+def test_bad_input_exits_2_with_one_error_line(saved_qwen_pair, media, capsys, args, needle):
+    target, draft = saved_qwen_pair
+    args = [a.replace("{media}", str(media)) for a in args]
+    base = ["generate", "--max-new-tokens", "4", "--target", target, "--draft", draft]
+    if "--prompt" not in args:
+        base += ["--prompt", "describe"]
+    with pytest.raises(SystemExit) if "beam" in args else _nullcontext() as exc:
+        code, _, err = run_main(capsys, *base, *args)
+    if exc is not None and hasattr(exc, "value"):
+        code, err = exc.value.code, capsys.readouterr().err
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], err
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *a):
+        return False
+
+
+def test_mismatched_tokenizers_are_refused(saved_qwen_pair, tmp_path, capsys):
+    from tiny_models import llava_pair
+
+    other = llava_pair("noisy")
+    other.draft.save_pretrained(tmp_path / "llava")
+    other.processor.save_pretrained(tmp_path / "llava")
+    code, _, err = run_main(capsys, "generate", "--prompt", "hi", "--target", saved_qwen_pair[0],
+                            "--draft", str(tmp_path / "llava"))
+    assert code == 2 and err.strip().splitlines() == [err.strip()]
+    assert err.startswith("error:") and "tokenizers differ" in err
+
+
+def test_module_entry_point_reports_a_missing_model_without_traceback(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "sage_engine", "generate", "--prompt", "hi", "--target",
+                           str(tmp_path / "nope"), "--draft", str(tmp_path / "nope")],
+                          capture_output=True, text=True, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("error:") and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
