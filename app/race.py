@@ -130,7 +130,8 @@ class Transcriber:
                 continue
             ids = ids + part
             new = self.decode(ids)
-            lane.segments.append((_added(text, new), label))
+            if new != text:  # a special token (EOS) adds no text
+                lane.segments.append((_added(text, new), label))
             if label == BONUS:
                 lane.bonus_texts[ev.step] = self.tokenizer.decode(part)  # specials shown (e.g. EOS)
             text = new

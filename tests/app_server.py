@@ -1,0 +1,102 @@
+"""The demo under test: launched ONCE per test session (a second launch in one process hangs),
+shared by test_app.py and test_browser.py, plus the media files both use.
+
+Presets: "tiny-random" (random-init tiny Qwen2.5-VL built in code, always available) and the
+embedded "tinyworld" pair when its directory exists; the latter is then the default.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from app import build_demo, launch_options
+from app.media import load_examples
+from app.pool import load_preset
+from app.presets import TINYWORLD, Preset
+
+TINY = Preset("tiny-random", target="tiny_models.qwen25_pair", draft="noisy", source="builtin",
+              description="random-init tiny Qwen2.5-VL pair (gibberish text, exact fp32 equivalence)")
+
+
+def pair_factory(preset: Preset):
+    if preset.name == TINY.name:
+        from tiny_models import qwen25_pair
+
+        return qwen25_pair("noisy")
+    return load_preset(preset)
+
+
+def presets() -> dict[str, Preset]:
+    """tinyworld first (the default) when its models exist, then the tiny random pair."""
+    chosen = ([TINYWORLD] if TINYWORLD.missing() is None else []) + [TINY]
+    return {p.name: p for p in chosen}
+
+
+@dataclass(frozen=True)
+class Server:
+    url: str
+    demo: object
+    default_preset: str
+    presets: tuple[str, ...]
+
+
+@functools.cache
+def launch() -> Server:
+    table = presets()
+    demo = build_demo(presets=table, pair_factory=pair_factory, preload=True, pool_capacity=len(table))
+    _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **launch_options())
+    return Server(url.rstrip("/"), demo, next(iter(table)), tuple(table))
+
+
+@dataclass(frozen=True)
+class Media:
+    image: str
+    image_prompt: str
+    video: str
+    video_prompt: str
+    broken_image: str
+    huge_image: str
+    empty_video: str
+    broken_video: str
+
+
+def write_video(path: Path, frames: int = 8, size: int = 96) -> str:
+    """A small VP8 WebM clip (browsers can play it; OpenCV reads it back)."""
+    import cv2
+
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"VP80"), 4, (size, size))
+    for i in range(frames):
+        frame = np.full((size, size, 3), 40, np.uint8)
+        x = 8 + i * (size - 24) // max(1, frames - 1)
+        frame[size // 3: size // 3 + 16, x: x + 16] = (40, 40, 220)  # a red square (BGR) moving right
+        writer.write(frame)
+    writer.release()
+    return str(path)
+
+
+@functools.cache
+def media(root: str) -> Media:
+    """Inputs for the tests: the repository's examples when present, else generated ones."""
+    d = Path(root)
+    examples = load_examples()
+    img = next((e for e in examples if e.media == "image"), None)
+    vid = next((e for e in examples if e.media == "video"), None)
+    if img is None:
+        Image.fromarray(np.random.default_rng(0).integers(0, 256, (96, 96, 3), dtype=np.uint8)).save(d / "img.png")
+    (d / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n this is not really a png")
+    Image.new("1", (8000, 6000)).save(d / "huge.png")  # 48 megapixels, a few KB on disk
+    (d / "empty.mp4").write_bytes(b"")
+    (d / "broken.mp4").write_bytes(np.random.default_rng(1).bytes(4096))
+    return Media(
+        image=img.file if img else str(d / "img.png"),
+        image_prompt=img.prompt if img else "Describe the image in detail.",
+        video=vid.file if vid else write_video(d / "clip.webm"),
+        video_prompt=vid.prompt if vid else "What happens in the video?",
+        broken_image=str(d / "broken.png"), huge_image=str(d / "huge.png"),
+        empty_video=str(d / "empty.mp4"), broken_video=str(d / "broken.mp4"),
+    )

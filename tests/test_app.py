@@ -1,0 +1,169 @@
+"""End-to-end tests of the Gradio demo through gradio_client against the launched app.
+
+The app runs the real engine on a real (tiny) model pair: nothing is stubbed. With the embedded
+tinyworld pair present, the image test also runs on it; the tiny random pair always runs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+from dataclasses import fields
+
+import plotly.graph_objects as go
+import pytest
+from gradio_client import Client, handle_file
+from gradio_client.exceptions import AppError
+
+import app_server
+from sage_engine import RunStats
+
+pytestmark = pytest.mark.timeout(300)
+
+OUT = ["status", "frames", "ar_text", "spec_text", "scoreboard", "replay", "fig_alpha", "fig_accepted", "fig_tree",
+       "fig_mapping", "fig_time", "step", "export", "summary"]  # the API's outputs (gr.State is not one)
+STATS_KEYS = {f.name for f in fields(RunStats)}
+PLOTS = ["fig_alpha", "fig_accepted", "fig_tree", "fig_mapping", "fig_time"]
+
+
+@pytest.fixture(scope="session")
+def server():
+    return app_server.launch()
+
+
+@pytest.fixture(scope="session")
+def client(server):
+    return Client(server.url, verbose=False)
+
+
+@pytest.fixture(scope="session")
+def media(tmp_path_factory):
+    return app_server.media(str(tmp_path_factory.mktemp("app_media")))
+
+
+def run(client, **kwargs) -> tuple[list[dict], dict]:
+    """Submit /compare; every streamed update and the final one, as dicts keyed by output name."""
+    job = client.submit(api_name="/compare", **kwargs)
+    final = job.result()
+    updates = [dict(zip(OUT, u)) for u in job.outputs()]
+    return updates, dict(zip(OUT, final))
+
+
+def is_update(value) -> bool:
+    return isinstance(value, dict) and value.get("__type__") == "update"
+
+
+def figure(value) -> go.Figure:
+    """The served Plotly figure, validated by plotly.py (the app builds figures unvalidated)."""
+    assert isinstance(value, dict) and value.get("type") == "plotly", value
+    return go.Figure(json.loads(value["plot"]))
+
+
+def check_summary(final: dict, policy: str = "sage") -> dict:
+    s = final["summary"]
+    assert set(s) >= {"ar", "speculative"}
+    assert set(s["ar"]) >= {"text", "token_ids", "stats"} and set(s["speculative"]) >= {"policy", "text",
+                                                                                          "token_ids", "stats"}
+    assert set(s["ar"]["stats"]) == STATS_KEYS and set(s["speculative"]["stats"]) == STATS_KEYS
+    assert s["speculative"]["policy"] == policy
+    assert s["ar"]["token_ids"], "no tokens decoded"
+    assert s["speculative"]["token_ids"] == s["ar"]["token_ids"]  # greedy speculative == target greedy (fp32)
+    assert s["speculative"]["text"] == s["ar"]["text"] and s["identical"] is True
+    assert s["ar"]["stats"]["mean_accepted"] == pytest.approx(1.0)  # AR: one token per target forward
+    return s
+
+
+def test_api_signature(client):
+    info = client.view_api(return_format="dict", print_info=False)["named_endpoints"]["/compare"]
+    names = [p["parameter_name"] for p in info["parameters"]]
+    assert names[:5] == ["image", "video", "prompt", "max_new_tokens", "policy"]
+    assert all(p["parameter_has_default"] for p in info["parameters"][3:])
+    assert info["returns"][-1]["component"] == "Json"
+
+
+@pytest.mark.parametrize("preset", app_server.presets())
+def test_image_streams_and_matches(client, media, preset):
+    updates, final = run(client, image=handle_file(media.image), video=None, prompt=media.image_prompt,
+                         max_new_tokens=40, policy="sage", preset=preset)
+    check_summary(final)
+    # streamed: text arrived before the final update, and it grew
+    partial = [u["ar_text"] for u in updates[:-1] if isinstance(u["ar_text"], str) and u["ar_text"]]
+    assert len(updates) > 2 and partial, "no streamed text before the end"
+    assert final["ar_text"] == final["summary"]["ar"]["text"]
+    spec_text = "".join(seg["token"] for seg in final["spec_text"])
+    assert spec_text == final["summary"]["speculative"]["text"]
+    labels = {seg["class_or_confidence"] for seg in final["spec_text"]}
+    assert "target, bonus" in labels and labels <= {"draft, accepted", "target, bonus", "target, prefill"}
+    for name in PLOTS:
+        assert figure(final[name]).data, f"{name} has no traces"
+    tree = figure(final["fig_tree"])
+    assert any(t.name == "target, bonus" for t in tree.data) and tree.layout.title.text.startswith("Step ")
+    steps = final["summary"]["speculative"]["stats"]["target_forwards"]
+    assert final["step"]["maximum"] == max(2, steps) and 1 <= final["step"]["value"] <= steps
+    assert "identical" in final["scoreboard"] and "Replay the race" in final["replay"]
+
+
+def test_video_example(client, server, media):
+    updates, final = run(client, image=None, video=handle_file(media.video), prompt=media.video_prompt,
+                         max_new_tokens=32, policy="sage", preset=server.default_preset)
+    check_summary(final)
+    frames = next(u["frames"] for u in updates if isinstance(u["frames"], list))
+    assert len(frames) >= 2 and all(f["caption"].startswith("frame ") for f in frames)
+    assert len(updates) > 2
+    for name in PLOTS:
+        figure(final[name])
+
+
+@pytest.mark.parametrize("policy", ["chain", "static", "eagle2"])
+def test_other_policies(client, media, policy):
+    _, final = run(client, image=handle_file(media.image), video=None, prompt=media.image_prompt,
+                   max_new_tokens=16, policy=policy)
+    check_summary(final, policy)
+
+
+def test_export_download(client, server, media):
+    _, final = run(client, image=handle_file(media.image), video=None, prompt=media.image_prompt,
+                   max_new_tokens=12, policy="sage")
+    path = final["export"]["value"]
+    with urllib.request.urlopen(f"{server.url}/gradio_api/file={path}") as r:
+        run_json = json.loads(r.read())
+    assert run_json["format"] == "sage-run/1" and run_json["policy"] == "sage"
+    for lane in ("ar", "speculative"):
+        steps = run_json[lane]["steps"]
+        assert steps[0]["kind"] == "prefill" and all("arrival_s" in s for s in steps)
+        assert [t for s in steps for t in s["new_token_ids"]] == final["summary"][lane]["token_ids"]
+    assert run_json["speculative"]["steps"][1]["tree"]["tokens"]
+    assert run_json["policy_config"]["d_max"] == 8  # the paper's default
+
+
+BAD = [
+    ("broken image", dict(image="broken_image"), "cannot read image"),
+    ("huge image", dict(image="huge_image"), "image is too large"),
+    ("empty video", dict(video="empty_video"), "video file is empty"),
+    ("broken video", dict(video="broken_video"), "cannot open video|no decodable frames"),
+    ("empty prompt", dict(image="image", prompt="   "), "prompt is empty"),
+    ("bad knobs", dict(image="image", d_min=6, d_max=4), "D_min <= D_max"),
+]
+
+
+@pytest.mark.parametrize("case,inputs,message", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_is_reported_and_app_keeps_serving(client, media, case, inputs, message):
+    kwargs = dict(image=None, video=None, prompt="Describe it.", max_new_tokens=8, policy="sage")
+    for key, value in inputs.items():
+        kwargs[key] = handle_file(getattr(media, value)) if key in ("image", "video") else value
+    job = client.submit(api_name="/compare", **kwargs)
+    with pytest.raises(AppError, match=message):
+        job.result()
+    status = job.outputs()[-1][0]
+    assert "Cannot run" in status and re.search(message, status)  # also shown in the status box
+    # the next request still works
+    _, final = run(client, image=handle_file(media.image), video=None, prompt=media.image_prompt,
+                   max_new_tokens=4, policy="chain")
+    check_summary(final, "chain")
+
+
+def test_only_configured_presets(client, media):
+    with pytest.raises(AppError, match="not in the list of choices"):
+        client.predict(image=handle_file(media.image), video=None, prompt="hi", max_new_tokens=4, policy="sage",
+                       preset="/etc/passwd", api_name="/compare")
