@@ -36,6 +36,7 @@ class Transcript:
         self.ids: list[int] = []
         self.text = ""
         self.finish_reason: str | None = None
+        self._prefix = self._read = 0  # incremental detokenisation window: ids[_prefix:] is re-decoded
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -56,9 +57,23 @@ class Transcript:
         self.ids += take
         if len(self.ids) >= self.budget and self.finish_reason is None:
             self.finish_reason = "length"
-        text = self.decode(self.ids)
-        added, self.text = text[len(self.text) :] if text.startswith(self.text) else text, text
-        return take, added
+        return take, self._new_text()
+
+    def _new_text(self) -> str:
+        """Text of the newest ids, decoding only a short window (the previous chunk gives context)."""
+        before = self.decode(self.ids[self._prefix : self._read])
+        window = self.decode(self.ids[self._prefix :])
+        if window.endswith("\ufffd") and not self.finished:
+            return ""  # an unfinished multi-byte character: wait for the next tokens
+        self._prefix, self._read = self._read, len(self.ids)
+        if window.startswith(before):
+            added = window[len(before) :]
+            self.text += added
+            return added
+        full = self.decode(self.ids)  # bytes regrouped across the window edge: resynchronise
+        added = full[len(self.text) :] if full.startswith(self.text) else ""
+        self.text = full
+        return added
 
     def _cut_at_stop(self, take: list[int]) -> list[int]:
         for j in range(1, len(take) + 1):

@@ -51,10 +51,9 @@ class StepOutcome:
 
 def confidence(top_probs: np.ndarray) -> np.ndarray:
     """alpha = 1 - H(p) / log k over the renormalised top-k probabilities (Eq. 7-9).  # [F, k] -> [F]"""
-    k = top_probs.shape[-1]
-    p = top_probs / np.clip(top_probs.sum(axis=-1, keepdims=True), 1e-30, None)
-    h = -(p * np.log(np.clip(p, 1e-30, None))).sum(axis=-1)
-    return np.clip(1.0 - h / math.log(k), 0.0, 1.0)
+    p = top_probs / top_probs.sum(axis=-1, keepdims=True)
+    h = -(p * np.log(p + 1e-30)).sum(axis=-1)
+    return 1.0 - h / math.log(top_probs.shape[-1])
 
 
 class Policy:

@@ -1,0 +1,68 @@
+"""Engine invariants on the event stream: accounting, streaming text, stop rules, timing fields."""
+
+import json
+
+import pytest
+
+from sage_engine import InputError, SpecEngine, prepare_input
+from tiny_models import image, qwen25_pair
+
+
+@pytest.fixture(scope="module")
+def setup():
+    pair = qwen25_pair("noisy", seed=2)
+    return pair, SpecEngine(pair), prepare_input(pair, "describe the scene", images=[image(2)])
+
+
+@pytest.mark.parametrize("policy", ["ar", "chain", "static", "eagle2", "sage"])
+def test_stream_accounting_is_consistent(setup, policy):
+    pair, engine, prep = setup
+    res = engine.generate(prep, policy, max_new_tokens=30, ignore_eos=True)
+    steps = res.steps
+    assert steps[0].kind == "prefill" and steps[0].tree is None and len(steps[0].new_token_ids) == 1
+    assert [s.step for s in steps] == list(range(len(steps)))
+    assert sum(len(s.new_token_ids) for s in steps) == len(res.token_ids) == 30
+    assert steps[-1].finished and steps[-1].finish_reason == "length"
+    assert "".join(s.new_text for s in steps) == res.text == pair.tokenizer.decode(res.token_ids,
+                                                                                  skip_special_tokens=True)
+    for s in steps[1:]:
+        n = len(s.tree.tokens)
+        assert s.new_token_ids[: len(s.accepted_tokens)] == s.accepted_tokens[: len(s.new_token_ids)]
+        assert all(0 <= i < n for i in s.accepted_nodes)
+        assert [s.tree.tokens[i] for i in s.accepted_nodes] == s.accepted_tokens
+        assert all(s.tree.parents[i] < i for i in range(n))
+        assert min(s.target_ms, s.draft_ms, s.other_ms) >= 0
+        if policy == "ar":
+            assert n == 0 and s.draft_forwards == 0 and len(s.new_token_ids) == 1
+        else:
+            assert s.draft_forwards >= 1 and s.root_alpha is not None and 0 <= s.root_alpha <= 1
+    assert res.stats.target_forwards == len(steps) - 1
+    json.dumps(res.to_dict())  # events serialise
+
+
+def test_stop_string_ends_the_run_at_the_string(setup):
+    pair, engine, prep = setup
+    free = engine.generate(prep, "ar", max_new_tokens=30, ignore_eos=True)
+    stop = pair.tokenizer.decode(free.token_ids[8:10], skip_special_tokens=True)
+    res = engine.generate(prep, "sage", max_new_tokens=30, stop=(stop,), ignore_eos=True)
+    assert res.stats.finish_reason == "stop_string" and stop in res.text
+    assert res.token_ids == free.token_ids[: len(res.token_ids)] and len(res.token_ids) <= 10
+
+
+def test_sage_reports_its_tree_shape_and_controller(setup):
+    _, engine, prep = setup
+    res = engine.generate(prep, "sage", max_new_tokens=30, ignore_eos=True)
+    decode = res.steps[1:]
+    assert decode[0].alpha == 0.5  # first tree planned from alpha0
+    assert all(3 <= s.depth <= 12 and 2 <= s.width <= 10 and s.d_max is not None for s in decode)
+    assert all(len(s.tree.tokens) <= 64 for s in decode)
+
+
+def test_bad_requests_raise_input_errors(setup):
+    pair, engine, prep = setup
+    with pytest.raises(InputError, match="empty"):
+        prepare_input(pair, "   ")
+    with pytest.raises(InputError, match="at least 1"):
+        list(engine.stream(prep, "sage", max_new_tokens=0))
+    with pytest.raises(InputError, match="too long"):
+        list(engine.stream(prepare_input(pair, "shape " * 1200), "ar", max_new_tokens=4))
