@@ -34,9 +34,11 @@ def cmd_train(a) -> None:
                                   draft_steps=a.steps or 3, warmup=1, eval_every=0, target=M.TINY, draft=M.TINY)
     elif a.steps:
         cfg = dataclasses.replace(cfg, target_steps=a.steps, draft_steps=a.steps // 2)
+    if a.draft_steps:
+        cfg = dataclasses.replace(cfg, draft_steps=a.draft_steps)
     cache = Path(a.cache) if a.cache else Path(tempfile.gettempdir()) / (
         f"tinyworld-cache-s{cfg.seed}-{cfg.n_images}-{cfg.n_videos}")
-    run(Path(a.out), cache, cfg, log=lambda *x: print(*x, flush=True))
+    run(Path(a.out), cache, cfg, log=lambda *x: print(*x, flush=True), only_draft=a.only_draft)
 
 
 def cmd_eval(a) -> None:
@@ -94,6 +96,8 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--threads", type=int, default=1)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--steps", type=int, default=0, help="override the number of target steps (draft: half)")
+    t.add_argument("--draft-steps", type=int, default=0, help="override the number of draft distillation steps")
+    t.add_argument("--only-draft", action="store_true", help="distil the draft from the target already in --out")
     t.add_argument("--tiny", action="store_true", help="tiny models and data: a smoke test of the script")
     t.set_defaults(fn=cmd_train)
     e = sub.add_parser("eval", help="score target and draft on fresh scenes")

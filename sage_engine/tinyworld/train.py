@@ -130,20 +130,25 @@ def save(model, processor, path: Path) -> None:
     processor.save_pretrained(path)
 
 
-def run(out: Path, cache: Path, cfg: TrainConfig, log=print) -> None:
+def run(out: Path, cache: Path, cfg: TrainConfig, log=print, only_draft: bool = False) -> None:
     t_all = time.time()
     log(f"[train] config {json.dumps(dataclasses.asdict(cfg))}")
     tok, processor, data = prepare(cache, cfg, log)
     log(f"[data] {len(data)} training examples")
     items = [it for it in make_items(seed=-1, n=6) if not it.example.kind.startswith("describe")] if cfg.eval_every else None
 
-    target = M.build_model(cfg.target, tok, seed=cfg.seed)
     draft = M.build_model(cfg.draft, tok, seed=cfg.seed + 1)
+    if only_draft:   # resume: the target in `out` is already trained
+        from transformers import AutoModelForImageTextToText
+        target = AutoModelForImageTextToText.from_pretrained(out / "tinyworld-target", dtype=torch.float32)
+    else:
+        target = M.build_model(cfg.target, tok, seed=cfg.seed)
     log(f"[train] target {M.n_params(target):,} params, draft {M.n_params(draft):,} params")
-    t0 = time.time()
-    train_target(target, data, processor, cfg, log, items)
-    log(f"[target] trained in {(time.time() - t0) / 60:.1f} min")
-    save(target, processor, out / "tinyworld-target")
+    if not only_draft:
+        t0 = time.time()
+        train_target(target, data, processor, cfg, log, items)
+        log(f"[target] trained in {(time.time() - t0) / 60:.1f} min")
+        save(target, processor, out / "tinyworld-target")
     t0 = time.time()
     distil_draft(draft, target, data, processor, cfg, log, items)
     log(f"[draft] distilled in {(time.time() - t0) / 60:.1f} min")
