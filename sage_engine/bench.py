@@ -21,6 +21,7 @@ from .errors import InputError
 from .events import GenerationResult
 from .inputs import prepare_input
 from .models import ModelPair
+from .pruning import VisualPruning
 
 IMAGE_EXT = {".png", ".jpg", ".jpeg", ".webp", ".bmp"}
 VIDEO_EXT = {".mp4", ".avi", ".mov", ".mkv", ".webm"}
@@ -116,10 +117,10 @@ def _aggregate(runs: list[dict], ar_tps: float | None) -> dict:
 
 
 def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], max_new_tokens: int,
-              warmup: int = 1, progress=None) -> dict:
+              warmup: int = 1, progress=None, draft_pruning: VisualPruning | None = None) -> dict:
     """Decode every input with every policy (ar first in the list is added if missing); returns the report."""
     policies = ["ar"] + [p for p in policies if p != "ar"]
-    engine = SpecEngine(pair)
+    engine = SpecEngine(pair, draft_pruning=draft_pruning)
     prepared = [prepare_input(pair, i.prompt, images=[i.path] if i.media == "image" else [],
                               video=i.path if i.media == "video" else None) for i in inputs]
     for prep in prepared[:warmup]:  # warm-up: allocator, kernels, caches
@@ -147,6 +148,7 @@ def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], ma
         "threads": torch.get_num_threads(),
         "models": pair.describe(),
         "max_new_tokens": max_new_tokens,
+        "draft_pruning": None if draft_pruning is None else {"image": draft_pruning.image, "video": draft_pruning.video},
         "inputs": len(inputs),
         "policies": {},
         "runs": runs,

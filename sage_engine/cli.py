@@ -31,6 +31,22 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"], help="attention implementation")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--draft-prune", default="off", type=_pruning,
+                   help="draft-only visual-token pruning: off | paper (80%% image, 90%% video) | IMAGE,VIDEO ratios")
+
+
+def _pruning(value: str):
+    from .pruning import VisualPruning
+
+    if value == "off":
+        return None
+    if value == "paper":
+        return VisualPruning()
+    try:
+        image, video = (float(v) for v in value.split(","))
+        return VisualPruning(image, video)
+    except ValueError:
+        raise argparse.ArgumentTypeError("use off, paper, or two ratios in [0, 1) like 0.8,0.9") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,7 +96,7 @@ def cmd_generate(args) -> int:
     images = [load_image(p) for p in args.image]  # bad files fail before the models load
     pair = _load(args)
     prepared = prepare_input(pair, args.prompt, images=images, video=args.video, num_frames=args.frames)
-    engine = SpecEngine(pair)
+    engine = SpecEngine(pair, draft_pruning=args.draft_prune)
     if args.json:
         res = engine.generate(prepared, args.policy, args.max_new_tokens, tuple(args.stop))
         print(json.dumps(res.to_dict()))
@@ -109,7 +125,7 @@ def cmd_bench(args) -> int:
     pair = _load(args)
     n_pol = len(set(policies) | {"ar"})
     with tqdm(total=len(inputs) * n_pol, desc="bench", unit="run", file=sys.stderr) as bar:
-        report = run_bench(pair, inputs, policies, args.max_new_tokens, args.warmup, bar)
+        report = run_bench(pair, inputs, policies, args.max_new_tokens, args.warmup, bar, args.draft_prune)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
     print(format_table(report))

@@ -23,6 +23,7 @@ from .events import GenerationResult, StepEvent, TreeView, summarize
 from .inputs import PreparedInput
 from .models import ModelPair
 from .policy import Policy, StepOutcome, make_policy
+from .pruning import VisualPruning
 from .runner import ModelRunner
 from .tree import DraftTree
 from .verify import GreedyAcceptance, verify_tree
@@ -91,8 +92,10 @@ class Transcript:
 class SpecEngine:
     """Lossless tree speculative decoding of a target VLM with a draft VLM (batch of one)."""
 
-    def __init__(self, pair: ModelPair, acceptance=None):
+    def __init__(self, pair: ModelPair, acceptance=None, draft_pruning: VisualPruning | None = None):
+        """draft_pruning: feed the draft only part of the visual tokens (draft-only; output unchanged)."""
         self.pair = pair
+        self.draft_pruning = draft_pruning
         self.tokenizer = pair.tokenizer
         self.target = ModelRunner(pair.target)
         self.draft = None
@@ -160,7 +163,7 @@ class SpecEngine:
         t0 = time.perf_counter()
         first = int(self.target.prefill(prepared.target_inputs).argmax())
         if drafting:
-            self.draft.prefill(prepared.for_draft())
+            self.draft.prefill(prepared.for_draft(), self.draft_pruning)
         ids, text = out.extend([first])
         yield self._event(0, "prefill", policy, None, None, None, None, ids, text, out, t0)
         root, pending = first, [first]  # root: newest token; pending: tokens the draft has not read

@@ -18,6 +18,7 @@ import torch
 from transformers import DynamicCache
 
 from .cache import compact
+from .pruning import VisualPruning, pruned_prefill_inputs
 from .tree import additive_mask
 
 
@@ -46,20 +47,23 @@ class ModelRunner:
         return inner if inner is not None and hasattr(inner, "rope_deltas") else None
 
     @torch.inference_mode()
-    def prefill(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Run the whole prompt; returns the logits after its last token.  # [V]"""
+    def prefill(self, inputs: dict[str, torch.Tensor], pruning: VisualPruning | None = None) -> torch.Tensor:
+        """Run the whole prompt (with `pruning`, only part of its visual tokens); returns the logits
+        after its last token.  # [V]"""
         self.cache = DynamicCache(config=self.model.config)
         mrope = self._inner_with_rope()
         if mrope is not None:
             mrope.rope_deltas = None  # never reuse a previous request's delta
         batch = {k: v.to(self.device) for k, v in inputs.items()}
         t0 = time.perf_counter()
+        self.rope_delta = 0
+        if pruning is not None:
+            batch, self.rope_delta = pruned_prefill_inputs(self.model, batch, pruning)
         out = self.model(**batch, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
         _sync(self.device)
         self.elapsed_ms += (time.perf_counter() - t0) * 1e3
         self.forwards += 1
-        self.rope_delta = 0
-        if mrope is not None and mrope.rope_deltas is not None:
+        if pruning is None and mrope is not None and mrope.rope_deltas is not None:
             self.rope_delta = int(mrope.rope_deltas.reshape(-1)[0])
         return self._logits(out.logits[0, -1])
 

@@ -70,10 +70,12 @@ def test_bench_writes_the_report(saved_qwen_pair, media, tmp_path, capsys):
         (d / f).write_bytes((media / f).read_bytes())
     out = tmp_path / "r.json"
     code, stdout, _ = run_main(capsys, "bench", "--inputs", str(d), "--policies", "sage,chain",
-                               "--max-new-tokens", "10", "--target", target, "--draft", draft, "--out", str(out))
+                               "--max-new-tokens", "10", "--target", target, "--draft", draft, "--out", str(out),
+                               "--draft-prune", "paper")
     assert code == 0 and "sage" in stdout
     report = json.loads(out.read_text())
     assert set(report["policies"]) == {"ar", "sage", "chain"}
+    assert report["draft_pruning"] == {"image": 0.8, "video": 0.9}
     for p in report["policies"].values():
         assert {"mean_accepted", "tokens_per_second", "speedup_vs_ar", "exact_match_vs_ar", "target_forwards",
                 "draft_forwards", "overhead_fraction", "peak_memory_mb"} <= set(p)
