@@ -1,0 +1,79 @@
+"""THE equivalence test on three more families: Qwen2-VL, LLaVA-OneVision, SmolVLM2 (Idefics3).
+
+Every speculative policy (chain, static, eagle2, sage) must emit exactly the target's own greedy
+token ids in fp32, with images and with video (all three families take video). Drafts: a noisy
+copy (partial agreement), an exact copy (everything accepted) and an independent smaller model
+(for LLaVA-OneVision with a padded embedding matrix, for SmolVLM with its own image-token layout
+and processor, so the two models read prompts of different lengths).
+"""
+
+import pytest
+import torch
+
+from sage_engine import SpecEngine, prepare_input
+from tiny_families import llava_ov_pair, qwen2vl_pair, smolvlm_pair
+from tiny_models import clip, image
+
+MAX_NEW = 24
+POLICIES = ("chain", "static", "eagle2", "sage")
+FAMILIES = {"qwen2-vl": qwen2vl_pair, "llava-onevision": llava_ov_pair, "smolvlm": smolvlm_pair}
+CASES = [  # (draft kind, media); seed 0 everywhere: each case is a different prompt/draft, not a new seed
+    ("noisy", "image"), ("noisy", "video"), ("noisy", "text"), ("copy", "image"),
+    ("independent", "image"), ("independent", "video"),
+]
+_pairs: dict = {}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # the machine is shared; tiny models gain nothing from threads
+    yield
+    torch.set_num_threads(before)
+
+
+def get_pair(family: str, kind: str):
+    if (family, kind) not in _pairs:
+        if family == "smolvlm":
+            pytest.importorskip("num2words", reason="SmolVLMProcessor needs num2words")
+        _pairs[family, kind] = FAMILIES[family](kind, seed=0)
+    return _pairs[family, kind]
+
+
+def media(kind: str, seed: int) -> dict:
+    return {"image": {"images": [image(seed)]}, "video": {"video": clip(seed)}, "text": {}}[kind]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("kind,medium", CASES)
+def test_every_policy_gives_ar_tokens(family, kind, medium):
+    pair = get_pair(family, kind)
+    engine = SpecEngine(pair)
+    prep = prepare_input(pair, "describe what you see", **media(medium, 20))
+    reference = engine.generate(prep, "ar", max_new_tokens=MAX_NEW, ignore_eos=True).token_ids
+    assert len(reference) == MAX_NEW
+    for name in POLICIES:
+        res = engine.generate(prep, name, max_new_tokens=MAX_NEW, ignore_eos=True)
+        assert res.token_ids == reference, f"{family}/{kind}/{medium}: {name} diverged from ar"
+        if kind == "copy" and name in ("chain", "static"):  # a perfect draft is accepted to full depth
+            assert res.stats.mean_accepted > 4.0, (name, res.stats.mean_accepted)
+
+
+def test_visual_input_reaches_the_target():
+    """The image changes the target's greedy text, so the equivalence above is about multimodal prefixes."""
+    for family in FAMILIES:
+        pair = get_pair(family, "noisy")
+        engine = SpecEngine(pair)
+        outs = {tuple(engine.generate(prepare_input(pair, "describe what you see", images=[image(s)]), "ar",
+                                      max_new_tokens=8, ignore_eos=True).token_ids) for s in (1, 2, 3)}
+        assert len(outs) > 1, family
+
+
+def test_layout_and_padding_differences_are_what_the_pairs_claim():
+    smol = get_pair("smolvlm", "independent")
+    prep = prepare_input(smol, "describe what you see", images=[image(4)])
+    assert smol.draft_processor is not None  # another tile size / tokens per tile: its own processor
+    assert prep.for_draft()["input_ids"].shape[1] < prep.target_inputs["input_ids"].shape[1]
+    ov = get_pair("llava-onevision", "independent")
+    rows = lambda m: m.get_output_embeddings().out_features  # noqa: E731
+    assert rows(ov.draft) == rows(ov.target) + 64 and len(ov.tokenizer) == rows(ov.target)
