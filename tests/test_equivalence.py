@@ -40,6 +40,8 @@ def get_pair(family, kind, seed):
 def media_kwargs(media, seed):
     if media == "image":
         return {"images": [image(seed)]}
+    if media == "two-images":
+        return {"images": [image(seed), image(seed + 100, size=84)]}
     if media == "video":
         return {"video": clip(seed)}
     return {}
@@ -49,7 +51,7 @@ CASES = [
     (family, media, kind, seed)
     for family, (_, medias) in FAMILIES.items()
     for media, (kind, seed) in itertools.product(medias, (("noisy", 0), ("noisy", 1), ("copy", 0), ("independent", 0)))
-]
+] + [("qwen2.5-vl", "two-images", "noisy", 2)]
 
 
 @pytest.mark.parametrize("family,media,kind,seed", CASES)
