@@ -30,8 +30,13 @@ def _sync(device: torch.device) -> None:
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, vocab_limit: int | None = None):
         self.model = model
-        self.device = model.get_input_embeddings().weight.device  # where input ids go (first shard)
-        self.dtype = model.get_input_embeddings().weight.dtype
+        emb = model.get_input_embeddings()
+        self.device = emb.weight.device  # where input ids go (first shard)
+        if self.device.type == "meta":  # accelerate offloaded it (CPU/disk): ids go where its hook runs it
+            hooks = [emb._hf_hook, *getattr(emb._hf_hook, "hooks", [])]
+            self.device = torch.device(next(h.execution_device for h in hooks
+                                            if getattr(h, "execution_device", None) is not None))
+        self.dtype = emb.weight.dtype
         self.vocab_limit = vocab_limit  # slice logits to the vocabulary both models share
         self.cache: DynamicCache | None = None
         self.rope_delta = 0  # M-RoPE text-position shift after a multimodal prefix
