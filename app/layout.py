@@ -10,7 +10,8 @@ import gradio as gr
 from sage_engine import SageConfig
 
 from . import plots, replay, text
-from .media import Example, UploadedImage
+from .components import UploadedImage
+from .media import Example
 from .presets import Preset
 from .theme import TOKEN_COLORS
 from .tree_plot import empty_tree
@@ -95,7 +96,7 @@ def _inputs(presets: Mapping[str, Preset], default_preset: str) -> dict:
                               elem_id="image", height=240)
         video = gr.Video(sources=["upload"], format=None, include_audio=True, label="Video", elem_id="video",
                          height=240)
-    frames = gr.Gallery(label="Video frames the model sees (sampled uniformly)", columns=8, height=110,
+    frames = gr.Gallery(label="Video frames the model sees (sampled uniformly)", columns=8, height=130,
                         elem_id="frames", allow_preview=False, interactive=False)
     prompt = gr.Textbox(label="Prompt", lines=2, placeholder="Ask something about the image or video",
                         elem_id="prompt")

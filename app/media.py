@@ -1,4 +1,4 @@
-"""Media at the app's edge: the image upload component, the sampled-frame strip, examples, run export.
+"""Media at the app's edge: the sampled-frame strip, examples, run export.
 
 Reading and validating media is the engine's job (sage_engine.media raises one-line InputErrors);
 the app only hands it the uploaded paths and shows what came back.
@@ -13,26 +13,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import gradio as gr
-
 from sage_engine.media import VideoClip
 
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "assets" / "examples"
-
-
-class UploadedImage(gr.Image):
-    """gr.Image that passes the uploaded file's path through untouched.
-
-    gr.Image would open the file with PIL before our handler runs and fail with a raw PIL error on a
-    broken upload; the engine's loader gives a clear message instead (and checks size limits first).
-    """
-
-    is_template = True  # rendered by the frontend as a plain gr.Image
-
-    def preprocess(self, payload):
-        if payload is not None and payload.path and not (payload.url or "").startswith("data:"):
-            return str(payload.path)
-        return super().preprocess(payload)
 
 
 def frame_strip(clip: VideoClip | None) -> list[tuple]:

@@ -115,24 +115,26 @@ def _time_parts(x: Lane) -> tuple[float, dict[str, float]]:
     dr, ver, oth = (sum(getattr(s, f) for s in dec) / 1e3 for f in ("draft_ms", "target_ms", "other_ms"))
     wall = x.seconds if x.seconds is not None else (x.arrivals[-1] if x.arrivals else 0.0)
     rest = max(0.0, wall - pre - dr - ver - oth)
-    return wall, {"prefill": pre, "draft": dr, "verify (target)": ver, "overhead": oth, "untracked": rest}
+    return wall, {"prefill": pre, "draft": dr, "verify": ver, "overhead": oth, "other": rest}
 
 
 def time_figure(record: RunRecord):
-    """Where each lane's wall time went: prefill, draft, verify (target), overhead, untracked."""
+    """Where each lane's wall time went: prefill (both models read the prompt), draft forwards, target verify
+    forwards, overhead (policy, tree, acceptance, cache compaction) and other (time between steps)."""
     title = "Where the time went (seconds; the lanes ran one after the other)"
     lanes = [x for x in (record.ar, record.spec) if x.steps]
     if not lanes:
         return placeholder(title, "run something first", 260)
     names = [lane_title(x.name, x.policy) for x in lanes]
     split = [_time_parts(x) for x in lanes]
-    colors = {"prefill": PALE, "draft": GREEN, "verify (target)": BLUE, "overhead": ORANGE, "untracked": "#e2e8f0"}
+    colors = {"prefill": PALE, "draft": GREEN, "verify": BLUE, "overhead": ORANGE, "other": "#e2e8f0"}
     data = [dict(type="bar", y=names, x=[parts[k] for _, parts in split], name=k, orientation="h",
                  marker=dict(color=c), hovertemplate=f"{k}: %{{x:.3f}} s<extra></extra>") for k, c in colors.items()]
     notes = [dict(y=name, x=wall, text=f" {wall:.2f} s", showarrow=False, xanchor="left",
                   font=dict(color=AMBER if x.name == "ar" else VIOLET))
              for name, x, (wall, _) in zip(names, lanes, split)]
     return figure(data, layout(title, 260, barmode="stack", hovermode="closest", annotations=notes,
+                               legend=dict(traceorder="normal"),
                                margin=dict(l=10, r=60, t=96, b=40),
                                xaxis=dict(title=dict(text="seconds"), rangemode="tozero"),
                                yaxis=dict(autorange="reversed")))

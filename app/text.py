@@ -149,4 +149,4 @@ def status_done(record: RunRecord) -> str:
 
 
 def status_error(message: str) -> str:
-    return f"**Cannot run:** {escape(message)}"
+    return f"**Cannot run:** {message}"  # gr.Markdown sanitises HTML itself

@@ -112,3 +112,18 @@ def test_bad_upload_shows_message_and_keeps_the_page(page, tmp_path_factory):
     page.fill("#prompt textarea", media.image_prompt)  # and the app still serves
     page.click("#run")
     page.wait_for_function("document.querySelector('#status').innerText.includes('Done')", timeout=120_000)
+
+
+def test_stop_then_run_again(page):
+    tokens = page.locator("#max-new-tokens input[type=number]")
+    tokens.fill("512")
+    tokens.press("Enter")
+    page.click("#run")
+    page.wait_for_function("document.querySelector('#status').innerText.includes('Running')", timeout=60_000)
+    page.click("#stop")
+    page.wait_for_function("document.querySelector('#status').innerText.includes('Stopped')", timeout=30_000)
+    tokens.fill("16")
+    tokens.press("Enter")
+    page.click("#run")  # the cancelled run's worker has let go of the model
+    page.wait_for_function("document.querySelector('#status').innerText.includes('Done')", timeout=120_000)
+    assert "identical" in page.inner_text("#scoreboard")
