@@ -6,13 +6,14 @@ A pair whose tokenizers disagree is refused (padding of the embedding matrix is 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from .errors import ModelError
+from .placement import place_pair
+from .presets import PRESETS, require_hub
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_TARGET = str(ASSETS / "models" / "tinyworld-target")
@@ -71,9 +72,7 @@ def resolve_device(device: str) -> str:
 def _load_one(name: str, dtype: torch.dtype, device: str, attn: str, device_map=None):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    local = os.path.isdir(name)
-    if not local and os.environ.get("HF_HUB_OFFLINE") == "1":
-        raise ModelError(f"model {name!r} is not a local directory and the hub is offline")
+    require_hub(name)  # a hub id with no reachable hub fails in ~2 s with one line, never hangs
     try:
         processor = AutoProcessor.from_pretrained(name, trust_remote_code=False)
         model = AutoModelForImageTextToText.from_pretrained(
@@ -120,9 +119,20 @@ def load_pair(
     target_device_map=None,
     draft_device: str | None = None,
 ) -> ModelPair:
-    """Load target (and draft) with their processors; `target_device_map` spreads the target (accelerate)."""
+    """Load target (and draft) with their processors; `target_device_map` spreads the target (accelerate).
+
+    `target` may be a preset name (presets.py): its pair is loaded (an explicit non-default draft wins).
+    `device` auto|multi plans the placement (placement.py: balanced map over GPUs, draft on its own GPU).
+    """
     if dtype not in DTYPES:
         raise ModelError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    if target in PRESETS:
+        preset = PRESETS[target]
+        target, draft = preset.target, (preset.draft if draft == DEFAULT_DRAFT else draft)
+    if device in ("auto", "multi") and target_device_map is None:
+        require_hub(target)
+        plan = place_pair(target, draft, dtype, device)
+        device, target_device_map, draft_device = plan.target_device, plan.target_device_map, plan.draft_device
     device = resolve_device(device)
     t_model, t_proc = _load_one(target, DTYPES[dtype], device, attn_implementation, target_device_map)
     d_model = d_proc = None

@@ -26,11 +26,11 @@ Sources (read Nov 2026 through the project's search tools; "hub" = the model's p
 from __future__ import annotations
 
 import os
-import socket
 import threading
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlparse
 
 from .errors import ModelError
 
@@ -122,32 +122,39 @@ def _is_hub_id(name: str) -> bool:
     return not os.path.exists(name) and name.count("/") == 1 and not name.startswith((".", "/", "~"))
 
 
-def hub_reachable(timeout: float = HUB_PROBE_SECONDS) -> bool:
-    """True when the hub answers a TCP connect within `timeout` s (DNS included: the probe runs in a
-    daemon thread, so a hanging resolver cannot hang us). HF_HUB_OFFLINE=1 means no, without probing."""
+def hub_problem(repo_id: str, timeout: float = HUB_PROBE_SECONDS) -> str | None:
+    """Why the hub cannot serve `repo_id` right now (one phrase), or None when it can.
+
+    One HTTP GET of the hub's model-info endpoint (HF_ENDPOINT honoured), in a daemon thread joined
+    after `timeout` s, so neither a slow resolver nor a silent network can hang the caller. A bare TCP
+    connect is not enough: sandboxes and proxies accept connections they never forward.
+    HF_HUB_OFFLINE=1 answers without any network access.
+    """
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
-        return False
-    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
-    host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
-    result: list[bool] = []
+        return "HF_HUB_OFFLINE is set"
+    url = f"{(os.environ.get('HF_ENDPOINT') or 'https://huggingface.co').rstrip('/')}/api/models/{repo_id}"
+    answer: list[str | None] = []
 
     def probe() -> None:
         try:
-            socket.create_connection((host, port), timeout=timeout).close()
-            result.append(True)
-        except OSError:
-            result.append(False)
+            with urllib.request.urlopen(url, timeout=timeout):
+                answer.append(None)
+        except urllib.error.HTTPError as e:  # 401/403: gated or private, the hub is there; the loader says why
+            answer.append(None if e.code in (401, 403) else f"HTTP {e.code} from {url}")
+        except (OSError, ValueError) as e:
+            reason = getattr(e, "reason", None) or e
+            answer.append(f"{type(reason).__name__}: {reason}".splitlines()[0][:120])
 
     t = threading.Thread(target=probe, daemon=True)
     t.start()
     t.join(timeout + 0.2)
-    return bool(result and result[0])
+    return answer[0] if answer else f"no answer within {timeout:.0f} s"
 
 
 def require_hub(name: str) -> None:
-    """Fail fast with one line when `name` is a hub id and the hub cannot be reached."""
-    if _is_hub_id(name) and not hub_reachable():
-        offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
-        why = "HF_HUB_OFFLINE is set" if offline else f"no answer within {HUB_PROBE_SECONDS:.0f} s"
-        raise ModelError(f"model {name!r} is not a local directory and the hub is unreachable ({why}); "
-                         "download it first or pass a local path")
+    """Fail fast with one line when `name` is a hub id and the hub cannot serve it."""
+    if _is_hub_id(name):
+        problem = hub_problem(name)
+        if problem is not None:
+            raise ModelError(f"model {name!r} is not a local directory and the hub is unreachable ({problem}); "
+                             "download it first or pass a local path")
