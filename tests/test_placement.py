@@ -25,7 +25,8 @@ MROPE = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24
 def qwen25_vl(size: str):
     from transformers import Qwen2_5_VLConfig
 
-    h, ffn, layers, heads, kv, vis_ffn = {"72b": (8192, 29568, 80, 64, 8, 3456), "7b": (3584, 18944, 28, 28, 4, 3420)}[size]
+    sizes = {"72b": (8192, 29568, 80, 64, 8, 3456), "7b": (3584, 18944, 28, 28, 4, 3420)}
+    h, ffn, layers, heads, kv, vis_ffn = sizes[size]  # vision FFN: 3456 in 72B [q25-72b], 3420 in 7B [q25-7b]
     return Qwen2_5_VLConfig(
         text_config=dict(vocab_size=152064, hidden_size=h, intermediate_size=ffn, num_hidden_layers=layers,
                          num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=128000,
@@ -122,11 +123,18 @@ def test_two_gpus_too_small_for_the_target_alone_share_the_draft_gpu():
 
 # ---------------------------------------------------------------- execution through accelerate's hooks
 
-def test_target_dispatched_over_cpu_and_disk_still_decodes_exactly_like_ar(tmp_path):
+@pytest.fixture
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # shared machine; a tiny model gains nothing from threads
+    yield
+    torch.set_num_threads(before)
+
+
+def test_target_dispatched_over_cpu_and_disk_still_decodes_exactly_like_ar(tmp_path, one_thread):
     from accelerate import dispatch_model
     from accelerate.utils import infer_auto_device_map
 
-    torch.set_num_threads(1)
     pair = qwen25_pair("noisy", seed=4)
     reference = SpecEngine(pair)  # the undispatched target gives the reference tokens
     target = copy.deepcopy(pair.target)

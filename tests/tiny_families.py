@@ -31,7 +31,8 @@ OV_TEMPLATE = (  # llava-hf's LLaVA-OneVision template: images, then videos, the
     "{% for item in message['content'] | selectattr('type', 'equalto', 'image') %}{{ '<image>\n' }}{% endfor %}"
     "{% for item in message['content'] | selectattr('type', 'equalto', 'video') %}{{ '<video>\n' }}{% endfor %}"
     "{% for item in message['content'] | selectattr('type', 'equalto', 'text') %}{{ item['text'] }}{% endfor %}"
-    "{% endif %}{{ '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    "{% endif %}{{ '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 SMOL_TEMPLATE = (  # SmolVLM2's template shape: "User:<image>text<end_of_utterance>\nAssistant:"
     "<|im_start|>{% for message in messages %}{{ message['role'] | capitalize }}"
