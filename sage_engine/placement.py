@@ -165,6 +165,8 @@ def place_pair(target: str, draft: str | None, dtype: str, device: str) -> Place
     mem = gpu_memory()
     if device == "cpu" or (device == "auto" and not mem):
         return Placement("cpu", None, "cpu", "cpu", None, 0, 0, ())
+    if not mem:
+        raise ModelError(f"--device {device} needs a GPU and none is visible; use --device cpu")
     from transformers import AutoConfig
 
     try:
