@@ -28,14 +28,15 @@ CSS = """
 
 def build_demo(presets: Mapping[str, Preset] = PRESETS, default_preset: str | None = None,
                pair_factory: PairFactory = load_preset, examples: list[Example] | None = None,
-               preload: bool = False, plot_every: float = 0.5, queue_size: int = 32,
+               preload: bool = False, text_every: float = 0.1, plot_every: float = 0.5, queue_size: int = 32,
                pool_capacity: int = 1) -> gr.Blocks:
     """The demo over `presets` (the UI offers only these). `pair_factory(preset) -> ModelPair` loads a pair;
     tests pass one that builds tiny models. `preload` loads the default pair now instead of on first use;
+    `text_every` / `plot_every`: seconds between streamed text / figure updates;
     `pool_capacity` is how many pairs stay loaded at once."""
     preset = pick(presets, default_preset)
     pool = PairPool(presets, pair_factory, capacity=pool_capacity)
-    handlers = Handlers(pool, RunFiles(), preset.name, plot_every=plot_every)
+    handlers = Handlers(pool, RunFiles(), preset.name, text_every=text_every, plot_every=plot_every)
     with gr.Blocks(title=TITLE, delete_cache=(3600, 3600)) as demo:
         ui = build_layout(presets, preset.name, load_examples() if examples is None else examples)
         wire(demo, ui, handlers)

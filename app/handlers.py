@@ -26,6 +26,8 @@ from .record import Lane, RunRecord
 from .tree_plot import empty_tree, tree_figure
 from .view import View
 
+POLL = 0.03  # seconds between looks at the decoding thread's queue (the first token shows within this)
+
 
 def sage_config(knobs: dict) -> SageConfig:
     """SageConfig from the knobs panel (missing knobs keep the paper's defaults); InputError if inconsistent."""
@@ -102,7 +104,7 @@ class Handlers:
         race.start()
         last_text = last_plot = 0.0
         try:
-            for batch in race.batches(wait=self.text_every):
+            for batch in race.batches(every=POLL):
                 if not consume(record, transcriber, batch) or record.done:
                     continue
                 now = time.perf_counter()

@@ -79,14 +79,16 @@ class Race:
         self._queue.put(Arrival(lane, None, time.perf_counter() - t0))
         return True
 
-    def batches(self, wait: float) -> Iterator[list[Arrival]]:
-        """Everything that arrived since the last batch; waits at most `wait` s (may yield [])."""
-        while True:
-            try:
-                items = [self._queue.get(timeout=wait)]
-            except queue.Empty:
-                yield []
-                continue
+    def batches(self, every: float) -> Iterator[list[Arrival]]:
+        """Everything that arrived since the last batch, polled every `every` s (a batch may be []).
+
+        Polling, not a blocking get(): a consumer woken on every event would compete with the decoding
+        thread for the GIL at each step and slow it down.
+        """
+        end = False
+        while not end:
+            time.sleep(every)
+            items = []
             while True:
                 try:
                     items.append(self._queue.get_nowait())
@@ -98,15 +100,19 @@ class Race:
                 if isinstance(x, Failure):
                     raise x.error
             yield items
-            if end:
-                return
 
 
 class Transcriber:
-    """Turns a lane's step events into text, split per step into accepted-draft and target parts."""
+    """Turns a lane's step events into text, split per step into accepted-draft and target parts.
+
+    Detokenises incrementally (only a short window of ids is re-decoded per part, as the engine does):
+    a byte-level token may hold half a character, so text is withheld until the character is complete,
+    and the lane's final text is one full decode, exactly like `SpecEngine.generate()`.
+    """
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
+        self._window: dict[str, tuple[int, int]] = {}  # lane -> (prefix, read) offsets into its ids
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -114,33 +120,49 @@ class Transcriber:
     def add(self, lane: Lane, arrival: Arrival) -> None:
         """Record one arrival in `lane`: the event, its time, the text and its origin segments."""
         if arrival.event is None:
-            lane.seconds = arrival.at
+            self._finish(lane, arrival.at)
             return
         ev = arrival.event
-        before = lane.token_ids
         lane.steps.append(ev)
         lane.arrivals.append(arrival.at)
         n_draft = min(len(ev.accepted_tokens), len(ev.new_token_ids))  # EOS / budget may cut the path
         parts = [(ev.new_token_ids[:n_draft], ACCEPTED), (ev.new_token_ids[n_draft:], BONUS)]
         if ev.kind == "prefill":
             parts = [(ev.new_token_ids, FIRST)]
-        ids, text = before, lane.text
         for part, label in parts:
             if not part:
                 continue
-            ids = ids + part
-            new = self.decode(ids)
-            if new != text:  # a special token (EOS) adds no text
-                lane.segments.append((_added(text, new), label))
+            added = self._append(lane, part)
+            if added:
+                lane.segments.append((added, label))
             if label == BONUS:
                 lane.bonus_texts[ev.step] = self.tokenizer.decode(part)  # specials shown (e.g. EOS)
-            text = new
-        lane.text = text
-        lane.text_ends.append(len(text))
+        lane.text_ends.append(len(lane.text))
+
+    def _append(self, lane: Lane, part: list[int]) -> str:
+        lane.token_ids.extend(part)
+        prefix, read = self._window.get(lane.name, (0, 0))
+        before = self.decode(lane.token_ids[prefix:read])
+        window = self.decode(lane.token_ids[prefix:])
+        if window.endswith("\ufffd"):
+            return ""  # an unfinished multi-byte character: wait for the next tokens
+        self._window[lane.name] = (read, len(lane.token_ids))
+        added = window[len(before):] if window.startswith(before) else _added(lane.text, self.decode(lane.token_ids))
+        lane.text += added
+        return added
+
+    def _finish(self, lane: Lane, seconds: float) -> None:
+        lane.seconds = seconds
+        full = self.decode(lane.token_ids)
+        if full != lane.text:  # withheld bytes at the very end, or a regrouping across a window edge
+            tail = _added(lane.text, full)
+            if tail and full.startswith(lane.text):
+                lane.segments.append((tail, lane.segments[-1][1] if lane.segments else BONUS))
+            lane.text = full
 
 
 def _added(old: str, new: str) -> str:
-    """The text `new` adds to `old` (a byte-level token can complete an earlier partial character)."""
+    """The text `new` adds to `old`."""
     if new.startswith(old):
         return new[len(old):]
     i = 0

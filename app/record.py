@@ -23,16 +23,13 @@ class Lane:
     name: str  # "ar" | "spec"
     policy: str
     steps: list[StepEvent] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)  # the output so far
     arrivals: list[float] = field(default_factory=list)  # seconds from lane start to each event
     segments: list[tuple[str, str]] = field(default_factory=list)  # (text, origin label) per step part
     text: str = ""
     text_ends: list[int] = field(default_factory=list)  # len(text) after each step (race replay)
     bonus_texts: dict[int, str] = field(default_factory=dict)  # step -> text of its bonus token
     seconds: float | None = None  # wall time of the whole lane; None while it runs
-
-    @property
-    def token_ids(self) -> list[int]:
-        return [t for s in self.steps for t in s.new_token_ids]
 
     @property
     def decode_steps(self) -> list[StepEvent]:
