@@ -23,6 +23,7 @@ from .media import RunFiles, frame_strip
 from .pool import Loaded, PairPool
 from .race import Race, Transcriber, consume
 from .record import Lane, RunRecord
+from .theme import lane_title
 from .tree_plot import empty_tree, tree_figure
 from .view import View
 
@@ -119,7 +120,9 @@ class Handlers:
     # ------------------------------------------------------------------ views
     def _reset_view(self, record: RunRecord, clip: VideoClip | None) -> View:
         waiting = plots.placeholder("", "decoding…")
-        return View(status=text.status_running(record), frames=frame_strip(clip), ar_text="", spec_text=[],
+        label = f"{lane_title('spec', record.policy)}: coloured by who wrote each token"
+        return View(status=text.status_running(record), frames=frame_strip(clip), ar_text="",
+                    spec_text=gr.HighlightedText(value=[], label=label),
                     scoreboard=text.scoreboard(record), replay=replay.replay_html(None), fig_alpha=waiting,
                     fig_accepted=waiting, fig_tree=empty_tree("decoding…"), fig_mapping=waiting, fig_time=waiting,
                     step=gr.Slider(interactive=False), export=gr.DownloadButton(value=None, interactive=False),

@@ -71,7 +71,6 @@ class RunRecord:
     media: dict  # {"image": name or None, "video": name or None, "frames": n}
     ar: Lane = field(default_factory=lambda: Lane("ar", "ar"))
     spec: Lane = field(default_factory=lambda: Lane("spec", "sage"))
-    stopped: bool = False
 
     @property
     def done(self) -> bool:
@@ -104,7 +103,6 @@ class RunRecord:
             "divergence": None if div is None else vars(div),
             "speedup": self.speedup(),
             "preset": self.preset,
-            "stopped": self.stopped,
         }
 
     def export(self) -> dict:

@@ -140,8 +140,6 @@ def _tokens(n: int) -> str:
 
 
 def status_done(record: RunRecord) -> str:
-    if record.stopped:
-        return "Stopped."
     speedup = record.speedup()
     same = "token-identical" if record.divergence() is None else "outputs differ (see the scoreboard)"
     faster = f"{speedup:.2f}× the autoregressive speed" if speedup is not None else ""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from .record import ACCEPTED, BONUS, FIRST
 
 GREEN = "#16a34a"  # the draft model: accepted draft tokens, draft time
@@ -13,13 +15,10 @@ AMBER = "#d97706"  # the autoregressive lane
 VIOLET = "#7c3aed"  # the speculative lane
 PALE = "#94a3b8"  # prefill, secondary lines
 
-TOKEN_COLORS = {ACCEPTED: GREEN, BONUS: BLUE, FIRST: PALE}
-
-LANE_TITLES = {"ar": "Autoregressive (target only)", "spec": "Speculative"}
-
+TOKEN_COLORS = MappingProxyType({ACCEPTED: GREEN, BONUS: BLUE, FIRST: PALE})
 
 def lane_title(lane: str, policy: str) -> str:
-    return LANE_TITLES["ar"] if lane == "ar" else f"Speculative ({policy.upper() if policy == 'sage' else policy})"
+    return "Autoregressive (target only)" if lane == "ar" else f"Speculative ({policy.upper() if policy == 'sage' else policy})"
 
 
 def token_label(text: str, limit: int = 10) -> str:

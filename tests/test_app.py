@@ -167,3 +167,49 @@ def test_only_configured_presets(client, media):
     with pytest.raises(AppError, match="not in the list of choices"):
         client.predict(image=handle_file(media.image), video=None, prompt="hi", max_new_tokens=4, policy="sage",
                        preset="/etc/passwd", api_name="/compare")
+
+
+# ---------------------------------------------------------------- pure pieces, no server
+
+
+def test_view_fills_the_api_outputs_in_order():
+    from app.view import View
+
+    names = [f.name for f in fields(View)]
+    assert [n for n in names if n != "run_state"] == OUT  # the JSON summary is the last API output
+
+
+def test_divergence_and_speedup():
+    from app.record import Lane, RunRecord
+
+    rec = RunRecord("p", "q", 8, "sage", {}, {}, ar=Lane("ar", "ar", token_ids=[1, 2, 3], seconds=1.0),
+                    spec=Lane("spec", "sage", token_ids=[1, 2, 4], seconds=0.5))
+    div = rec.divergence()
+    assert (div.index, div.ar_token, div.spec_token) == (2, 3, 4)
+    rec.spec.token_ids = [1, 2]
+    assert rec.divergence().spec_token is None  # one output ended early
+    rec.spec.token_ids = [1, 2, 3]
+    assert rec.divergence() is None
+
+
+def test_tree_layout_centres_parents():
+    from app.tree_plot import BONUS_NODE, _layout
+
+    #   root -> 0 -> {2, 3};  root -> 1;  bonus after node 0
+    y = _layout([-1, -1, 0, 0], extra_parent=0)
+    leaves = [BONUS_NODE, 2, 3, 1]
+    assert len({y[n] for n in leaves}) == 4  # every leaf its own row
+    assert y[0] == pytest.approx((y[BONUS_NODE] + y[3]) / 2) and y[BONUS_NODE] > y[2] > y[3] > y[1]
+
+
+@pytest.mark.parametrize("knobs,ok", [({}, True), ({"d_min": 3, "d_max": 8}, True), ({"d_min": 9, "d_max": 8}, False),
+                                      ({"w_min": 5, "w_max": 2}, False), ({"k": 1}, False)])
+def test_sage_knobs_validated(knobs, ok):
+    from app.handlers import sage_config
+    from sage_engine import InputError, SageConfig
+
+    if ok:
+        assert sage_config(knobs) == SageConfig(**knobs)
+    else:
+        with pytest.raises(InputError):
+            sage_config(knobs)
