@@ -6,6 +6,7 @@ max_new_tokens, policy (then optional preset and SAGE knobs); its last output is
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass, replace
@@ -26,6 +27,8 @@ from .record import Lane, RunRecord
 from .theme import lane_title
 from .tree_plot import empty_tree, tree_figure
 from .view import View
+
+log = logging.getLogger("sage.app")
 
 POLL = 0.03  # seconds between looks at the decoding thread's queue (the first token shows within this)
 
@@ -74,9 +77,13 @@ class Handlers:
         try:
             setup = self._setup(image, video, prompt, max_new_tokens, policy, preset or self.default_preset, knobs)
             yield from self._race(setup)
-        except SageError as e:
+        except SageError as e:  # the user's to fix: say what is wrong, in one line
             yield View(status=text.status_error(str(e))).row()
             raise gr.Error(str(e), print_exception=False) from None
+        except Exception as e:  # a bug: keep the traceback in the log, tell the user, keep serving
+            log.exception("run failed")
+            yield View(status=text.status_error(f"internal error ({type(e).__name__}); see the server log")).row()
+            raise gr.Error(f"internal error ({type(e).__name__}): {e}", print_exception=False) from None
 
     def _setup(self, image, video, prompt, max_new_tokens, policy, preset, knobs) -> Setup:
         if not (prompt or "").strip():
