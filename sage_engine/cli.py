@@ -24,10 +24,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", default=DEFAULT_TARGET, help="target model directory or hub id")
-    p.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model directory or hub id")
-    p.add_argument("--dtype", default="float32", choices=list(DTYPES))
-    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto")
+    p.add_argument("--preset", default=None, help="a named model pair (sage_engine/presets.py), e.g. tinyworld")
+    p.add_argument("--target", default=None, help="target model directory or hub id (default: the embedded pair)")
+    p.add_argument("--draft", default=None, help="draft model directory or hub id")
+    p.add_argument("--dtype", default=None, choices=list(DTYPES), help="default: the preset's, else float32")
+    p.add_argument("--device", default=None,
+                   help="cpu | cuda | cuda:N | auto | multi (target over GPUs, draft on its own); default cpu")
     p.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"], help="attention implementation")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -84,8 +86,16 @@ def _load(args):
     hf_logging.disable_progress_bar()
     if args.threads:
         torch.set_num_threads(args.threads)
-    draft = None if getattr(args, "policy", None) == "ar" else args.draft
-    return load_pair(args.target, draft, dtype=args.dtype, device=args.device, attn_implementation=args.attn)
+    target, draft, dtype, device = args.target or DEFAULT_TARGET, args.draft or DEFAULT_DRAFT, "float32", "cpu"
+    if args.preset:
+        from .presets import resolve
+
+        p = resolve(args.preset)
+        target, draft, dtype, device = args.target or p.target, args.draft or p.draft, p.dtype, p.device
+    if getattr(args, "policy", None) == "ar":
+        draft = None
+    return load_pair(target, draft, dtype=args.dtype or dtype, device=args.device or device,
+                     attn_implementation=args.attn)
 
 
 def cmd_generate(args) -> int:

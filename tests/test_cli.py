@@ -127,6 +127,11 @@ def test_mismatched_tokenizers_are_refused(saved_qwen_pair, tmp_path, capsys):
     assert err.startswith("error:") and "tokenizers differ" in err
 
 
+def test_unknown_preset_is_one_error_line(capsys):
+    code, _, err = run_main(capsys, "generate", "--prompt", "hi", "--preset", "gpt-5/gpt-4")
+    assert code == 2 and err.startswith("error: unknown preset") and len(err.strip().splitlines()) == 1
+
+
 def test_module_entry_point_reports_a_missing_model_without_traceback(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "sage_engine", "generate", "--prompt", "hi", "--target",
                            str(tmp_path / "nope"), "--draft", str(tmp_path / "nope")],

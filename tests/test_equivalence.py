@@ -124,8 +124,8 @@ def test_negative_control_dropping_the_mrope_delta_is_caught(monkeypatch):
     assert _run(pair, prep, "sage") == reference
     real_prefill = ModelRunner.prefill
 
-    def prefill_without_delta(self, inputs):
-        out = real_prefill(self, inputs)
+    def prefill_without_delta(self, inputs, pruning=None):
+        out = real_prefill(self, inputs, pruning)
         self.rope_delta = 0
         return out
 
