@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass, replace
 from typing import Iterator
@@ -22,7 +23,7 @@ from . import plots, replay, text
 from .layout import MAX_NEW_TOKENS, POLICIES
 from .media import RunFiles, frame_strip
 from .pool import Loaded, PairPool
-from .race import Race, Transcriber, consume
+from .race import Race, RunControl, Transcriber, consume
 from .record import Lane, RunRecord
 from .theme import lane_title
 from .tree_plot import empty_tree, tree_figure
@@ -72,11 +73,12 @@ class Handlers:
         self.plot_every = plot_every  # seconds between streamed figure updates (a final full update follows)
 
     # ------------------------------------------------------------------ compare (the API)
-    def compare(self, image, video, prompt, max_new_tokens, policy, preset=None, **knobs) -> Iterator[tuple]:
+    def compare(self, image, video, prompt, max_new_tokens, policy, preset=None, control: RunControl | None = None,
+                **knobs) -> Iterator[tuple]:
         """Race autoregressive then speculative decoding on one input, streaming both."""
         try:
             setup = self._setup(image, video, prompt, max_new_tokens, policy, preset or self.default_preset, knobs)
-            yield from self._race(setup)
+            yield from self._race(setup, (control or RunControl()).switch)
         except SageError as e:  # the user's to fix: say what is wrong, in one line
             yield View(status=text.status_error(str(e))).row()
             raise gr.Error(str(e), print_exception=False) from None
@@ -103,10 +105,10 @@ class Handlers:
                            spec=Lane("spec", policy))
         return Setup(loaded, prepared, clip, cfg, record)
 
-    def _race(self, s: Setup) -> Iterator[tuple]:
+    def _race(self, s: Setup, stop: threading.Event) -> Iterator[tuple]:
         record = s.record
         spec_policy = make_policy(record.policy, s.cfg if record.policy == "sage" else None)
-        race = Race(s.loaded.engine, s.prepared, spec_policy, record.max_new_tokens, s.loaded.lock)
+        race = Race(s.loaded.engine, s.prepared, spec_policy, record.max_new_tokens, s.loaded.lock, stop)
         transcriber = Transcriber(s.loaded.pair.tokenizer)
         yield self._reset_view(record, s.clip).row()
         race.start()
@@ -120,15 +122,17 @@ class Handlers:
                     draw = now - last_plot >= self.plot_every and bool(record.spec.decode_steps)
                     last_text, last_plot = now, (now if draw else last_plot)
                     yield self._live_view(record, s.cfg, draw).row()
+            record.stopped = race.stopped
         finally:
-            race.stop()
+            race.stop()  # also when Gradio closes this generator (client gone)
         yield self._final_view(record, s.cfg).row()
 
     # ------------------------------------------------------------------ views
     def _reset_view(self, record: RunRecord, clip: VideoClip | None) -> View:
         waiting = plots.placeholder("", "decoding…")
         label = f"{lane_title('spec', record.policy)}: coloured by who wrote each token"
-        return View(status=text.status_running(record), frames=frame_strip(clip), ar_text="",
+        strip = frame_strip(clip)
+        return View(status=text.status_running(record), frames=gr.Gallery(value=strip, visible=bool(strip)), ar_text="",
                     spec_text=gr.HighlightedText(value=[], label=label),
                     scoreboard=text.scoreboard(record), replay=replay.replay_html(None), fig_alpha=waiting,
                     fig_accepted=waiting, fig_tree=empty_tree("decoding…"), fig_mapping=waiting, fig_time=waiting,
@@ -167,6 +171,17 @@ class Handlers:
         return lambda t: tok.decode([t])
 
     # ------------------------------------------------------------------ other events
+    @staticmethod
+    def arm(control: RunControl) -> None:
+        """Run was pressed: a fresh Stop switch, before the run waits in the queue (so Stop works there too)."""
+        control.arm()
+
+    @staticmethod
+    def stop(control: RunControl) -> None:
+        """The Stop button: the running decoder ends after its current step, then the run reports what it has
+        (the run writes the status itself: a reply from here could land after the run's last update)."""
+        control.stop()
+
     def show_step(self, record: RunRecord | None, step) -> object:
         """The draft tree of speculative step `step` of the user's last run."""
         if record is None or not record.spec.decode_steps:

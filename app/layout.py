@@ -13,6 +13,7 @@ from . import plots, replay, text
 from .components import UploadedImage
 from .media import Example
 from .presets import Preset
+from .race import RunControl
 from .theme import TOKEN_COLORS
 from .tree_plot import empty_tree
 
@@ -68,11 +69,12 @@ class Ui:
     export: gr.DownloadButton
     run_state: gr.State
     summary: gr.JSON
+    control: gr.State  # the session's Stop switch (not an output)
 
 
 def _knobs(cfg: SageConfig) -> Knobs:
     with gr.Accordion("SAGE knobs (defaults: the paper's)", open=False):
-        gr.Markdown("Depth D(α) = D_min + α(D_max − D_min), root width W(α) = W_min + (1 − α)(W_max − W_min). "
+        gr.Markdown("Depth D(α) = D_min + α(D_max − D_min), root width W(α) = W_min + (1 − α)(W_max − W_min).\n"
                     "Used by the `sage` policy only.")
         with gr.Row():
             d_min = gr.Slider(1, 8, cfg.d_min, step=1, label="D_min (depth when unsure)")
@@ -96,8 +98,8 @@ def _inputs(presets: Mapping[str, Preset], default_preset: str) -> dict:
                               elem_id="image", height=240)
         video = gr.Video(sources=["upload"], format=None, include_audio=True, label="Video", elem_id="video",
                          height=240)
-    frames = gr.Gallery(label="Video frames the model sees (sampled uniformly)", columns=8, height=130,
-                        elem_id="frames", allow_preview=False, interactive=False)
+    frames = gr.Gallery(label="Video frames the model sees (sampled uniformly)", columns=4, height="auto",
+                        elem_id="frames", allow_preview=False, interactive=False, visible=False)
     prompt = gr.Textbox(label="Prompt", lines=2, placeholder="Ask something about the image or video",
                         elem_id="prompt")
     with gr.Row():
@@ -182,5 +184,6 @@ def build_layout(presets: Mapping[str, Preset], default_preset: str, examples: l
     with gr.Accordion("JSON summary (the last output of the `compare` API endpoint)", open=False):
         summary = gr.JSON(elem_id="summary")
     return Ui(model_info=model_info, knobs=knobs, run=run, stop=stop, status=status, export=export,
-              run_state=gr.State(None), summary=summary, **inputs, **outputs, **figures)
+              run_state=gr.State(None), summary=summary, control=gr.State(RunControl()), **inputs, **outputs,
+              **figures)
 

@@ -103,7 +103,9 @@ def mapping_figure(lane: Lane, cfg: SageConfig):
                              marker=dict(color=color, size=9, opacity=0.6, symbol=symbol,
                                          line=dict(color="white", width=1))))
     fixed = steps and lane.policy != "sage"
-    title = "SAGE's tree shape as a function of α" + (f" (this run, {lane.policy}, has a fixed shape)" if fixed else "")
+    title = "SAGE's tree shape as a function of α"
+    if fixed:
+        title += f" (this run, {lane.policy}, has a fixed shape)"
     return figure(data, layout(title, hovermode="closest",
                                xaxis=dict(title=dict(text="confidence α"), range=[-0.02, 1.02]),
                                yaxis=dict(title=dict(text="depth D / root width W"), rangemode="tozero")))

@@ -39,16 +39,35 @@ class Failure:
 _END = object()
 
 
+class RunControl:
+    """A session's Stop switch. Kept in gr.State: Gradio deep-copies the initial value per session,
+    and each copy is a fresh switch. The Stop button flips it; the decoding thread checks it per step."""
+
+    def __init__(self):
+        self.switch = threading.Event()  # set = stop the current run
+
+    def __deepcopy__(self, memo) -> "RunControl":
+        return RunControl()
+
+    def arm(self) -> None:
+        """A new switch for the run just requested (a Stop pressed before it does not carry over)."""
+        self.switch = threading.Event()
+
+    def stop(self) -> None:
+        self.switch.set()
+
+
 class Race:
     """One Run's decoding. `start()`, then iterate `batches()`; `stop()` asks the worker to quit."""
 
     def __init__(self, engine: SpecEngine, prepared: PreparedInput, spec_policy: Policy, max_new_tokens: int,
-                 device_lock: threading.Lock):
+                 device_lock: threading.Lock, stop: threading.Event | None = None):
         self.engine, self.prepared, self.max_new_tokens = engine, prepared, max_new_tokens
         self.lanes = (("ar", make_policy("ar")), ("spec", spec_policy))
         self.device_lock = device_lock  # held while decoding: a cancelled run's worker finishes first
         self._queue: queue.Queue = queue.Queue()
-        self._stop = threading.Event()
+        self._switch = stop or threading.Event()  # the user's Stop (shared with the session's RunControl)
+        self._quit = threading.Event()  # the handler is gone (closed generator) or done
         self._thread = threading.Thread(target=self._work, name="sage-race", daemon=True)
 
     def start(self) -> "Race":
@@ -56,8 +75,14 @@ class Race:
         return self
 
     def stop(self, wait: float = 30.0) -> None:
-        self._stop.set()
+        """End the worker (after its current step) and wait for it."""
+        self._quit.set()
         self._thread.join(wait)
+
+    @property
+    def stopped(self) -> bool:
+        """The user pressed Stop during this race."""
+        return self._switch.is_set()
 
     def _work(self) -> None:
         try:
@@ -74,7 +99,7 @@ class Race:
         t0 = time.perf_counter()
         for ev in self.engine.stream(self.prepared, policy, self.max_new_tokens):
             self._queue.put(Arrival(lane, ev, time.perf_counter() - t0))
-            if self._stop.is_set():
+            if self._switch.is_set() or self._quit.is_set():
                 return False
         self._queue.put(Arrival(lane, None, time.perf_counter() - t0))
         return True

@@ -71,6 +71,7 @@ class RunRecord:
     media: dict  # {"image": name or None, "video": name or None, "frames": n}
     ar: Lane = field(default_factory=lambda: Lane("ar", "ar"))
     spec: Lane = field(default_factory=lambda: Lane("spec", "sage"))
+    stopped: bool = False  # the user pressed Stop: the lanes may be incomplete
 
     @property
     def done(self) -> bool:
@@ -103,6 +104,7 @@ class RunRecord:
             "divergence": None if div is None else vars(div),
             "speedup": self.speedup(),
             "preset": self.preset,
+            "stopped": self.stopped,
         }
 
     def export(self) -> dict:

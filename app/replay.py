@@ -54,7 +54,8 @@ element.addEventListener('click', (e) => {
       box.querySelector('.lane-fill').style.width = (100 * chars / Math.max(1, lane.text.length)) + '%';
       box.querySelector('.lane-time').textContent = t >= lane.seconds ? '✓ ' + fmt(lane.seconds) : fmt(t);
     });
-    clock.textContent = 'replay clock ' + fmt(Math.min(t, end)) + (speed !== 1 ? ' (slowed ' + (1 / speed) + '×)' : '');
+    const slowed = speed !== 1 ? ' (slowed ' + (1 / speed) + '×)' : '';
+    clock.textContent = 'replay clock ' + fmt(Math.min(t, end)) + slowed;
     if (t < end) timer = requestAnimationFrame(frame);
   };
   frame();

@@ -140,6 +140,9 @@ def _tokens(n: int) -> str:
 
 
 def status_done(record: RunRecord) -> str:
+    if record.stopped:
+        return (f"**Stopped** after {_tokens(len(record.ar.token_ids))} (autoregressive) and "
+                f"{_tokens(len(record.spec.token_ids))} (speculative).")
     speedup = record.speedup()
     same = "token-identical" if record.divergence() is None else "outputs differ (see the scoreboard)"
     faster = f"{speedup:.2f}× the autoregressive speed" if speedup is not None else ""

@@ -18,7 +18,9 @@ PALE = "#94a3b8"  # prefill, secondary lines
 TOKEN_COLORS = MappingProxyType({ACCEPTED: GREEN, BONUS: BLUE, FIRST: PALE})
 
 def lane_title(lane: str, policy: str) -> str:
-    return "Autoregressive (target only)" if lane == "ar" else f"Speculative ({policy.upper() if policy == 'sage' else policy})"
+    if lane == "ar":
+        return "Autoregressive (target only)"
+    return f"Speculative ({policy.upper() if policy == 'sage' else policy})"
 
 
 def token_label(text: str, limit: int = 10) -> str:

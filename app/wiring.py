@@ -12,10 +12,13 @@ DEVICE = "device"  # one run per device at a time: every model-using event share
 
 
 def wire(demo: gr.Blocks, ui: Ui, h: Handlers) -> None:
-    run = gr.on(
-        triggers=[ui.run.click, ui.prompt.submit],
+    # Run: arm the session's Stop switch at once (not queued), then the run itself (queued per device).
+    gr.on(
+        triggers=[ui.run.click, ui.prompt.submit], fn=h.arm, inputs=ui.control, outputs=None, queue=False,
+        api_visibility="private",
+    ).then(
         fn=h.compare,
-        inputs=[ui.image, ui.video, ui.prompt, ui.max_new_tokens, ui.policy, ui.preset],
+        inputs=[ui.image, ui.video, ui.prompt, ui.max_new_tokens, ui.policy, ui.preset, ui.control],
         inputs_kwargs=ui.knobs.as_kwargs(),
         outputs=View.outputs(ui),
         api_name="compare",
@@ -23,9 +26,12 @@ def wire(demo: gr.Blocks, ui: Ui, h: Handlers) -> None:
         concurrency_limit=1,
         show_progress_on=[ui.status],  # a progress overlay on the outputs would hide the streamed text
     )
-    ui.stop.click(lambda: "Stopped.", None, ui.status, cancels=[run], api_visibility="private", queue=False)
+    # Stop flips the switch; the decoding thread checks it every step and the run then reports what it has
+    # (a Gradio cancel would kill the handler before it could say so).
+    ui.stop.click(h.stop, ui.control, None, api_visibility="private", queue=False)
     ui.step.change(h.show_step, [ui.run_state, ui.step], ui.fig_tree, api_visibility="private",
                    concurrency_limit=None, show_progress="hidden", trigger_mode="always_last")
-    ui.video.clear(lambda: [], None, ui.frames, api_visibility="private", queue=False)
+    ui.video.clear(lambda: gr.Gallery(value=[], visible=False), None, ui.frames, api_visibility="private",
+                   queue=False)
     ui.preset.change(h.describe_model, ui.preset, ui.model_info, api_visibility="private", queue=False)
     demo.load(h.describe_model, ui.preset, ui.model_info, api_visibility="private", queue=False)

@@ -108,7 +108,7 @@ def test_video_example(client, server, media):
     updates, final = run(client, image=None, video=handle_file(media.video), prompt=media.video_prompt,
                          max_new_tokens=32, policy="sage", preset=server.default_preset)
     check_summary(final)
-    frames = next(u["frames"] for u in updates if isinstance(u["frames"], list))
+    frames = next(u["frames"]["value"] for u in updates if u["frames"].get("visible"))
     assert len(frames) >= 2 and all(f["caption"].startswith("frame ") for f in frames)
     assert len(updates) > 2
     for name in PLOTS:
@@ -213,3 +213,27 @@ def test_sage_knobs_validated(knobs, ok):
     else:
         with pytest.raises(InputError):
             sage_config(knobs)
+
+
+def test_stop_switch_ends_the_race_early():
+    """The Stop switch, on the real engine: the decoding thread quits within a step or two."""
+    import threading
+
+    from app.race import Race, RunControl, Transcriber, consume
+    from app.record import Lane, RunRecord
+    from sage_engine import SpecEngine, make_policy, prepare_input
+    from tiny_models import image, qwen25_pair
+
+    pair = qwen25_pair("noisy")
+    prepared = prepare_input(pair, "describe the image", images=[image(0)])
+    control = RunControl()
+    race = Race(SpecEngine(pair), prepared, make_policy("sage"), 500, threading.Lock(), control.switch).start()
+    record, transcriber = RunRecord("p", "q", 500, "sage", {}, {}, spec=Lane("spec", "sage")), Transcriber(pair.tokenizer)
+    for batch in race.batches(every=0.01):
+        consume(record, transcriber, batch)
+        if record.ar.steps:
+            control.stop()
+    assert race.stopped and not record.ar.done and not record.spec.steps
+    assert 1 <= len(record.ar.token_ids) < 100
+    control.arm()
+    assert not control.switch.is_set()

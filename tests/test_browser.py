@@ -114,16 +114,37 @@ def test_bad_upload_shows_message_and_keeps_the_page(page, tmp_path_factory):
     page.wait_for_function("document.querySelector('#status').innerText.includes('Done')", timeout=120_000)
 
 
+# A run long enough to press Stop in: with this seeded random pair, this image and this prompt, the model
+# emits no EOS for 512 tokens (checked: 512 tokens, finish "length").
+LONG_IMAGE = Path(__file__).resolve().parent.parent / "assets" / "examples" / "shapes_1.png"
+LONG_PROMPT = "a red circle and a blue square"
+
+
+def pick_preset(page, name: str) -> None:
+    if page.input_value("#preset input") != name:
+        page.click("#preset input")
+        page.get_by_role("option", name=name, exact=True).click()
+        page.wait_for_function(f"document.querySelector('#preset input').value === '{name}'")
+
+
 def test_stop_then_run_again(page):
+    if not LONG_IMAGE.is_file():
+        pytest.skip(f"needs the example image {LONG_IMAGE}")
+    pick_preset(page, app_server.TINY.name)
+    page.set_input_files("#image input[type=file]", str(LONG_IMAGE))
+    page.fill("#prompt textarea", LONG_PROMPT)
     tokens = page.locator("#max-new-tokens input[type=number]")
     tokens.fill("512")
     tokens.press("Enter")
     page.click("#run")
-    page.wait_for_function("document.querySelector('#status').innerText.includes('Running')", timeout=60_000)
+    page.wait_for_function("document.querySelector('#status').innerText.includes('Running 1/2')", timeout=60_000)
     page.click("#stop")
-    page.wait_for_function("document.querySelector('#status').innerText.includes('Stopped')", timeout=30_000)
+    page.wait_for_function("/Stopped after|Done/.test(document.querySelector('#status').innerText)", timeout=60_000)
+    status = page.inner_text("#status")
+    assert "Stopped after" in status, f"the run ended before Stop landed: {status}"
+    assert "available after a run" in page.inner_text("#replay")  # a stopped run is not raced
     tokens.fill("16")
     tokens.press("Enter")
-    page.click("#run")  # the cancelled run's worker has let go of the model
+    page.click("#run")  # a fresh switch: the earlier Stop does not carry over
     page.wait_for_function("document.querySelector('#status').innerText.includes('Done')", timeout=120_000)
     assert "identical" in page.inner_text("#scoreboard")
