@@ -1,8 +1,9 @@
-"""Serve the SAGE demo: `python app.py [--host H] [--port P] [--preset NAME]`.
+"""Serve the SAGE demo: `python app.py [--host H] [--port P] [--presets A,B] [--preset A]`.
 
 Host and port default to Gradio's own environment variables (GRADIO_SERVER_NAME,
-GRADIO_SERVER_PORT; Hugging Face Spaces sets them), then to 127.0.0.1:7860. The model pair
-is one of the configured presets (app/presets.py), chosen by --preset or SAGE_PRESET.
+GRADIO_SERVER_PORT; Hugging Face Spaces sets them), then to 127.0.0.1:7860. The model pairs
+are named presets of sage_engine/presets.py: --presets (SAGE_PRESETS) lists those the UI may
+offer (default: the embedded tinyworld pair), --preset (SAGE_PRESET) the one loaded first.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import logging
 import os
 import time
 
-from app import DEFAULT_PRESET, PRESETS, build_demo, launch_options
+from app import SERVED, build_demo, launch_options, served
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -21,8 +22,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="interface to bind (env GRADIO_SERVER_NAME; default 127.0.0.1, use 0.0.0.0 to expose)")
     p.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", 0)) or None,
                    help="port (env GRADIO_SERVER_PORT; default 7860)")
-    p.add_argument("--preset", default=os.environ.get("SAGE_PRESET", DEFAULT_PRESET), choices=list(PRESETS),
-                   help="model pair to serve first (env SAGE_PRESET)")
+    p.add_argument("--presets", default=os.environ.get("SAGE_PRESETS", ",".join(SERVED)),
+                   help="comma-separated model presets the UI may offer (env SAGE_PRESETS; default %(default)s)")
+    p.add_argument("--preset", default=os.environ.get("SAGE_PRESET"),
+                   help="the preset loaded first and selected (env SAGE_PRESET; default: the first of --presets)")
     p.add_argument("--max-file-size", default=os.environ.get("SAGE_MAX_FILE_SIZE", "64mb"),
                    help="upload size cap, e.g. 64mb (env SAGE_MAX_FILE_SIZE)")
     p.add_argument("--no-preload", action="store_true", help="load the model pair on the first run instead")
@@ -33,7 +36,11 @@ def main(argv=None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     args = parse_args(argv)
     t0 = time.perf_counter()
-    demo = build_demo(default_preset=args.preset, preload=not args.no_preload)
+    try:
+        presets = served(args.presets.split(","))
+        demo = build_demo(presets, default_preset=args.preset, preload=not args.no_preload)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
     logging.getLogger("sage.app").info("app built in %.1f s", time.perf_counter() - t0)
     demo.launch(server_name=args.host, server_port=args.port, **launch_options(args.max_file_size))
 

@@ -13,7 +13,7 @@ from .handlers import Handlers
 from .layout import build_layout
 from .media import Example, RunFiles, load_examples
 from .pool import PairFactory, PairPool, load_preset
-from .presets import PRESETS, Preset, pick
+from .presets import Preset, pick, served
 from .text import TITLE
 from .wiring import wire
 
@@ -26,14 +26,16 @@ CSS = """
 """
 
 
-def build_demo(presets: Mapping[str, Preset] = PRESETS, default_preset: str | None = None,
+def build_demo(presets: Mapping[str, Preset] | None = None, default_preset: str | None = None,
                pair_factory: PairFactory = load_preset, examples: list[Example] | None = None,
                preload: bool = False, text_every: float = 0.1, plot_every: float = 0.5, queue_size: int = 32,
                pool_capacity: int = 1) -> gr.Blocks:
-    """The demo over `presets` (the UI offers only these). `pair_factory(preset) -> ModelPair` loads a pair;
+    """The demo over `presets` (default: app.presets.SERVED; the UI offers only these; the first is the default
+    unless `default_preset` names another). `pair_factory(preset) -> ModelPair` loads a pair;
     tests pass one that builds tiny models. `preload` loads the default pair now instead of on first use;
     `text_every` / `plot_every`: seconds between streamed text / figure updates;
     `pool_capacity` is how many pairs stay loaded at once."""
+    presets = served() if presets is None else presets
     preset = pick(presets, default_preset)
     pool = PairPool(presets, pair_factory, capacity=pool_capacity)
     handlers = Handlers(pool, RunFiles(), preset.name, text_every=text_every, plot_every=plot_every)

@@ -23,6 +23,7 @@ from . import plots, replay, text
 from .layout import MAX_NEW_TOKENS, POLICIES
 from .media import RunFiles, frame_strip
 from .pool import Loaded, PairPool
+from .presets import unavailable
 from .race import Race, RunControl, Transcriber, consume
 from .record import Lane, RunRecord
 from .theme import lane_title
@@ -194,5 +195,5 @@ class Handlers:
         name = preset or self.default_preset
         if self.pool.is_loaded(name):
             return self.pool.get(name).describe()
-        missing = self.pool.presets[name].missing() if name in self.pool.presets else "not configured"
+        missing = unavailable(self.pool.presets[name]) if name in self.pool.presets else "not configured"
         return f"**{name}**: " + (f"not available ({missing})" if missing else "loads on the first run")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, fields
 from typing import Mapping
 
@@ -108,9 +109,13 @@ def _inputs(presets: Mapping[str, Preset], default_preset: str) -> dict:
         policy = gr.Dropdown(list(POLICIES), value="sage", label="Speculative policy", elem_id="policy")
     preset = gr.Dropdown(list(presets), value=default_preset, label="Model pair (configured presets only)",
                          elem_id="preset", interactive=len(presets) > 1,
-                         info=presets[default_preset].description or None)
+                         info=_pair_line(presets[default_preset]))
     return dict(image=image, video=video, frames=frames, prompt=prompt, max_new_tokens=max_new,
                 policy=policy, preset=preset)
+
+
+def _pair_line(p: Preset) -> str:
+    return f"target {os.path.basename(p.target)} · draft {os.path.basename(p.draft)} · {p.dtype}"
 
 
 def _examples(examples: list[Example], image, video, prompt) -> None:

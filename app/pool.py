@@ -13,16 +13,14 @@ from typing import Callable, Mapping
 
 from sage_engine import ModelError, ModelPair, SpecEngine, load_pair
 
-from .presets import Preset
+from .presets import Preset, unavailable
 
 PairFactory = Callable[[Preset], ModelPair]
 
 
 def load_preset(preset: Preset) -> ModelPair:
-    """The default pair factory: `sage_engine.load_pair` on the preset's paths."""
-    if preset.source == "builtin":
-        raise ModelError(f"preset {preset.name!r} is built in code and needs its own pair factory")
-    reason = preset.missing()
+    """The default pair factory: `sage_engine.load_pair` with the preset's pair, dtype and device."""
+    reason = unavailable(preset)
     if reason:
         raise ModelError(f"model pair {preset.name!r} is not available: {reason}")
     return load_pair(target=preset.target, draft=preset.draft, dtype=preset.dtype, device=preset.device)

@@ -1,57 +1,42 @@
-"""Model-pair presets: the ONLY pairs the app will load. Named data, never a user-typed path or repo.
+"""Which model pairs the app serves: a configured subset of the engine's named pairs, never a typed path.
 
-The UI offers the names below; a preset maps to a target/draft pair and how to load it.
-Add a preset here (or pass `presets=` to `build_demo`) to offer another pair; hub presets
-(e.g. Qwen2.5-VL 7B target with a 3B draft) go in HUB_PRESETS once their issue lands.
+The pairs themselves (paths or hub ids, dtype, device, why the tokenizers match) are data in
+`sage_engine/presets.py`, shared with the CLI. The app offers only the names configured here
+(default: the embedded tinyworld pair, which runs on a CPU Space) or chosen at start with
+`--presets` / SAGE_PRESETS; the UI can pick among those and nothing else.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Literal, Mapping
+from typing import Iterable, Mapping
 
-from sage_engine import DEFAULT_DRAFT, DEFAULT_TARGET
+from sage_engine.presets import PRESETS as ENGINE_PRESETS
+from sage_engine.presets import Preset
+
+DEFAULT_PRESET = "tinyworld"
+SERVED: tuple[str, ...] = (DEFAULT_PRESET,)  # what `python app.py` offers unless told otherwise
 
 
-@dataclass(frozen=True)
-class Preset:
-    """One model pair the app may serve."""
+def served(names: Iterable[str] = SERVED) -> Mapping[str, Preset]:
+    """The engine presets called `names`, in that order; ValueError names the known ones."""
+    names = [n.strip() for n in names if n.strip()]
+    unknown = [n for n in names if n not in ENGINE_PRESETS]
+    if unknown or not names:
+        raise ValueError(f"unknown model preset {unknown[0] if unknown else '(none)'!r}; "
+                         f"known: {', '.join(ENGINE_PRESETS)}")
+    return MappingProxyType({n: ENGINE_PRESETS[n] for n in names})
 
-    name: str  # what the UI shows and `--preset` / SAGE_PRESET select
-    target: str  # local directory (source "local") or hub repo id (source "hub")
-    draft: str | None  # same kind as target; None = autoregressive only
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    device: str = "cpu"  # "cpu", "cuda", "auto"
-    source: Literal["local", "hub", "builtin"] = "local"  # builtin: made in code by the pair factory
-    description: str = ""  # one line shown under the model picker
 
-    def missing(self) -> str | None:
-        """Why this preset cannot load right now (a one-line reason), or None."""
-        if self.source != "local":
-            return None
-        for role, path in (("target", self.target), ("draft", self.draft)):
-            if path is not None and not os.path.isdir(path):
-                return f"the {role} model directory {path} does not exist"
+def unavailable(preset: Preset) -> str | None:
+    """Why a local preset cannot load right now (one line), or None (hub presets are checked when loaded)."""
+    if not preset.local:
         return None
-
-
-TINYWORLD = Preset(
-    name="tinyworld",
-    target=DEFAULT_TARGET,
-    draft=DEFAULT_DRAFT,
-    dtype="float32",
-    device="cpu",
-    source="local",
-    description="the embedded tiny Qwen2.5-VL pair trained on the tinyworld shapes (CPU, fp32)",
-)
-
-# Hub presets (large VLM pairs) are added by their own issue; keep them as data like TINYWORLD.
-HUB_PRESETS: tuple[Preset, ...] = ()
-
-PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (TINYWORLD, *HUB_PRESETS)})
-DEFAULT_PRESET = TINYWORLD.name
+    for role, path in (("target", preset.target), ("draft", preset.draft)):
+        if path and not os.path.isdir(path):
+            return f"the {role} model directory {path} does not exist"
+    return None
 
 
 def pick(presets: Mapping[str, Preset], name: str | None) -> Preset:
@@ -61,5 +46,5 @@ def pick(presets: Mapping[str, Preset], name: str | None) -> Preset:
     if name is None:
         return next(iter(presets.values()))
     if name not in presets:
-        raise ValueError(f"unknown preset {name!r}; configured: {', '.join(presets)}")
+        raise ValueError(f"preset {name!r} is not served; this app serves: {', '.join(presets)}")
     return presets[name]

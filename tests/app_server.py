@@ -17,10 +17,13 @@ from PIL import Image
 from app import build_demo, launch_options
 from app.media import load_examples
 from app.pool import load_preset
-from app.presets import TINYWORLD, Preset
+from app.presets import served, unavailable
+from sage_engine.presets import Preset
 
-TINY = Preset("tiny-random", target="tiny_models.qwen25_pair", draft="noisy", source="builtin",
-              description="random-init tiny Qwen2.5-VL pair (gibberish text, exact fp32 equivalence)")
+TINYWORLD = served()["tinyworld"]
+TINY = Preset("tiny-random", "qwen2_5_vl", "builtin://tiny_models.qwen25_pair", "builtin://noisy", None, None,
+              None, None, True, "random-init tiny Qwen2.5-VL pair built in code (tests/tiny_models.py)",
+              dtype="float32", device="cpu")
 
 
 def pair_factory(preset: Preset):
@@ -33,7 +36,7 @@ def pair_factory(preset: Preset):
 
 def presets() -> dict[str, Preset]:
     """tinyworld first (the default) when its models exist, then the tiny random pair."""
-    chosen = ([TINYWORLD] if TINYWORLD.missing() is None else []) + [TINY]
+    chosen = ([TINYWORLD] if unavailable(TINYWORLD) is None else []) + [TINY]
     return {p.name: p for p in chosen}
 
 
