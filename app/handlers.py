@@ -18,6 +18,7 @@ import gradio as gr
 from sage_engine import InputError, PreparedInput, SageConfig, SageError, make_policy, prepare_input
 from sage_engine.inputs import video_frames_for
 from sage_engine.media import VideoClip, sample_video
+from sage_engine.pruning import VisualPruning
 
 from . import plots, replay, text
 from .layout import MAX_NEW_TOKENS, POLICIES
@@ -61,6 +62,7 @@ class Setup:
     prepared: PreparedInput
     clip: VideoClip | None
     cfg: SageConfig
+    pruning: VisualPruning | None
     record: RunRecord
 
 
@@ -96,20 +98,23 @@ class Handlers:
         n = int(max_new_tokens or 0)
         if not 1 <= n <= MAX_NEW_TOKENS:
             raise InputError(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS} (got {n})")
+        pruning = VisualPruning() if knobs.pop("draft_prune", False) else None
         cfg = sage_config(knobs)
         loaded = self.pool.get(preset)
         clip = sample_video(video, video_frames_for(loaded.pair.processor)) if video else None
         prepared = prepare_input(loaded.pair, prompt, images=[image] if image else [], video=clip)
         media = {"image": os.path.basename(image) if image else None,
                  "video": os.path.basename(video) if video else None, "frames": len(clip.frames) if clip else 0}
-        record = RunRecord(preset, prepared.prompt, n, policy, vars(cfg) if policy == "sage" else {}, media,
-                           spec=Lane("spec", policy))
-        return Setup(loaded, prepared, clip, cfg, record)
+        settings = {**(vars(cfg) if policy == "sage" else {}),
+                    "draft_pruning": None if pruning is None else vars(pruning)}
+        record = RunRecord(preset, prepared.prompt, n, policy, settings, media, spec=Lane("spec", policy))
+        return Setup(loaded, prepared, clip, cfg, pruning, record)
 
     def _race(self, s: Setup, stop: threading.Event) -> Iterator[tuple]:
         record = s.record
         spec_policy = make_policy(record.policy, s.cfg if record.policy == "sage" else None)
-        race = Race(s.loaded.engine, s.prepared, spec_policy, record.max_new_tokens, s.loaded.lock, stop)
+        engine = s.loaded.engine(s.pruning)
+        race = Race(engine, s.prepared, spec_policy, record.max_new_tokens, s.loaded.lock, stop)
         transcriber = Transcriber(s.loaded.pair.tokenizer)
         yield self._reset_view(record, s.clip).row()
         race.start()

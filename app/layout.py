@@ -35,6 +35,7 @@ class Knobs:
     n_max: gr.Slider
     theta_scale: gr.Slider
     alpha_source: gr.Dropdown
+    draft_prune: gr.Checkbox  # not a SageConfig field: the engine's draft visual-token pruning
 
     def as_kwargs(self) -> dict[str, gr.components.Component]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -74,7 +75,7 @@ class Ui:
 
 
 def _knobs(cfg: SageConfig) -> Knobs:
-    with gr.Accordion("SAGE knobs (defaults: the paper's)", open=False):
+    with gr.Accordion("SAGE knobs (defaults: the paper's) and draft pruning", open=False):
         gr.Markdown("Depth D(α) = D_min + α(D_max − D_min), root width W(α) = W_min + (1 − α)(W_max − W_min).\n"
                     "Used by the `sage` policy only.")
         with gr.Row():
@@ -90,7 +91,9 @@ def _knobs(cfg: SageConfig) -> Knobs:
             theta = gr.Slider(0.0, 0.5, cfg.theta_scale, step=0.01, label="θ scale (θ_l = θ·l/D)")
             source = gr.Dropdown(["prev_path", "prev_root", "current_root"], value=cfg.alpha_source,
                                  label="α for the next tree comes from")
-    return Knobs(d_min, d_max, w_min, w_max, k, n_max, theta, source)
+        prune = gr.Checkbox(False, label="Draft reads only 20% of the image tokens / 10% of the video tokens "
+                                         "(the paper's draft-only pruning; every policy; the output is unchanged)")
+    return Knobs(d_min, d_max, w_min, w_max, k, n_max, theta, source, prune)
 
 
 def _inputs(presets: Mapping[str, Preset], default_preset: str) -> dict:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from sage_engine import ModelError, ModelPair, SpecEngine, load_pair
+from sage_engine.pruning import VisualPruning
 
 from .presets import Preset, unavailable
 
@@ -28,13 +29,18 @@ def load_preset(preset: Preset) -> ModelPair:
 
 @dataclass
 class Loaded:
-    """A ready pair and its engine."""
+    """A ready pair and its engines (one per draft-pruning setting; they share the models)."""
 
     preset: Preset
     pair: ModelPair
-    engine: SpecEngine
     load_seconds: float
-    lock: threading.Lock = field(default_factory=threading.Lock)  # held by the run using this engine
+    lock: threading.Lock = field(default_factory=threading.Lock)  # held by the run using these models
+    engines: dict = field(default_factory=dict)  # VisualPruning | None -> SpecEngine
+
+    def engine(self, draft_pruning: VisualPruning | None = None) -> SpecEngine:
+        if draft_pruning not in self.engines:
+            self.engines[draft_pruning] = SpecEngine(self.pair, draft_pruning=draft_pruning)
+        return self.engines[draft_pruning]
 
     def describe(self) -> str:
         d = self.pair.describe()
@@ -66,7 +72,7 @@ class PairPool:
                     self._loaded.pop(next(iter(self._loaded)))
                 t0 = time.perf_counter()
                 pair = self.factory(self.presets[name])
-                self._loaded[name] = Loaded(self.presets[name], pair, SpecEngine(pair), time.perf_counter() - t0)
+                self._loaded[name] = Loaded(self.presets[name], pair, time.perf_counter() - t0)
             return self._loaded[name]
 
     def is_loaded(self, name: str) -> bool:

@@ -122,6 +122,12 @@ def test_other_policies(client, media, policy):
     check_summary(final, policy)
 
 
+def test_draft_pruning_keeps_the_output(client, media):
+    _, final = run(client, image=handle_file(media.image), video=None, prompt=media.image_prompt,
+                   max_new_tokens=24, policy="sage", draft_prune=True)
+    check_summary(final)
+
+
 def test_export_download(client, server, media):
     _, final = run(client, image=handle_file(media.image), video=None, prompt=media.image_prompt,
                    max_new_tokens=12, policy="sage")
