@@ -23,7 +23,8 @@ def placeholder(title: str, message: str, height: int = 340):
 
 
 def _right_axis(title: str) -> dict:
-    return dict(title=dict(text=title), overlaying="y", side="right", rangemode="tozero", showgrid=False)
+    return dict(title=dict(text=title), overlaying="y", side="right", rangemode="tozero", showgrid=False,
+                automargin=True, tickmode="auto", nticks=6, tickformat="d")
 
 
 def alpha_figure(lane: Lane):
