@@ -71,7 +71,7 @@ def build_cache(out: Path, tok, seed: int, n_images: int, n_videos: int, per_ima
     for i in range(n_images):
         scene = sample_scene(rng)
         images[i] = render_image(scene, noise_seed=rng.randrange(1 << 30))
-        for kind in sample_kind(rng, IMAGE_WEIGHTS, per_image):
+        for kind in sample_kind(rng, IMAGE_WEIGHTS, min(per_image, len(IMAGE_WEIGHTS))):
             ex = image_example(scene, rng, kind)
             prompts.append(user_turn("image", ex.prompt)); answers.append(ex.answer)
             media.append(0); index.append(i); kinds.append(KINDS.index(kind))

@@ -69,7 +69,7 @@ def _quick_eval(model, processor, items, tag: str, log) -> None:
     log(f"[{tag}] quick eval: acc {res['accuracy']:.3f} " + " ".join(f"{k}={v:.2f}" for k, v in res["by_kind"].items()))
 
 
-def train_target(model, data: TrainSet, processor, cfg: TrainConfig, log=print, items=None):
+def train_target(model, data: TrainSet, processor, cfg: TrainConfig, log=print, items=None, ckpt: Path | None = None):
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.target_lr, betas=(0.9, 0.98), weight_decay=0.05)
     batches = data.batches(cfg.batch_size, random.Random(cfg.seed + 1))
     model.train()
@@ -89,6 +89,8 @@ def train_target(model, data: TrainSet, processor, cfg: TrainConfig, log=print, 
                 f"{el / (step + 1):.3f}s/step elapsed {el / 60:.1f}m")
         if items and cfg.eval_every and (step + 1) % cfg.eval_every == 0:
             _quick_eval(model, processor, items, "target", log)
+            if ckpt is not None:   # resumable: `train --only-draft` can start from here
+                save(model, processor, ckpt)
     return model
 
 
@@ -146,7 +148,7 @@ def run(out: Path, cache: Path, cfg: TrainConfig, log=print, only_draft: bool = 
     log(f"[train] target {M.n_params(target):,} params, draft {M.n_params(draft):,} params")
     if not only_draft:
         t0 = time.time()
-        train_target(target, data, processor, cfg, log, items)
+        train_target(target, data, processor, cfg, log, items, ckpt=out / "tinyworld-target")
         log(f"[target] trained in {(time.time() - t0) / 60:.1f} min")
         save(target, processor, out / "tinyworld-target")
     t0 = time.time()
