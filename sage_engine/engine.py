@@ -22,11 +22,11 @@ from .errors import InputError
 from .events import GenerationResult, StepEvent, TreeView, summarize
 from .inputs import PreparedInput
 from .models import ModelPair
-from .policy import Policy, StepOutcome, make_policy
+from .policy import Policy, StepOutcome, TreeShape, make_policy
 from .pruning import VisualPruning
 from .runner import ModelRunner
 from .tree import DraftTree
-from .verify import GreedyAcceptance, verify_tree
+from .verify import GreedyAcceptance, Verdict, verify_tree
 
 
 class Transcript:
@@ -165,7 +165,7 @@ class SpecEngine:
         if drafting:
             self.draft.prefill(prepared.for_draft(), self.draft_pruning)
         ids, text = out.extend([first])
-        yield self._event(0, "prefill", policy, None, None, None, None, ids, text, out, t0)
+        yield self._event(0, policy, out, ids, text, t0)
         root, pending = first, [first]  # root: newest token; pending: tokens the draft has not read
 
         step = 0
@@ -195,7 +195,8 @@ class SpecEngine:
             ids, text = out.extend(verdict.accepted_tokens + [verdict.bonus])
             view = self._tree_view(root, tree, drafted)
             root = verdict.bonus
-            yield self._event(step, "decode", policy, shape, view, tree.root_alpha, verdict, ids, text, out, t0)
+            yield self._event(step, policy, out, ids, text, t0, shape=shape, view=view, verdict=verdict,
+                              root_alpha=tree.root_alpha)
 
     def generate(self, prepared: PreparedInput, policy: Policy | str = "sage", max_new_tokens: int = 128,
                  stop: tuple[str, ...] = (), ignore_eos: bool = False) -> GenerationResult:
@@ -209,14 +210,17 @@ class SpecEngine:
         return GenerationResult(name, text, ids, summarize(steps, ids, seconds), steps)
 
     # ------------------------------------------------------------------ telemetry
-    def _event(self, step, kind, policy, shape, view, root_alpha, verdict, ids, text, out, t0) -> StepEvent:
+    def _event(self, step: int, policy: Policy, out: Transcript, ids: list[int], text: str, t0: float, *,
+               shape: TreeShape | None = None, view: TreeView | None = None, verdict: Verdict | None = None,
+               root_alpha: float | None = None) -> StepEvent:
+        """The StepEvent of step `step` (0: prefill), closing the step's timers."""
         _, t_ms = self.target.reset_counters()
         d_fw, d_ms = self.draft.reset_counters() if self.draft is not None else (0, 0.0)
         alpha = shape.alpha if shape is not None else None
         wall_ms = (time.perf_counter() - t0) * 1e3
         return StepEvent(
             step=step,
-            kind=kind,
+            kind="prefill" if step == 0 else "decode",
             policy=policy.name,
             alpha=alpha,
             entropy=None if alpha is None else 1.0 - alpha,

@@ -33,7 +33,7 @@ class StepEvent:
     kind: Literal["prefill", "decode"]
     policy: str
     alpha: float | None  # confidence the tree was planned from (SAGE), else the root's confidence
-    entropy: float | None  # normalised top-k entropy 1 - alpha of the root distribution
+    entropy: float | None  # normalised top-k entropy H / log k behind `alpha` (= 1 - alpha)
     root_alpha: float | None  # confidence of this step's root distribution (all policies with a draft)
     depth: int  # chosen depth D (0 for ar / prefill)
     width: int  # chosen root width W
