@@ -124,11 +124,13 @@ def _pair_line(p: Preset) -> str:
 def _examples(examples: list[Example], image, video, prompt) -> None:
     # One gr.Examples per media type (a column empty in every row breaks the example click).
     # Not cached: a cached example would replay stale timings instead of racing the decoders.
-    for media, component in (("image", image), ("video", video)):
-        rows = [[e.file, e.prompt] for e in examples if e.media == media]
-        if rows:
-            gr.Examples(rows, inputs=[component, prompt], label=f"{media.capitalize()} examples",
-                        cache_examples=False, examples_per_page=6)
+    with gr.Row():
+        for media, component in (("image", image), ("video", video)):
+            rows = [[e.file, e.prompt] for e in examples if e.media == media]
+            if rows:
+                with gr.Column():
+                    gr.Examples(rows, inputs=[component, prompt], label=f"{media.capitalize()} examples",
+                                cache_examples=False, examples_per_page=6)
 
 
 def _texts() -> dict:
@@ -182,9 +184,9 @@ def build_layout(presets: Mapping[str, Preset], default_preset: str, examples: l
                 run = gr.Button("Run", variant="primary", elem_id="run")
                 stop = gr.Button("Stop", variant="stop", elem_id="stop")
             status = gr.Markdown("Ready.", elem_id="status")
-            _examples(examples, inputs["image"], inputs["video"], inputs["prompt"])
         with gr.Column(scale=7, min_width=480):
             outputs = _texts()
+    _examples(examples, inputs["image"], inputs["video"], inputs["prompt"])
     figures = _plots()
     with gr.Row():
         export = gr.DownloadButton("Download the run (JSON: both decoders' step events and stats)", value=None,

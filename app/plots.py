@@ -86,11 +86,16 @@ def mapping_figure(lane: Lane, cfg: SageConfig):
     steps = [s for s in lane.decode_steps if s.alpha is not None]
     alphas = [i / 100 for i in range(101)]
     d_maxes = sorted({s.d_max for s in steps if s.d_max is not None} or {cfg.d_max})
+    moved = [dm for dm in d_maxes if dm != cfg.d_max]
     data = []
-    for dm in d_maxes:
+    for dm in [cfg.d_max] + moved:  # one legend entry for the curves the history controller moved to
         pol = SagePolicy(replace(cfg, d_max=dm))
+        first_moved = bool(moved) and dm == moved[0]
+        span = f"{min(moved)}…{max(moved)}" if len(moved) > 1 else f"{dm}"
+        name = f"D(α), D_max={dm}" if dm == cfg.d_max else f"D(α), D_max moved to {span} (history)"
         data.append(dict(type="scatter", x=alphas, y=[pol.depth_for(a) for a in alphas], mode="lines",
-                         name=f"D(α) at D_max={dm}", hoverinfo="skip",
+                         name=name, hoverinfo="skip", legendgroup="moved" if dm != cfg.d_max else "d",
+                         showlegend=dm == cfg.d_max or first_moved,
                          line=dict(color=GREEN, shape="hv", width=2 if dm == cfg.d_max else 1,
                                    dash="solid" if dm == cfg.d_max else "dot")))
     pol = SagePolicy(cfg)

@@ -243,3 +243,24 @@ def test_stop_switch_ends_the_race_early():
     assert 1 <= len(record.ar.token_ids) < 100
     control.arm()
     assert not control.switch.is_set()
+
+
+def _event(step: int, alpha: float, depth: int, width: int, d_max: int):
+    from sage_engine import StepEvent
+
+    return StepEvent(step=step, kind="decode", policy="sage", alpha=alpha, entropy=1 - alpha, root_alpha=alpha,
+                     depth=depth, width=width, d_max=d_max, tree=None, accepted_nodes=[], accepted_tokens=[],
+                     bonus_token=7, new_token_ids=[7], new_text="x", target_ms=1.0, draft_ms=1.0, other_ms=0.1,
+                     draft_forwards=1, total_tokens=step + 1)
+
+
+@pytest.mark.parametrize("d_maxes", [(8, 8, 8), (8, 9, 10), (8, 7, 6)])
+def test_mapping_figure_whether_or_not_d_max_moved(d_maxes):
+    from app.plots import mapping_figure
+    from app.record import Lane
+    from sage_engine import SageConfig
+
+    lane = Lane("spec", "sage", steps=[_event(i + 1, 0.5, 5, 6, dm) for i, dm in enumerate(d_maxes)])
+    fig = go.Figure(mapping_figure(lane, SageConfig()).to_dict())  # validated
+    curves = [t for t in fig.data if t.name and t.name.startswith("D(α)")]
+    assert len(curves) == len(set(d_maxes)) and sum(bool(t.showlegend is not False) for t in curves) <= 2
