@@ -8,7 +8,11 @@ image. `--solid` replaces each picture by a full-frame patch of the object's col
 
 Seen on this machine (Nov 2026, 2-layer hidden-128 text, 1-block vision): --solid fits in
 under 100 steps; a single small object (even on a white background, even with the vision
-tower frozen, after 800 steps) does not: predictions collapse to one colour word.
+tower frozen, after 800 steps) does not: predictions collapse to one colour word. A colour
+block at a FIXED place (one 28x28 token, top left, white elsewhere) gets 15/24 in 200 steps:
+sparsity alone is not the blocker; finding an object at a random place by content is.
+Untied embeddings, 6x sharper q/k init, a 0.05x or 10x merger output scale, LR 5e-4..3e-3
+did not help. Next to try: a curriculum (fixed/large objects first), more vision depth.
 """
 from __future__ import annotations
 
