@@ -50,7 +50,8 @@ def media_kwargs(media, seed):
 CASES = [
     (family, media, kind, seed)
     for family, (_, medias) in FAMILIES.items()
-    for media, (kind, seed) in itertools.product(medias, (("noisy", 0), ("noisy", 1), ("copy", 0), ("independent", 0)))
+    for media, (kind, seed) in itertools.product(medias, (("noisy", 0), ("noisy", 1), ("noisy", 2), ("noisy", 3), ("copy", 0),
+                                                    ("independent", 0)))
 ] + [("qwen2.5-vl", "two-images", "noisy", 2)]
 
 
