@@ -7,17 +7,13 @@ A pair whose tokenizers disagree is refused (padding of the embedding matrix is 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from .errors import ModelError
 from .placement import place_pair
-from .presets import PRESETS, require_hub
+from .presets import DEFAULT_DRAFT, DEFAULT_TARGET, PRESETS, require_hub
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
-DEFAULT_TARGET = str(ASSETS / "models" / "tinyworld-target")
-DEFAULT_DRAFT = str(ASSETS / "models" / "tinyworld-draft")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -35,6 +35,8 @@ from pathlib import Path
 from .errors import ModelError
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
+DEFAULT_TARGET = str(ASSETS / "models" / "tinyworld-target")  # the embedded default pair
+DEFAULT_DRAFT = str(ASSETS / "models" / "tinyworld-draft")
 HUB_PROBE_SECONDS = 2.0
 
 
@@ -62,8 +64,7 @@ class Preset:
 
 
 PRESETS: dict[str, Preset] = {p.name: p for p in (
-    Preset("tinyworld", "qwen2_5_vl", str(ASSETS / "models" / "tinyworld-target"),
-           str(ASSETS / "models" / "tinyworld-draft"), None, None, None, None, True,
+    Preset("tinyworld", "qwen2_5_vl", DEFAULT_TARGET, DEFAULT_DRAFT, None, None, None, None, True,
            "trained together in this repo on one tokenizer (sage_engine/tinyworld); ids checked at load",
            dtype="float32", device="cpu"),
     Preset("qwen2.5-vl-72b/7b", "qwen2_5_vl", "Qwen/Qwen2.5-VL-72B-Instruct", "Qwen/Qwen2.5-VL-7B-Instruct",
