@@ -69,8 +69,8 @@ class Setup:
 class Handlers:
     """The app's behaviour; one instance per demo (owns the model pool and the export directory)."""
 
-    def __init__(self, pool: PairPool, files: RunFiles, default_preset: str, text_every: float = 0.1,
-                 plot_every: float = 0.5):
+    def __init__(self, pool: PairPool, files: RunFiles, default_preset: str, text_every: float = 0.25,
+                 plot_every: float = 1.0):
         self.pool, self.files, self.default_preset = pool, files, default_preset
         self.text_every = text_every  # seconds between streamed text updates
         self.plot_every = plot_every  # seconds between streamed figure updates (a final full update follows)

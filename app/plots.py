@@ -73,8 +73,8 @@ def accepted_figure(lane: Lane):
              yaxis="y2"),
     ]
     tau_line = dict(type="line", xref="paper", x0=0, x1=1, y0=tau, y1=tau, line=dict(color=VIOLET, dash="dash"))
-    tau_note = dict(text=f"τ = {tau:.2f} tokens per forward", xref="paper", x=0.01, y=tau, yanchor="bottom",
-                    showarrow=False, font=dict(color=VIOLET))
+    tau_note = dict(text=f"τ = {tau:.2f} tokens per forward", xref="paper", x=0.99, xanchor="right", y=tau,
+                    yanchor="bottom", showarrow=False, font=dict(color=VIOLET), bgcolor="rgba(255,255,255,0.85)")
     return figure(data, layout(title, barmode="stack", bargap=0.2, shapes=[tau_line], annotations=[tau_note],
                                xaxis=dict(title=dict(text="step")),
                                yaxis=dict(title=dict(text="tokens added"), rangemode="tozero"),
