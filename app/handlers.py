@@ -14,10 +14,11 @@ from dataclasses import dataclass, replace
 from typing import Iterator
 
 import gradio as gr
+from gradio.components.plot import PlotData
 
 from sage_engine import InputError, PreparedInput, SageConfig, SageError, make_policy, prepare_input
-from sage_engine.inputs import video_frames_for
-from sage_engine.media import VideoClip, sample_video
+from sage_engine.inputs import DEFAULT_NUM_FRAMES, video_frames_for
+from sage_engine.media import sample_video
 from sage_engine.pruning import VisualPruning
 
 from . import plots, replay, text
@@ -31,9 +32,16 @@ from .theme import lane_title
 from .tree_plot import empty_tree, tree_figure
 from .view import View
 
+FIGURES = ("fig_alpha", "fig_accepted", "fig_tree", "fig_mapping", "fig_time")
+
 log = logging.getLogger("sage.app")
 
 POLL = 0.03  # seconds between looks at the decoding thread's queue (the first token shows within this)
+
+
+def serialized(fig) -> PlotData:
+    """A Plotly figure as gr.Plot sends it, so a resend costs nothing (gr.Plot passes PlotData through)."""
+    return PlotData(type="plotly", plot=fig.to_json())
 
 
 def sage_config(knobs: dict) -> SageConfig:
@@ -60,7 +68,6 @@ class Setup:
 
     loaded: Loaded
     prepared: PreparedInput
-    clip: VideoClip | None
     cfg: SageConfig
     pruning: VisualPruning | None
     record: RunRecord
@@ -108,7 +115,7 @@ class Handlers:
         settings = {**(vars(cfg) if policy == "sage" else {}),
                     "draft_pruning": None if pruning is None else vars(pruning)}
         record = RunRecord(preset, prepared.prompt, n, policy, settings, media, spec=Lane("spec", policy))
-        return Setup(loaded, prepared, clip, cfg, pruning, record)
+        return Setup(loaded, prepared, cfg, pruning, record)
 
     def _race(self, s: Setup, stop: threading.Event) -> Iterator[tuple]:
         record = s.record
@@ -116,7 +123,9 @@ class Handlers:
         engine = s.loaded.engine(s.pruning)
         race = Race(engine, s.prepared, spec_policy, record.max_new_tokens, s.loaded.lock, stop)
         transcriber = Transcriber(s.loaded.pair.tokenizer)
-        yield self._reset_view(record, s.clip).row()
+        view = self._reset_view(record)
+        yield view.row()
+        figures = {f: serialized(getattr(view, f)) for f in FIGURES}  # what the plots show (resent unchanged)
         race.start()
         last_text = last_plot = 0.0
         try:
@@ -125,36 +134,41 @@ class Handlers:
                     continue
                 now = time.perf_counter()
                 if now - last_text >= self.text_every:
-                    draw = now - last_plot >= self.plot_every and bool(record.spec.decode_steps)
-                    last_text, last_plot = now, (now if draw else last_plot)
-                    yield self._live_view(record, s.cfg, draw).row()
+                    if now - last_plot >= self.plot_every and record.spec.decode_steps:
+                        figures, last_plot = self._figures(record, s.cfg), now
+                    last_text = now
+                    yield self._live_view(record, figures).row()
             record.stopped = race.stopped
         finally:
             race.stop()  # also when Gradio closes this generator (client gone)
         yield self._final_view(record, s.cfg).row()
 
     # ------------------------------------------------------------------ views
-    def _reset_view(self, record: RunRecord, clip: VideoClip | None) -> View:
+    def _reset_view(self, record: RunRecord) -> View:
         waiting = plots.placeholder("", "decoding…")
         label = f"{lane_title('spec', record.policy)}: coloured by who wrote each token"
-        strip = frame_strip(clip)
-        return View(status=text.status_running(record), frames=gr.Gallery(value=strip, visible=bool(strip)), ar_text="",
-                    spec_text=gr.HighlightedText(value=[], label=label),
+        return View(status=text.status_running(record), ar_text="", spec_text=gr.HighlightedText(value=[], label=label),
                     scoreboard=text.scoreboard(record), replay=replay.replay_html(None), fig_alpha=waiting,
                     fig_accepted=waiting, fig_tree=empty_tree("decoding…"), fig_mapping=waiting, fig_time=waiting,
-                    step=gr.Slider(interactive=False), export=gr.DownloadButton(value=None, interactive=False),
+                    step=gr.Slider(value=1, interactive=False), export=gr.DownloadButton(value=None, interactive=False),
                     run_state=record, summary={})
 
-    def _live_view(self, record: RunRecord, cfg: SageConfig, draw: bool) -> View:
-        view = View(status=text.status_running(record), ar_text=record.ar.text, spec_text=list(record.spec.segments),
-                    scoreboard=text.scoreboard(record), run_state=record)
-        if draw:
-            lane = record.spec
-            view.fig_alpha, view.fig_accepted = plots.alpha_figure(lane), plots.accepted_figure(lane)
-            view.fig_mapping = plots.mapping_figure(lane, cfg)
-            last = lane.decode_steps[-1]
-            view.fig_tree = tree_figure(last, lane.bonus_texts.get(last.step, ""))
-        return view
+    @staticmethod
+    def _figures(record: RunRecord, cfg: SageConfig) -> dict:
+        """The streamed figures, serialised once (they are resent with every text update until redrawn)."""
+        lane = record.spec
+        last = lane.decode_steps[-1]
+        figs = dict(fig_alpha=plots.alpha_figure(lane), fig_accepted=plots.accepted_figure(lane),
+                    fig_tree=tree_figure(last, lane.bonus_texts.get(last.step, "")),
+                    fig_mapping=plots.mapping_figure(lane, cfg), fig_time=plots.time_figure(record))
+        return {name: serialized(fig) for name, fig in figs.items()}
+
+    @staticmethod
+    def _live_view(record: RunRecord, figures: dict) -> View:
+        """Plain values for every output (see view.py: an update or a skip costs Gradio more than a resend)."""
+        return View(status=text.status_running(record), ar_text=record.ar.text, spec_text=list(record.spec.segments),
+                    scoreboard=text.scoreboard(record), replay=replay.replay_html(None), step=1, export=None,
+                    run_state=record, summary={}, **figures)
 
     def _final_view(self, record: RunRecord, cfg: SageConfig) -> View:
         lane, token_text = record.spec, self._token_text(record.preset)
@@ -195,6 +209,19 @@ class Handlers:
         want = int(step or 1)
         ev = next((s for s in record.spec.decode_steps if s.step == want), record.spec.decode_steps[-1])
         return tree_figure(ev, record.spec.bonus_texts.get(ev.step, ""))
+
+    def preview_frames(self, video: str | None, preset: str | None):
+        """The frames the model will see, shown as soon as a video is chosen (a run samples them the same way)."""
+        if not video:
+            return gr.Gallery(value=[], visible=False)
+        name = preset or self.default_preset
+        n = video_frames_for(self.pool.get(name).pair.processor) if self.pool.is_loaded(name) else DEFAULT_NUM_FRAMES
+        try:
+            clip = sample_video(video, n)
+        except SageError as e:
+            gr.Warning(str(e))
+            return gr.Gallery(value=[], visible=False)
+        return gr.Gallery(value=frame_strip(clip), visible=True)
 
     def describe_model(self, preset: str | None) -> str:
         name = preset or self.default_preset

@@ -55,9 +55,9 @@ class Ui:
     knobs: Knobs
     run: gr.Button
     stop: gr.Button
+    frames: gr.Gallery  # the sampled video frames, shown when a video is chosen
     # outputs of a run, in the order of app.view.View
     status: gr.Markdown
-    frames: gr.Gallery
     ar_text: gr.Textbox
     spec_text: gr.HighlightedText
     scoreboard: gr.HTML

@@ -31,7 +31,6 @@ def wire(demo: gr.Blocks, ui: Ui, h: Handlers) -> None:
     ui.stop.click(h.stop, ui.control, None, api_visibility="private", queue=False)
     ui.step.change(h.show_step, [ui.run_state, ui.step], ui.fig_tree, api_visibility="private",
                    concurrency_limit=None, show_progress="hidden", trigger_mode="always_last")
-    ui.video.clear(lambda: gr.Gallery(value=[], visible=False), None, ui.frames, api_visibility="private",
-                   queue=False)
+    ui.video.change(h.preview_frames, [ui.video, ui.preset], ui.frames, api_visibility="private")
     ui.preset.change(h.describe_model, ui.preset, ui.model_info, api_visibility="private", queue=False)
     demo.load(h.describe_model, ui.preset, ui.model_info, api_visibility="private", queue=False)

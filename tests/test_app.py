@@ -21,7 +21,7 @@ from sage_engine import RunStats
 
 pytestmark = pytest.mark.timeout(300)
 
-OUT = ["status", "frames", "ar_text", "spec_text", "scoreboard", "replay", "fig_alpha", "fig_accepted", "fig_tree",
+OUT = ["status", "ar_text", "spec_text", "scoreboard", "replay", "fig_alpha", "fig_accepted", "fig_tree",
        "fig_mapping", "fig_time", "step", "export", "summary"]  # the API's outputs (gr.State is not one)
 STATS_KEYS = {f.name for f in fields(RunStats)}
 PLOTS = ["fig_alpha", "fig_accepted", "fig_tree", "fig_mapping", "fig_time"]
@@ -108,8 +108,6 @@ def test_video_example(client, server, media):
     updates, final = run(client, image=None, video=handle_file(media.video), prompt=media.video_prompt,
                          max_new_tokens=32, policy="sage", preset=server.default_preset)
     check_summary(final)
-    frames = next(u["frames"]["value"] for u in updates if u["frames"].get("visible"))
-    assert len(frames) >= 2 and all(f["caption"].startswith("frame ") for f in frames)
     assert len(updates) > 2
     for name in PLOTS:
         figure(final[name])

@@ -102,6 +102,15 @@ def test_upload_run_and_inspect(page, tmp_path_factory):
     assert not [e for e in page.errors if "no supported sources" not in e], page.errors
 
 
+def test_video_shows_the_frames_the_model_sees(page, tmp_path_factory):
+    media = app_server.media(str(tmp_path_factory.mktemp("browser_video")))
+    page.set_input_files("#video input[type=file]", media.video)
+    page.wait_for_function("document.querySelectorAll('#frames img').length >= 2", timeout=30_000)
+    assert "frame 0" in page.inner_text("#frames")
+    page.locator("#video button[aria-label='Clear']").click()
+    page.wait_for_selector("#frames", state="hidden", timeout=10_000)
+
+
 def test_bad_upload_shows_message_and_keeps_the_page(page, tmp_path_factory):
     media = app_server.media(str(tmp_path_factory.mktemp("browser_bad")))
     page.fill("#prompt textarea", "   ")
