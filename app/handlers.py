@@ -36,7 +36,7 @@ FIGURES = ("fig_alpha", "fig_accepted", "fig_tree", "fig_mapping", "fig_time")
 
 log = logging.getLogger("sage.app")
 
-POLL = 0.03  # seconds between looks at the decoding thread's queue (the first token shows within this)
+POLL = 0.03  # seconds between looks at the decoding thread's queue until the first token shows
 
 
 def serialized(fig) -> PlotData:
@@ -129,7 +129,8 @@ class Handlers:
         race.start()
         last_text = last_plot = 0.0
         try:
-            for batch in race.batches(every=POLL):
+            # poll fast until the first token shows, then only as often as the text is redrawn
+            for batch in race.batches(every=lambda: POLL if not record.ar.steps else self.text_every):
                 if not consume(record, transcriber, batch) or record.done:
                     continue
                 now = time.perf_counter()

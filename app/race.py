@@ -12,7 +12,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 from sage_engine import PreparedInput, SpecEngine, StepEvent
 from sage_engine.policy import Policy, make_policy
@@ -104,15 +104,15 @@ class Race:
         self._queue.put(Arrival(lane, None, time.perf_counter() - t0))
         return True
 
-    def batches(self, every: float) -> Iterator[list[Arrival]]:
-        """Everything that arrived since the last batch, polled every `every` s (a batch may be []).
+    def batches(self, every: Callable[[], float]) -> Iterator[list[Arrival]]:
+        """Everything that arrived since the last batch, polled every `every()` s (a batch may be []).
 
         Polling, not a blocking get(): a consumer woken on every event would compete with the decoding
-        thread for the GIL at each step and slow it down.
+        thread (for the GIL, and for the cores its math threads spin on) at each step and slow it down.
         """
         end = False
         while not end:
-            time.sleep(every)
+            time.sleep(every())
             items = []
             while True:
                 try:

@@ -233,7 +233,7 @@ def test_stop_switch_ends_the_race_early():
     control = RunControl()
     race = Race(SpecEngine(pair), prepared, make_policy("sage"), 500, threading.Lock(), control.switch).start()
     record, transcriber = RunRecord("p", "q", 500, "sage", {}, {}, spec=Lane("spec", "sage")), Transcriber(pair.tokenizer)
-    for batch in race.batches(every=0.01):
+    for batch in race.batches(every=lambda: 0.01):
         consume(record, transcriber, batch)
         if record.ar.steps:
             control.stop()
