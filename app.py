@@ -13,7 +13,11 @@ import logging
 import os
 import time
 
-from app import SERVED, build_demo, launch_options, served
+if os.environ.get("SPACES_ZERO_GPU"):  # a ZeroGPU Space: `spaces` goes first, before torch (see app/gpu.py)
+    import spaces  # noqa: F401
+
+from app import SERVED, build_demo, launch_options, served  # noqa: E402
+from app.gpu import zero_gpu  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -38,7 +42,8 @@ def main(argv=None) -> None:
     t0 = time.perf_counter()
     try:
         presets = served(args.presets.split(","))
-        demo = build_demo(presets, default_preset=args.preset, preload=not args.no_preload)
+        # ZeroGPU: the pair must be on cuda before the first run (a lazy load would happen in the GPU worker)
+        demo = build_demo(presets, default_preset=args.preset, preload=zero_gpu() or not args.no_preload)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
     logging.getLogger("sage.app").info("app built in %.1f s", time.perf_counter() - t0)

@@ -22,6 +22,7 @@ from sage_engine.media import sample_video
 from sage_engine.pruning import VisualPruning
 
 from . import plots, replay, text
+from .gpu import on_gpu, zero_gpu
 from .layout import MAX_NEW_TOKENS, POLICIES
 from .media import RunFiles, frame_strip
 from .pool import Loaded, PairPool
@@ -81,11 +82,22 @@ class Handlers:
         self.pool, self.files, self.default_preset = pool, files, default_preset
         self.text_every = text_every  # seconds between streamed text updates
         self.plot_every = plot_every  # seconds between streamed figure updates (a final full update follows)
+        self._on_device = on_gpu()(self._compare)  # spaces.GPU on a ZeroGPU Space, else _compare itself
 
     # ------------------------------------------------------------------ compare (the API)
     def compare(self, image, video, prompt, max_new_tokens, policy, preset=None, control: RunControl | None = None,
                 **knobs) -> Iterator[tuple]:
-        """Race autoregressive then speculative decoding on one input, streaming both."""
+        """Race autoregressive then speculative decoding on one input, streaming both.
+
+        The work runs in `self._on_device`, which is `_compare` behind ZeroGPU's `spaces.GPU` on a ZeroGPU
+        Space (a forked worker: only plain, picklable values cross, so the Stop switch stays here) and
+        `_compare` itself everywhere else."""
+        if zero_gpu():
+            control = None
+        yield from self._on_device(image, video, prompt, max_new_tokens, policy, preset, control, **knobs)
+
+    def _compare(self, image, video, prompt, max_new_tokens, policy, preset=None, control: RunControl | None = None,
+                 **knobs) -> Iterator[tuple]:
         try:
             setup = self._setup(image, video, prompt, max_new_tokens, policy, preset or self.default_preset, knobs)
             yield from self._race(setup, (control or RunControl()).switch)

@@ -270,3 +270,45 @@ def test_queue_polls_calmly(server):
 
     queue = server.demo._queue
     assert queue.sleep_when_free == QUEUE_POLL_S and queue.progress_update_sleep_when_free == PROGRESS_POLL_S
+
+
+def test_zero_gpu_contract(monkeypatch, media):
+    """On a ZeroGPU Space, `spaces.GPU` runs the decorated call in a forked worker: arguments and every yielded
+    row are pickled across. A stand-in `spaces` with that contract (pickle in, pickle out) runs a real race."""
+    import pickle
+    import sys
+    import types
+
+    from app.gpu import on_gpu
+    from app.handlers import Handlers
+    from app.media import RunFiles
+    from app.pool import PairPool
+
+    fn = lambda: None  # noqa: E731
+    assert on_gpu()(fn) is fn  # no ZeroGPU: the identity
+
+    calls = []
+
+    def GPU(duration):
+        def decorate(task):
+            def worker(*args, **kwargs):
+                args, kwargs = pickle.loads(pickle.dumps((args, kwargs)))  # fails on a threading.Event
+                calls.append((duration, args, kwargs))
+                for row in task(*args, **kwargs):
+                    yield pickle.loads(pickle.dumps(row))
+            return worker
+        return decorate
+
+    monkeypatch.setitem(sys.modules, "spaces", types.SimpleNamespace(GPU=GPU))
+    monkeypatch.setenv("SPACES_ZERO_GPU", "true")
+    table = app_server.presets()
+    h = Handlers(PairPool({"tiny-random": table["tiny-random"]}, app_server.pair_factory), RunFiles(), "tiny-random")
+    from app.race import RunControl
+
+    rows = list(h.compare(media.image, None, media.image_prompt, 16, "sage", "tiny-random", RunControl()))
+    assert len(calls) == 1 and calls[0][0] > 0
+    assert calls[0][1][6] is None  # the Stop switch stays in the main process
+    from app.view import View
+
+    final = dict(zip([f.name for f in fields(View)], rows[-1]))
+    assert final["summary"]["speculative"]["token_ids"] == final["summary"]["ar"]["token_ids"]
