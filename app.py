@@ -33,6 +33,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-file-size", default=os.environ.get("SAGE_MAX_FILE_SIZE", "64mb"),
                    help="upload size cap, e.g. 64mb (env SAGE_MAX_FILE_SIZE)")
     p.add_argument("--no-preload", action="store_true", help="load the model pair on the first run instead")
+    p.add_argument("--threads", type=int, default=int(os.environ.get("SAGE_THREADS", 0)) or None,
+                   help="torch CPU threads (env SAGE_THREADS; default: torch's, one per core)")
     return p.parse_args(argv)
 
 
@@ -40,6 +42,10 @@ def main(argv=None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     args = parse_args(argv)
     t0 = time.perf_counter()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     try:
         presets = served(args.presets.split(","))
         # ZeroGPU: the pair must be on cuda before the first run (a lazy load would happen in the GPU worker)

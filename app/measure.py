@@ -1,0 +1,115 @@
+"""Measure the demo as a user meets it, against the CLI on the same input:
+
+  python -m app.measure [--image assets/examples/shapes_1.png] [--prompt ...] [--rounds 3] [--threads 1]
+
+1. start time: `python app.py` launched as a subprocess until its page answers (imports, model load, launch);
+2. Run -> first streamed token: a /compare request (gradio_client, the API the Run button uses) until the
+   first update whose autoregressive text is non-empty;
+3. speculative tokens/s in the app (the run's own stats) versus `python -m sage_engine generate` on the same
+   input, policy and budget, rounds interleaved (app, CLI, app, CLI, ...) so both see the same machine load.
+Prints one JSON object (medians and every round).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_app(port: int, threads: int | None, timeout: float = 300.0) -> tuple[subprocess.Popen, float]:
+    cmd = [sys.executable, "app.py", "--port", str(port)] + (["--threads", str(threads)] if threads else [])
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    while time.perf_counter() - t0 < timeout:
+        if proc.poll() is not None:
+            raise SystemExit(f"error: app.py exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as r:
+                if r.status == 200:
+                    return proc, time.perf_counter() - t0
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("error: app.py did not answer in time")
+
+
+def app_run(client, image: str, prompt: str, n: int, policy: str) -> dict:
+    from gradio_client import handle_file
+
+    t0 = time.perf_counter()
+    job = client.submit(image=handle_file(image), video=None, prompt=prompt, max_new_tokens=n, policy=policy,
+                        api_name="/compare")
+    first = None
+    for out in job:  # every streamed update, as it arrives
+        if first is None and out[1]:  # ar_text (the autoregressive lane runs first)
+            first = time.perf_counter() - t0
+    summary = job.result()[-1]
+    return {"first_token_s": first, "total_s": time.perf_counter() - t0,
+            "spec_tokens_per_s": summary["speculative"]["stats"]["tokens_per_second"],
+            "ar_tokens_per_s": summary["ar"]["stats"]["tokens_per_second"],
+            "identical": summary["speculative"]["token_ids"] == summary["ar"]["token_ids"],
+            "new_tokens": summary["speculative"]["stats"]["new_tokens"]}
+
+
+def cli_run(image: str, prompt: str, n: int, policy: str, threads: int | None) -> dict:
+    cmd = [sys.executable, "-m", "sage_engine", "generate", "--image", image, "--prompt", prompt, "--policy", policy,
+           "--max-new-tokens", str(n), "--json"] + (["--threads", str(threads)] if threads else [])
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    stats = json.loads(out.stdout)["stats"]
+    return {"spec_tokens_per_s": stats["tokens_per_second"], "new_tokens": stats["new_tokens"]}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--image", default=str(ROOT / "assets/examples/shapes_1.png"))
+    p.add_argument("--prompt", default="Describe the image in detail.")
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--policy", default="sage")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=int, default=None, help="torch threads for the app and the CLI alike")
+    a = p.parse_args(argv)
+    from gradio_client import Client
+
+    port = free_port()
+    proc, start_s = start_app(port, a.threads)
+    try:
+        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        app_run(client, a.image, a.prompt, 8, a.policy)  # warm-up (first-call allocations), not counted
+        apps, clis = [], []
+        for _ in range(a.rounds):
+            apps.append(app_run(client, a.image, a.prompt, a.max_new_tokens, a.policy))
+            clis.append(cli_run(a.image, a.prompt, a.max_new_tokens, a.policy, a.threads))
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    med = lambda rows, k: statistics.median(r[k] for r in rows)  # noqa: E731
+    app_tps, cli_tps = med(apps, "spec_tokens_per_s"), med(clis, "spec_tokens_per_s")
+    print(json.dumps({
+        "start_s": round(start_s, 2), "first_token_s": round(med(apps, "first_token_s"), 3),
+        "app_spec_tokens_per_s": round(app_tps, 1), "cli_spec_tokens_per_s": round(cli_tps, 1),
+        "app_over_cli": round(app_tps / cli_tps, 3), "app_ar_tokens_per_s": round(med(apps, "ar_tokens_per_s"), 1),
+        "identical": all(r["identical"] for r in apps), "threads": a.threads, "policy": a.policy,
+        "image": a.image, "max_new_tokens": a.max_new_tokens, "rounds": {"app": apps, "cli": clis},
+    }, indent=1))
+
+
+if __name__ == "__main__":
+    main()
