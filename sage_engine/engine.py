@@ -20,6 +20,7 @@ from typing import Iterator
 from .draft import Drafter
 from .errors import InputError
 from .events import GenerationResult, StepEvent, TreeView, summarize
+from .families import shared_vocab
 from .inputs import PreparedInput
 from .models import ModelPair
 from .policy import Policy, StepOutcome, TreeShape, make_policy
@@ -100,8 +101,7 @@ class SpecEngine:
         self.target = ModelRunner(pair.target)
         self.draft = None
         if pair.draft is not None:
-            shared = min(pair.target.get_output_embeddings().out_features, pair.draft.get_output_embeddings().out_features)
-            self.draft = ModelRunner(pair.draft, vocab_limit=shared)
+            self.draft = ModelRunner(pair.draft, vocab_limit=shared_vocab(pair.target, pair.draft))
         self.drafter = Drafter(self.draft) if self.draft is not None else None
         self.accept = acceptance or GreedyAcceptance()
         self._texts: dict[int, str] = {}

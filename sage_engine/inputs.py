@@ -12,6 +12,7 @@ import torch
 from PIL import Image
 
 from .errors import InputError
+from .families import GENERIC, Family, adapter_for
 from .media import VideoClip, load_image, sample_video
 from .models import ModelPair
 
@@ -52,20 +53,18 @@ def _messages(prompt: str, n_images: int, has_video: bool) -> list[dict]:
     return [{"role": "user", "content": content}]
 
 
-def process(processor, prompt: str, images: list[Image.Image], video: VideoClip | None) -> dict[str, torch.Tensor]:
-    """Chat template + processor call for one model."""
-    if video is not None and getattr(processor, "video_processor", None) is None:
+def process(processor, prompt: str, images: list[Image.Image], video: VideoClip | None,
+            family: Family | None = None) -> dict[str, torch.Tensor]:
+    """Chat template + processor call for one model of `family` (families.py; default: the generic one)."""
+    family = family or GENERIC
+    if video is not None and (not family.supports_video or getattr(processor, "video_processor", None) is None):
         raise InputError("this model does not take video input")
     if images and getattr(processor, "image_processor", None) is None:
         raise InputError("this model does not take image input")
     text = processor.apply_chat_template(_messages(prompt, len(images), video is not None), add_generation_prompt=True)
-    kwargs = {}
+    kwargs = dict(family.processor_kwargs(video))  # videos with the metadata / sampling kwargs it takes
     if images:
         kwargs["images"] = images
-    if video is not None:
-        kwargs["videos"] = [video.frames]
-        kwargs["video_metadata"] = [video.metadata()]
-        kwargs["do_sample_frames"] = False
     try:
         out = processor(text=[text], return_tensors="pt", **kwargs)
     except (ValueError, RuntimeError) as e:
@@ -91,8 +90,10 @@ def prepare_input(
     clip = video
     if isinstance(video, str):
         clip = sample_video(video, num_frames or video_frames_for(pair.processor))
-    target_inputs = process(pair.processor, prompt, pil, clip)
+    target_inputs = process(pair.processor, prompt, pil, clip, adapter_for(pair.target))
     draft_inputs = None
     if pair.draft is not None and pair.draft_processor is not None:
-        draft_inputs = process(pair.draft_processor, prompt, pil, clip)
+        draft_inputs = process(pair.draft_processor, prompt, pil, clip, adapter_for(pair.draft))
+    elif pair.draft is not None and clip is not None and not adapter_for(pair.draft).supports_video:
+        raise InputError("the draft model does not take video input")
     return PreparedInput(target_inputs, draft_inputs, prompt, pil, clip)

@@ -1,7 +1,8 @@
 """Loading a target/draft VLM pair through the transformers Auto classes and the official processor.
 
 Security defaults: trust_remote_code is never enabled, weights load from safetensors only.
-A pair whose tokenizers disagree is refused (padding of the embedding matrix is fine).
+A pair whose tokenizers or visual token ids disagree is refused (padding of the embedding matrix is
+fine: the engine compares only the logit rows both have, families.shared_vocab).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import ModelError
+from .families import adapter_for
 from .placement import place_pair
 from .presets import DEFAULT_DRAFT, DEFAULT_TARGET, PRESETS, require_hub
 
@@ -106,6 +108,18 @@ def check_same_tokenizer(target_tok, draft_tok) -> None:
         raise ModelError("target and draft tokenizers have different end-of-sequence tokens")
 
 
+def check_same_visual_tokens(target_config, draft_config) -> None:
+    """Refuse a pair whose configs give one visual token kind different ids (families.py reads them):
+    both read the same tokenizer's ids, and the draft may read the target's prompt."""
+    t = adapter_for(target_config).visual_token_ids(target_config)
+    d = adapter_for(draft_config).visual_token_ids(draft_config)
+    bad = {k: (t[k], d[k]) for k in t.keys() & d.keys() if t[k] != d[k]}
+    if bad:
+        kind, (a, b) = sorted(bad.items())[0]
+        raise ModelError(f"target and draft use different {kind} token ids ({a} vs {b}); "
+                         "speculative decoding needs a shared tokenizer")
+
+
 def load_pair(
     target: str = DEFAULT_TARGET,
     draft: str | None = DEFAULT_DRAFT,
@@ -135,6 +149,7 @@ def load_pair(
     if draft:
         d_model, d_proc = _load_one(draft, DTYPES[dtype], draft_device or device, attn_implementation)
         check_same_tokenizer(getattr(t_proc, "tokenizer", t_proc), getattr(d_proc, "tokenizer", d_proc))
+        check_same_visual_tokens(t_model.config, d_model.config)
     return ModelPair(
         target=t_model,
         draft=d_model,

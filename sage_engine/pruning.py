@@ -7,7 +7,8 @@ and 90% of video tokens.
 How it stays architecture-agnostic, through public APIs only:
   1. run the draft's normal forward up to its language model and capture what the language
      model would receive (merged text + visual embeddings, and M-RoPE positions when the
-     family has them) with a forward pre-hook that then stops the forward;
+     family has them) with a forward pre-hook that then stops the forward; the family adapter
+     (families.py) names the language model submodule, the visual token ids and the position rows;
   2. keep all text tokens and an evenly spaced subset of each modality's visual tokens;
   3. prefill the draft with those embeddings at their ORIGINAL positions, so the text that
      follows keeps the positions it would have had without pruning (the runner's rope_delta).
@@ -20,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from .families import Family, adapter_for
 
 
 @dataclass(frozen=True)
@@ -39,17 +42,11 @@ class _Captured(Exception):
     """Raised by the pre-hook to stop the forward once the language model's inputs are known."""
 
 
-def _language_model(model: torch.nn.Module) -> torch.nn.Module:
-    inner = getattr(model, "model", model)
-    lm = getattr(inner, "language_model", None) or getattr(inner, "text_model", None)
-    if lm is None:
-        raise NotImplementedError(f"{type(model).__name__}: no language_model submodule to prune for")
-    return lm
-
-
 @torch.inference_mode()
-def capture_lm_inputs(model: torch.nn.Module, inputs: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+def capture_lm_inputs(model: torch.nn.Module, inputs: dict,
+                      family: Family | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(inputs_embeds [1, S, H], position_ids or None) as the model's language model would receive them."""
+    family = family or adapter_for(model)
     seen: dict = {}
 
     def hook(module, args, kwargs):
@@ -57,7 +54,7 @@ def capture_lm_inputs(model: torch.nn.Module, inputs: dict) -> tuple[torch.Tenso
         seen["positions"] = kwargs.get("position_ids")
         raise _Captured
 
-    handle = _language_model(model).register_forward_pre_hook(hook, with_kwargs=True)
+    handle = family.language_model(model).register_forward_pre_hook(hook, with_kwargs=True)
     try:
         model(**inputs, use_cache=False)
     except _Captured:
@@ -87,25 +84,19 @@ def keep_indices(input_ids: torch.Tensor, token_ratio: dict[int, float]) -> torc
     return keep.nonzero().flatten()
 
 
-def pruned_prefill_inputs(model, inputs: dict, pruning: VisualPruning):
+def pruned_prefill_inputs(model, inputs: dict, pruning: VisualPruning, family: Family | None = None):
     """Inputs for a pruned draft prefill, and the text-position shift that follows it.
 
     Returns (kwargs for model(...), rope_delta): positions after the prompt are
-    sequence index + rope_delta, exactly as without pruning.
+    sequence index + rope_delta, exactly as without pruning. The family says which ids are
+    visual tokens and how to read the captured positions (families.py).
     """
-    cfg = model.config
-    ratio = {}
-    for kind, drop in (("image", pruning.image), ("video", pruning.video)):
-        tok = getattr(cfg, f"{kind}_token_id", None)
-        if tok is not None:
-            ratio[int(tok)] = drop
-    embeds, positions = capture_lm_inputs(model, inputs)
+    family = family or adapter_for(model)
+    drops = {"image": pruning.image, "video": pruning.video}
+    ratio = {tok: drops[kind] for kind, tok in family.visual_token_ids(model.config).items()}
+    embeds, captured = capture_lm_inputs(model, inputs, family)
     ids = inputs["input_ids"][0].to(embeds.device)
-    S = ids.numel()
-    if positions is None:  # 1D families: positions are the sequence indices
-        positions = torch.arange(S, device=embeds.device).view(1, S)
-    if positions.dim() == 3 and positions.shape[0] == 4:  # text row + 3 M-RoPE rows: keep the rotary rows
-        positions = positions[1:]
+    positions = family.positions.prompt_positions(captured, ids.numel(), embeds.device)  # [rows..., 1, S]
     keep = keep_indices(ids, ratio)  # [S']
     kept_pos = positions[..., keep]
     next_pos = int(positions.max()) + 1

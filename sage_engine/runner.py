@@ -1,11 +1,10 @@
 """One model behind three verbs: prefill a prompt, forward tokens under a tree mask, keep cache columns.
 
-The runner owns the model's KV cache and its position rule, so the rest of the engine
-speaks only in sequence positions, token ids and boolean attention patterns:
-  - text LMs and LLaVA-style VLMs: position_ids [1, q] = sequence index;
-  - M-RoPE VLMs (Qwen2-VL, Qwen2.5-VL): after a multimodal prefix, text positions are shifted by the
-    model's rope delta (max vision position + 1 - prompt length); we read it once after prefill and pass
-    [1, q] positions, which the model broadcasts to its three rotary axes.
+The runner owns the model's KV cache and applies its family's position rule (families.py), so the rest
+of the engine speaks only in sequence positions, token ids and boolean attention patterns: a token at
+sequence position p is fed at position_ids [1, q] = p + rope_delta, where rope_delta is the text shift
+the family's rule reads after prefill (M-RoPE: the model's rope_deltas; 1D: 0; after a pruned draft
+prefill: what keeps the text at its unpruned positions).
 Everything goes through the model's public forward(); no modeling code is forked.
 """
 
@@ -18,6 +17,7 @@ import torch
 from transformers import DynamicCache
 
 from .cache import compact
+from .families import Family, adapter_for
 from .pruning import VisualPruning, pruned_prefill_inputs
 from .tree import additive_mask
 
@@ -28,8 +28,9 @@ def _sync(device: torch.device) -> None:
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, vocab_limit: int | None = None):
+    def __init__(self, model: torch.nn.Module, vocab_limit: int | None = None, family: Family | None = None):
         self.model = model
+        self.family = family or adapter_for(model)
         emb = model.get_input_embeddings()
         self.device = emb.weight.device  # where input ids go (first shard)
         if self.device.type == "meta":  # accelerate offloaded it (CPU/disk): ids go where its hook runs it
@@ -39,7 +40,7 @@ class ModelRunner:
         self.dtype = emb.weight.dtype
         self.vocab_limit = vocab_limit  # slice logits to the vocabulary both models share
         self.cache: DynamicCache | None = None
-        self.rope_delta = 0  # M-RoPE text-position shift after a multimodal prefix
+        self.rope_delta = 0  # text-position shift after the prompt (family rule; 0 for 1D families unpruned)
         self.forwards = 0
         self.elapsed_ms = 0.0
 
@@ -47,29 +48,24 @@ class ModelRunner:
     def seq_len(self) -> int:
         return 0 if self.cache is None else self.cache.get_seq_length()
 
-    def _inner_with_rope(self):
-        inner = getattr(self.model, "model", None)
-        return inner if inner is not None and hasattr(inner, "rope_deltas") else None
-
     @torch.inference_mode()
     def prefill(self, inputs: dict[str, torch.Tensor], pruning: VisualPruning | None = None) -> torch.Tensor:
         """Run the whole prompt (with `pruning`, only part of its visual tokens); returns the logits
         after its last token.  # [V]"""
         self.cache = DynamicCache(config=self.model.config)
-        mrope = self._inner_with_rope()
-        if mrope is not None:
-            mrope.rope_deltas = None  # never reuse a previous request's delta
+        positions = self.family.positions
+        positions.reset(self.model)  # never reuse a previous request's shift
         batch = {k: v.to(self.device) for k, v in inputs.items()}
         t0 = time.perf_counter()
         self.rope_delta = 0
         if pruning is not None:
-            batch, self.rope_delta = pruned_prefill_inputs(self.model, batch, pruning)
+            batch, self.rope_delta = pruned_prefill_inputs(self.model, batch, pruning, self.family)
         out = self.model(**batch, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
         _sync(self.device)
         self.elapsed_ms += (time.perf_counter() - t0) * 1e3
         self.forwards += 1
-        if pruning is None and mrope is not None and mrope.rope_deltas is not None:
-            self.rope_delta = int(mrope.rope_deltas.reshape(-1)[0])
+        if pruning is None:
+            self.rope_delta = positions.shift_after_prefill(self.model)
         return self._logits(out.logits[0, -1])
 
     @torch.inference_mode()
