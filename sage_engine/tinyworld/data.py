@@ -4,6 +4,8 @@ Layout of a cache directory:
   images.npy   uint8 (N_img, S, S, 3)              rendered scenes
   videos.npy   uint8 (N_vid, MODEL_FRAMES, S, S, 3) frames as the models see them (after an MP4 round trip)
   examples.pt  dict of tensors: tokens (flat), offsets, prompt_len, media (0 image / 1 video), index, kind
+  image_labels.npy uint8 (N_img, 16, vision_aux.N_LABELS) per-visual-token ground truth (training-only
+               auxiliary loss); added to an older cache by replaying its seeded scene stream
 
 `patchify` reproduces the Qwen2-VL image/video processor (rescale, normalise,
 2 x 14 x 14 patches in 2 x 2 merge order) so batches never go through the
@@ -21,6 +23,7 @@ import torch
 
 from .language import IMAGE_KINDS, VIDEO_KINDS, image_example, video_example
 from .tokenizer import user_turn
+from .vision_aux import N_LABELS, scene_labels
 from .world import MODEL_FRAMES, SIZE, read_video, render_clip, render_image, sample_clip, sample_scene, write_mp4
 
 MEAN = torch.tensor([0.48145466, 0.4578275, 0.40821073])
@@ -67,10 +70,12 @@ def build_cache(out: Path, tok, seed: int, n_images: int, n_videos: int, per_ima
     rng = random.Random(seed)
     images = np.lib.format.open_memmap(out / "images.npy", "w+", np.uint8, (n_images, SIZE, SIZE, 3))
     videos = np.lib.format.open_memmap(out / "videos.npy", "w+", np.uint8, (n_videos, MODEL_FRAMES, SIZE, SIZE, 3))
+    labels = np.zeros((n_images, IMAGE_TOKENS, N_LABELS), np.uint8)
     prompts, answers, media, index, kinds = [], [], [], [], []
     for i in range(n_images):
         scene = sample_scene(rng)
         images[i] = render_image(scene, noise_seed=rng.randrange(1 << 30))
+        labels[i] = scene_labels(scene)
         for kind in sample_kind(rng, IMAGE_WEIGHTS, min(per_image, len(IMAGE_WEIGHTS))):
             ex = image_example(scene, rng, kind)
             prompts.append(user_turn("image", ex.prompt)); answers.append(ex.answer)
@@ -91,6 +96,7 @@ def build_cache(out: Path, tok, seed: int, n_images: int, n_videos: int, per_ima
             if (i + 1) % 2000 == 0:
                 log(f"  rendered {i + 1}/{n_videos} videos")
     images.flush(); videos.flush()
+    np.save(out / "image_labels.npy", labels)
     p_ids = tok([expand_pads(p) for p in prompts], add_special_tokens=False)["input_ids"]
     a_ids = tok([a + "<|im_end|>" for a in answers], add_special_tokens=False)["input_ids"]
     seqs = [p + a for p, a in zip(p_ids, a_ids)]
@@ -104,6 +110,24 @@ def build_cache(out: Path, tok, seed: int, n_images: int, n_videos: int, per_ima
     log(f"  cache: {len(seqs)} examples, mean length {lens.float().mean():.1f} tokens, max {lens.max()}")
 
 
+def replay_image_labels(out: Path, seed: int, n_images: int, per_image: int = 3, check: int = 16) -> None:
+    """Write image_labels.npy for a cache built before it existed: replay build_cache's seeded
+    image stream (same rng calls, no rendering) and check a few replayed scenes against images.npy."""
+    rng = random.Random(seed)
+    images = np.load(out / "images.npy", mmap_mode="r")
+    assert len(images) == n_images, (len(images), n_images)
+    labels = np.zeros((n_images, IMAGE_TOKENS, N_LABELS), np.uint8)
+    for i in range(n_images):
+        scene = sample_scene(rng)
+        noise = rng.randrange(1 << 30)
+        if i % max(1, n_images // check) == 0 or i == n_images - 1:
+            assert np.array_equal(render_image(scene, noise_seed=noise), images[i]), f"cache {out} is not seed {seed}"
+        labels[i] = scene_labels(scene)
+        for kind in sample_kind(rng, IMAGE_WEIGHTS, min(per_image, len(IMAGE_WEIGHTS))):
+            image_example(scene, rng, kind)
+    np.save(out / "image_labels.npy", labels)
+
+
 @dataclasses.dataclass
 class TrainSet:
     images: np.ndarray
@@ -112,12 +136,24 @@ class TrainSet:
     image_token: int
     video_token: int
     pad: int
+    labels: np.ndarray | None = None   # (N_img, 16, N_LABELS) per-token vision targets
 
     @classmethod
     def load(cls, path: Path, tok) -> "TrainSet":
+        lab = np.load(path / "image_labels.npy") if (path / "image_labels.npy").exists() else None
         return cls(np.load(path / "images.npy", mmap_mode="r"), np.load(path / "videos.npy", mmap_mode="r"),
                    torch.load(path / "examples.pt"), tok.convert_tokens_to_ids("<|image_pad|>"),
-                   tok.convert_tokens_to_ids("<|video_pad|>"), tok.pad_token_id)
+                   tok.convert_tokens_to_ids("<|video_pad|>"), tok.pad_token_id, lab)
+
+    def image_batches(self, batch_size: int, rng: random.Random):
+        """Endless batches of images only (vision pre-training): pixel values, grid, per-token labels."""
+        g = SIZE // PATCH
+        while True:
+            ids = rng.sample(range(len(self.images)), batch_size)
+            pix = [patchify(torch.from_numpy(np.array(self.images[j])).unsqueeze(0).expand(TEMPORAL, -1, -1, -1))
+                   for j in ids]
+            yield (torch.cat(pix), torch.tensor([[1, g, g]] * batch_size),
+                   torch.from_numpy(self.labels[ids]))
 
     def __len__(self) -> int:
         return len(self.ex["media"])
@@ -143,7 +179,7 @@ class TrainSet:
         input_ids = torch.full((len(ids), L), self.pad, dtype=torch.long)
         attn = torch.zeros((len(ids), L), dtype=torch.long)
         labels = torch.full((len(ids), L), -100, dtype=torch.long)
-        img_pix, vid_pix, n_img, n_vid = [], [], 0, 0
+        img_pix, vid_pix, n_img, n_vid, img_ids = [], [], 0, 0, []
         for b, (i, s) in enumerate(zip(ids, seqs)):
             input_ids[b, :len(s)] = s
             attn[b, :len(s)] = 1
@@ -153,6 +189,7 @@ class TrainSet:
             if int(ex["media"][i]) == 0:
                 img = torch.from_numpy(np.array(self.images[j]))
                 img_pix.append(patchify(img.unsqueeze(0).expand(TEMPORAL, -1, -1, -1))); n_img += 1
+                img_ids.append(j)
             else:
                 vid_pix.append(patchify(torch.from_numpy(np.array(self.videos[j])))); n_vid += 1
         mm = torch.zeros_like(input_ids)
@@ -163,6 +200,8 @@ class TrainSet:
         if n_img:
             batch["pixel_values"] = torch.cat(img_pix)
             batch["image_grid_thw"] = torch.tensor([[1, g, g]] * n_img)
+            if self.labels is not None:   # not a model input: train.py pops it for the auxiliary loss
+                batch["vision_labels"] = torch.from_numpy(self.labels[img_ids])
         if n_vid:
             batch["pixel_values_videos"] = torch.cat(vid_pix)
             batch["video_grid_thw"] = torch.tensor([[MODEL_FRAMES // TEMPORAL, g, g]] * n_vid)
