@@ -1,9 +1,12 @@
-"""Serve the SAGE demo: `python app.py [--host H] [--port P] [--presets A,B] [--preset A]`.
+"""Serve the SAGE demo: `python app.py [--host H] [--port P] [--presets A,B] [--preset A] [--cache-examples lazy|off]`.
 
 Host and port default to Gradio's own environment variables (GRADIO_SERVER_NAME,
 GRADIO_SERVER_PORT; Hugging Face Spaces sets them), then to 127.0.0.1:7860. The model pairs
 are named presets of sage_engine/presets.py: --presets (SAGE_PRESETS) lists those the UI may
 offer (default: the embedded tinyworld pair), --preset (SAGE_PRESET) the one loaded first.
+--cache-examples (SAGE_CACHE_EXAMPLES, default lazy): an example's first click races it and stores the result
+in Gradio's cache dir (GRADIO_EXAMPLES_CACHE, default .gradio/cached_examples); later clicks show it, labelled
+as cached. `off`: a click only fills the inputs.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ if os.environ.get("SPACES_ZERO_GPU"):  # a ZeroGPU Space: `spaces` goes first, b
     import spaces  # noqa: F401
 
 from app import SERVED, build_demo, launch_options, served  # noqa: E402
+from app.examples import CACHE_MODES  # noqa: E402
 from app.gpu import zero_gpu  # noqa: E402
 
 
@@ -35,6 +39,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-preload", action="store_true", help="load the model pair on the first run instead")
     p.add_argument("--threads", type=int, default=int(os.environ.get("SAGE_THREADS", 0)) or None,
                    help="torch CPU threads (env SAGE_THREADS; default: torch's, one per core)")
+    p.add_argument("--cache-examples", choices=CACHE_MODES, default=os.environ.get("SAGE_CACHE_EXAMPLES", "lazy"),
+                   help="lazy: an example's first click races it and stores the result, later clicks show it "
+                        "(labelled as cached); off: a click only fills the inputs (env SAGE_CACHE_EXAMPLES; "
+                        "default %(default)s)")
     return p.parse_args(argv)
 
 
@@ -49,7 +57,8 @@ def main(argv=None) -> None:
     try:
         presets = served(args.presets.split(","))
         # ZeroGPU: the pair must be on cuda before the first run (a lazy load would happen in the GPU worker)
-        demo = build_demo(presets, default_preset=args.preset, preload=zero_gpu() or not args.no_preload)
+        demo = build_demo(presets, default_preset=args.preset, preload=zero_gpu() or not args.no_preload,
+                          cache_examples=args.cache_examples)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
     logging.getLogger("sage.app").info("app built in %.1f s", time.perf_counter() - t0)

@@ -9,6 +9,7 @@ import gradio as gr
 
 from sage_engine import ModelError
 
+from .examples import CACHE_MODES, add_examples
 from .handlers import Handlers
 from .layout import build_layout
 from .media import Example, RunFiles, load_examples
@@ -29,19 +30,24 @@ CSS = """
 def build_demo(presets: Mapping[str, Preset] | None = None, default_preset: str | None = None,
                pair_factory: PairFactory = load_preset, examples: list[Example] | None = None,
                preload: bool = False, text_every: float = 0.25, plot_every: float = 1.0, queue_size: int = 32,
-               pool_capacity: int = 1) -> gr.Blocks:
+               pool_capacity: int = 1, cache_examples: str = "lazy") -> gr.Blocks:
     """The demo over `presets` (default: app.presets.SERVED; the UI offers only these; the first is the default
     unless `default_preset` names another). `pair_factory(preset) -> ModelPair` loads a pair;
     tests pass one that builds tiny models. `preload` loads the default pair now instead of on first use;
     `text_every` / `plot_every`: seconds between streamed text / figure updates (the first token shows at
     once; each streamed update costs Gradio ~15-20 ms of server CPU, taken from decoding on a small CPU);
-    `pool_capacity` is how many pairs stay loaded at once."""
+    `pool_capacity` is how many pairs stay loaded at once. `cache_examples`: "lazy" (an example's first click
+    races it with the defaults and stores the result; later clicks show it, labelled as cached: app/examples.py)
+    or "off" (a click only fills the inputs)."""
+    if cache_examples not in CACHE_MODES:
+        raise ValueError(f"cache_examples must be one of {', '.join(CACHE_MODES)} (got {cache_examples!r})")
     presets = served() if presets is None else presets
     preset = pick(presets, default_preset)
     pool = PairPool(presets, pair_factory, capacity=pool_capacity)
     handlers = Handlers(pool, RunFiles(), preset.name, text_every=text_every, plot_every=plot_every)
     with gr.Blocks(title=TITLE, delete_cache=(3600, 3600)) as demo:
-        ui = build_layout(presets, preset.name, load_examples() if examples is None else examples)
+        ui = build_layout(presets, preset.name)
+        add_examples(ui, load_examples() if examples is None else examples, handlers, cache_examples)
         wire(demo, ui, handlers)
     demo.queue(max_size=queue_size)
     calm_queue(demo)

@@ -16,7 +16,7 @@ from typing import Iterator
 import gradio as gr
 from gradio.components.plot import PlotData
 
-from sage_engine import InputError, PreparedInput, SageConfig, SageError, make_policy, prepare_input
+from sage_engine import InputError, PreparedInput, SageConfig, SageError, StepEvent, make_policy, prepare_input
 from sage_engine.inputs import DEFAULT_NUM_FRAMES, video_frames_for
 from sage_engine.media import sample_video
 from sage_engine.pruning import VisualPruning
@@ -185,19 +185,29 @@ class Handlers:
 
     def _final_view(self, record: RunRecord, cfg: SageConfig) -> View:
         lane, token_text = record.spec, self._token_text(record.preset)
-        steps = lane.decode_steps
-        best = max(steps, key=lambda st: (len(st.accepted_nodes), len(st.tree.tokens) if st.tree else 0), default=None)
-        slider = gr.Slider(minimum=1, maximum=max(2, len(steps)), value=best.step if best else 1,
-                           interactive=len(steps) > 1)
+        best = self.best_step(record)
         return View(
             status=text.status_done(record), ar_text=record.ar.text, spec_text=list(lane.segments),
             scoreboard=text.scoreboard(record, token_text), replay=replay.replay_html(record),
             fig_alpha=plots.alpha_figure(lane), fig_accepted=plots.accepted_figure(lane),
             fig_tree=self.show_step(record, best.step) if best else empty_tree("this run drafted no tree"),
-            fig_mapping=plots.mapping_figure(lane, cfg), fig_time=plots.time_figure(record), step=slider,
+            fig_mapping=plots.mapping_figure(lane, cfg), fig_time=plots.time_figure(record),
+            step=gr.Slider(**self.step_slider(record)),
             export=gr.DownloadButton(value=self.files.write(record.export()), interactive=True),
             run_state=record, summary=record.summary(),
         )
+
+    @staticmethod
+    def best_step(record: RunRecord) -> StepEvent | None:
+        """The step shown first: the longest accepted path (ties: the bigger tree)."""
+        return max(record.spec.decode_steps, default=None,
+                   key=lambda st: (len(st.accepted_nodes), len(st.tree.tokens) if st.tree else 0))
+
+    @classmethod
+    def step_slider(cls, record: RunRecord) -> dict:
+        """The step slider's settings after a run (a Slider's keyword arguments)."""
+        steps, best = record.spec.decode_steps, cls.best_step(record)
+        return dict(minimum=1, maximum=max(2, len(steps)), value=best.step if best else 1, interactive=len(steps) > 1)
 
     def _token_text(self, preset: str):
         tok = self.pool.get(preset).pair.tokenizer

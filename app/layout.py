@@ -12,7 +12,6 @@ from sage_engine import SageConfig
 
 from . import plots, replay, text
 from .components import UploadedImage
-from .media import Example
 from .presets import Preset
 from .race import RunControl
 from .theme import TOKEN_COLORS
@@ -56,6 +55,7 @@ class Ui:
     run: gr.Button
     stop: gr.Button
     frames: gr.Gallery  # the sampled video frames, shown when a video is chosen
+    examples_row: gr.Row  # where app/examples.py puts the example galleries (they need the outputs below)
     # outputs of a run, in the order of app.view.View
     status: gr.Markdown
     ar_text: gr.Textbox
@@ -121,18 +121,6 @@ def _pair_line(p: Preset) -> str:
     return f"target {os.path.basename(p.target)} · draft {os.path.basename(p.draft)} · {p.dtype}"
 
 
-def _examples(examples: list[Example], image, video, prompt) -> None:
-    # One gr.Examples per media type (a column empty in every row breaks the example click).
-    # Not cached: a cached example would replay stale timings instead of racing the decoders.
-    with gr.Row():
-        for media, component in (("image", image), ("video", video)):
-            rows = [[e.file, e.prompt] for e in examples if e.media == media]
-            if rows:
-                with gr.Column():
-                    gr.Examples(rows, inputs=[component, prompt], label=f"{media.capitalize()} examples",
-                                cache_examples=False, examples_per_page=6)
-
-
 def _texts() -> dict:
     gr.Markdown(text.FAIRNESS)
     with gr.Row(equal_height=True):
@@ -169,8 +157,7 @@ def _plots() -> dict:
                 fig_mapping=fig_mapping, fig_time=fig_time)
 
 
-def build_layout(presets: Mapping[str, Preset], default_preset: str, examples: list[Example],
-                 cfg: SageConfig = SageConfig()) -> Ui:
+def build_layout(presets: Mapping[str, Preset], default_preset: str, cfg: SageConfig = SageConfig()) -> Ui:
     """Create every component inside the current gr.Blocks; returns their handles."""
     gr.Markdown(f"# {text.TITLE}\n{text.INTRO}")
     with gr.Accordion("What am I looking at? (explanation and legend)", open=False):
@@ -186,14 +173,14 @@ def build_layout(presets: Mapping[str, Preset], default_preset: str, examples: l
             status = gr.Markdown("Ready.", elem_id="status")
         with gr.Column(scale=7, min_width=480):
             outputs = _texts()
-    _examples(examples, inputs["image"], inputs["video"], inputs["prompt"])
+    examples_row = gr.Row()  # filled by app/examples.py once every output exists
     figures = _plots()
     with gr.Row():
         export = gr.DownloadButton("Download the run (JSON: both decoders' step events and stats)", value=None,
                                    interactive=False, elem_id="export", variant="secondary")
     with gr.Accordion("JSON summary (the last output of the `compare` API endpoint)", open=False):
         summary = gr.JSON(elem_id="summary")
-    return Ui(model_info=model_info, knobs=knobs, run=run, stop=stop, status=status, export=export,
-              run_state=gr.State(None), summary=summary, control=gr.State(RunControl()), **inputs, **outputs,
-              **figures)
+    return Ui(model_info=model_info, examples_row=examples_row, knobs=knobs, run=run, stop=stop, status=status,
+              export=export, run_state=gr.State(None), summary=summary, control=gr.State(RunControl()), **inputs,
+              **outputs, **figures)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sage_engine import RunStats, StepEvent
-from sage_engine.events import summarize
+from sage_engine.events import TreeView, summarize
 
 ACCEPTED = "draft, accepted"  # HighlightedText labels (also the legend)
 BONUS = "target, bonus"
@@ -111,7 +111,8 @@ class RunRecord:
         """The full run for download: settings, both lanes' step events with arrival times, stats."""
         def lane(x: Lane) -> dict:
             return {**x.summary(), "seconds": x.seconds,
-                    "steps": [{**s.to_dict(), "arrival_s": t} for s, t in zip(x.steps, x.arrivals)]}
+                    "steps": [{**s.to_dict(), "arrival_s": t, "bonus_text": x.bonus_texts.get(s.step)}
+                              for s, t in zip(x.steps, x.arrivals)]}
 
         return {
             "format": "sage-run/1",
@@ -126,3 +127,27 @@ class RunRecord:
             "speculative": lane(self.spec),
             **{k: v for k, v in self.summary().items() if k not in ("ar", "speculative")},
         }
+
+    @classmethod
+    def from_export(cls, run: dict) -> "RunRecord":
+        """The record back from `export()` (a cached example's run file): steps, arrival times, texts, stats,
+        the bonus texts of the tree plots. Not restored: the per-step origin segments of the text."""
+        def lane(name: str, x: dict) -> Lane:
+            steps, arrivals, bonus = [], [], {}
+            for d in x["steps"]:
+                d = dict(d)
+                arrivals.append(d.pop("arrival_s"))
+                text = d.pop("bonus_text", None)
+                tree = d.pop("tree")
+                ev = StepEvent(**d, tree=TreeView(**tree) if tree else None)
+                steps.append(ev)
+                if text is not None:
+                    bonus[ev.step] = text
+            return Lane(name, x.get("policy", "ar"), steps=steps, token_ids=list(x["token_ids"]), arrivals=arrivals,
+                        text=x["text"], bonus_texts=bonus, seconds=x["seconds"])
+
+        if run.get("format") != "sage-run/1":
+            raise ValueError(f"not a sage-run/1 export: {run.get('format')!r}")
+        return cls(run["preset"], run["prompt"], run["max_new_tokens"], run["policy"], run["policy_config"],
+                   run["media"], ar=lane("ar", run["ar"]), spec=lane("spec", run["speculative"]),
+                   stopped=bool(run.get("stopped")))

@@ -143,10 +143,34 @@ def status_done(record: RunRecord) -> str:
     if record.stopped:
         return (f"**Stopped** after {_tokens(len(record.ar.token_ids))} (autoregressive) and "
                 f"{_tokens(len(record.spec.token_ids))} (speculative).")
+    return f"**Done.** {_outcome(record)}."
+
+
+def _outcome(record: RunRecord) -> str:
     speedup = record.speedup()
     same = "token-identical" if record.divergence() is None else "outputs differ (see the scoreboard)"
     faster = f"{speedup:.2f}× the autoregressive speed" if speedup is not None else ""
-    return f"**Done.** Speculative ({record.spec.policy}) ran at {faster}, {same}."
+    return f"Speculative ({record.spec.policy}) ran at {faster}, {same}"
+
+
+CACHED = "**Cached result**"  # how a status line shown from the example cache starts
+
+
+def status_cached(record: RunRecord, raced_at: str) -> str:
+    """The status of an example shown from the cache: never passed off as a live race."""
+    return (f"{CACHED} of an earlier run of this example (raced {raced_at} with {record.max_new_tokens} new tokens, "
+            f"policy {record.spec.policy}, {record.preset}); timings measured then: press **Run** to race live. "
+            f"{_outcome(record)}.")
+
+
+def status_cached_fresh(record: RunRecord) -> str:
+    """The status of the example click that raced live just now and stored the result."""
+    return (f"{status_done(record)} Raced live just now (not streamed: a first example click runs to the end) "
+            f"and stored: the next click on this example shows this run at once, labelled as cached.")
+
+
+def no_step_slider(status: str) -> str:
+    return f"{status} (The step slider is off for this cached run: its step data is missing; press **Run**.)"
 
 
 def status_error(message: str) -> str:

@@ -3,11 +3,15 @@ shared by test_app.py and test_browser.py, plus the media files both use.
 
 Presets: "tiny-random" (random-init tiny Qwen2.5-VL built in code, always available) and the
 embedded "tinyworld" pair when its directory exists; the latter is then the default.
+Examples are cached lazily, as `python app.py` does, in a fresh directory per session (GRADIO_EXAMPLES_CACHE),
+so an example's first click in a session races live and nothing lands in the repository.
 """
 
 from __future__ import annotations
 
 import functools
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,7 +55,9 @@ class Server:
 @functools.cache
 def launch() -> Server:
     table = presets()
-    demo = build_demo(presets=table, pair_factory=pair_factory, preload=True, pool_capacity=len(table))
+    os.environ["GRADIO_EXAMPLES_CACHE"] = tempfile.mkdtemp(prefix="sage-examples-cache-")
+    demo = build_demo(presets=table, pair_factory=pair_factory, preload=True, pool_capacity=len(table),
+                      cache_examples="lazy")
     _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **launch_options())
     return Server(url.rstrip("/"), demo, next(iter(table)), tuple(table))
 

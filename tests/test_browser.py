@@ -162,3 +162,54 @@ def test_stop_then_run_again(page):
     page.click("#run")  # a fresh switch: the earlier Stop does not carry over
     page.wait_for_function("document.querySelector('#status').innerText.includes('Done')", timeout=120_000)
     assert "identical" in page.inner_text("#scoreboard")
+
+
+STATUS = "document.querySelector('#status').innerText"
+
+
+def test_cached_example_click(page):
+    """A lazily cached example: the first click fills the inputs and races (status Done, raced just now); the
+    second shows the stored run at once and says so; the step slider works on it; Run then races live."""
+    from app.media import load_examples
+
+    rows = [e for e in load_examples() if e.media == "image"]
+    if not rows:
+        pytest.skip("needs an image example in assets/examples")
+    # the first image example (a long answer: several steps to scrub; test_app calls the last one)
+    example = page.locator("#image-examples [data-testid='dataset-cell-0-1']")
+    page.fill("#prompt textarea", "")
+    t0 = time.perf_counter()
+    example.click()
+    page.wait_for_function(f"document.querySelector('#prompt textarea').value === {rows[0].prompt!r}")
+    page.wait_for_selector("#image img")  # the example's image is in the input
+    page.wait_for_function(f"{STATUS}.includes('Raced live just now')", timeout=120_000)
+    first_s = time.perf_counter() - t0
+    assert "Done" in page.inner_text("#status") and "Cached result" not in page.inner_text("#status")
+    live_ar = page.input_value("#ar-text textarea")
+    assert live_ar.strip() and "identical" in page.inner_text("#scoreboard")
+
+    t0 = time.perf_counter()
+    example.click()
+    page.wait_for_function(f"{STATUS}.includes('Cached result')", timeout=30_000)
+    cached_s = time.perf_counter() - t0
+    print(f"\nbrowser: example click 1 (live race) {first_s:.2f} s, click 2 (cache) {cached_s:.2f} s")
+    status = page.inner_text("#status")
+    assert "timings measured then" in status and "press Run to race live" in status and "step slider" not in status
+    assert page.input_value("#ar-text textarea") == live_ar and cached_s < 10
+
+    # the step slider scrubs the cached run's trees (its run was restored)
+    page.wait_for_function("(document.querySelector('#plot-tree .gtitle') || {}).textContent?.startsWith('Step ')")
+    before = tree_title(page)
+    current = int(before.split(":")[0].split()[1])
+    target = 1 if current != 1 else 2
+    step_box = page.locator("#step input[type=number]")
+    step_box.fill(str(target))
+    step_box.press("Enter")
+    page.wait_for_function(f"(document.querySelector('#plot-tree .gtitle') || {{}}).textContent"
+                           f"?.startsWith('Step {target}:')", timeout=20_000)
+
+    # Run after an example races live on what the inputs hold
+    page.click("#run")
+    page.wait_for_function(f"{STATUS}.includes('Done') && !{STATUS}.includes('Raced live just now')"
+                           f" && !{STATUS}.includes('Cached')", timeout=120_000)
+    assert not [e for e in page.errors if "no supported sources" not in e], page.errors
