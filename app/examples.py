@@ -14,9 +14,9 @@ JSON, which carries every step event and tree). If that fails, the slider is swi
 says so.
 
 The cache lives in Gradio's cache dir (GRADIO_EXAMPLES_CACHE, default .gradio/cached_examples, git-ignored),
-in a folder named after a fingerprint of what decides the result (preset, defaults, example files and
-prompts): changing one of them starts a new cache instead of showing a stale one. New weights under the same
-preset paths are not noticed: delete the folder then.
+in a folder named after a fingerprint of what decides the result (the preset and the size and time of each
+file in its local model directories, the defaults, example files and prompts): changing one of them starts a
+new cache instead of showing a stale one (a hub model updated under the same id is not noticed).
 
 `cache="off"`: a click only fills the inputs, as before.
 """
@@ -138,6 +138,12 @@ def _dump(value):
 def fingerprint(preset, rows: list[list[str]]) -> str:
     """What decides a cached example's result, hashed: change any of it and the cache starts afresh."""
     h = hashlib.sha256(json.dumps([FORMAT, repr(preset), DEFAULT_NEW_TOKENS, POLICY, repr(SageConfig())]).encode())
+    for model_dir in (preset.target, preset.draft):  # local weights: retrained or updated ones start afresh
+        if model_dir and Path(model_dir).is_dir():
+            for f in sorted(Path(model_dir).iterdir()):
+                if f.is_file():
+                    st = f.stat()
+                    h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
     for file, prompt in rows:
         h.update(prompt.encode())
         h.update(Path(file).read_bytes())

@@ -386,3 +386,25 @@ def test_cache_examples_modes(monkeypatch, tmp_path):
     assert all(str(x.cached_folder).startswith(str(tmp_path)) for x in made)
     with pytest.raises(ValueError, match="lazy, off"):
         build_demo(table, pair_factory=app_server.pair_factory, cache_examples="eager")
+
+
+def test_example_cache_key_follows_the_weights(tmp_path):
+    """Retrained weights under the same preset paths must not show runs cached with the old ones."""
+    import os
+
+    from app.examples import fingerprint
+    from sage_engine.presets import Preset
+
+    target, draft = tmp_path / "t", tmp_path / "d"
+    for d in (target, draft):
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(b"old weights")
+    image = tmp_path / "x.png"
+    image.write_bytes(b"png")
+    preset = Preset("local", "qwen2_5_vl", str(target), str(draft), None, None, None, None, True, "test")
+    rows = [[str(image), "Describe."]]
+    before = fingerprint(preset, rows)
+    assert fingerprint(preset, rows) == before
+    (draft / "model.safetensors").write_bytes(b"new weights!")
+    os.utime(draft / "model.safetensors", ns=(1, 1))
+    assert fingerprint(preset, rows) != before
