@@ -38,6 +38,9 @@ FIGURES = ("fig_alpha", "fig_accepted", "fig_tree", "fig_mapping", "fig_time")
 log = logging.getLogger("sage.app")
 
 POLL = 0.03  # seconds between looks at the decoding thread's queue until the first token shows
+# While decoding runs, building and sending updates takes the GIL (and a core) from it: updates are spaced so
+# that they cost at most this share of the wall time (on top of the text_every / plot_every minimums).
+UI_SHARE = 0.04
 
 
 def serialized(fig) -> PlotData:
@@ -139,18 +142,22 @@ class Handlers:
         yield view.row()
         figures = {f: serialized(getattr(view, f)) for f in FIGURES}  # what the plots show (resent unchanged)
         race.start()
-        last_text = last_plot = 0.0
+        next_text = next_plot = 0.0
         try:
             # poll fast until the first token shows, then only as often as the text is redrawn
             for batch in race.batches(every=lambda: POLL if not record.ar.steps else self.text_every):
                 if not consume(record, transcriber, batch) or record.done:
                     continue
                 now = time.perf_counter()
-                if now - last_text >= self.text_every:
-                    if now - last_plot >= self.plot_every and record.spec.decode_steps:
-                        figures, last_plot = self._figures(record, s.cfg), now
-                    last_text = now
-                    yield self._live_view(record, figures).row()
+                if now < next_text:
+                    continue
+                if now >= next_plot and record.spec.decode_steps:
+                    figures = self._figures(record, s.cfg)
+                    next_plot = now + max(self.plot_every, (time.perf_counter() - now) / UI_SHARE)
+                t0 = time.perf_counter()
+                yield self._live_view(record, figures).row()
+                # the cost of an update: building it, then Gradio serialising and sending it (it resumes us after)
+                next_text = time.perf_counter() + max(self.text_every, (time.perf_counter() - t0) / UI_SHARE)
             record.stopped = race.stopped
         finally:
             race.stop()  # also when Gradio closes this generator (client gone)
