@@ -50,9 +50,12 @@ class StepOutcome:
 
 
 def confidence(top_probs: np.ndarray) -> np.ndarray:
-    """alpha = 1 - H(p) / log k over the renormalised top-k probabilities (Eq. 7-9).  # [F, k] -> [F]"""
-    p = top_probs / top_probs.sum(axis=-1, keepdims=True)
-    h = -(p * np.log(p + 1e-30)).sum(axis=-1)
+    """alpha = 1 - H(p) / log k over the renormalised top-k probabilities (Eq. 7-9).  # [F, k] -> [F]
+
+    With s = sum(top_probs) and p = top_probs / s: H(p) = log s - sum(top_probs log top_probs) / s,
+    which skips materialising p (this runs once per draft level)."""
+    s = top_probs.sum(axis=-1)
+    h = np.log(s) - (top_probs * np.log(top_probs + 1e-30)).sum(axis=-1) / s
     return 1.0 - h / math.log(top_probs.shape[-1])
 
 
