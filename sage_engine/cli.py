@@ -68,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="every policy on every image/video of a folder")
     bench.add_argument("--inputs", required=True, help="folder of images/videos (prompts.jsonl optional)")
     bench.add_argument("--prompt", default=None, help="prompt for inputs without their own")
-    bench.add_argument("--policies", default=",".join(POLICY_NAMES))
+    bench.add_argument("--policies", default=",".join(POLICY_NAMES),
+                       help="comma-separated policies; a policy may change knobs, e.g. sage:n_max=32:d_max=10")
     bench.add_argument("--limit", type=int, default=None, help="use only the first N inputs")
     bench.add_argument("--warmup", type=int, default=1, help="inputs decoded once before timing")
     bench.add_argument("--out", required=True, help="report JSON file")
@@ -126,11 +127,14 @@ def cmd_bench(args) -> int:
     from tqdm import tqdm
 
     from .bench import find_inputs, format_table, run_bench
+    from .policy import parse_spec
 
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    unknown = [p for p in policies if p not in POLICY_NAMES]
-    if unknown:
-        raise SageError(f"unknown policy {unknown[0]!r}; choose from {', '.join(POLICY_NAMES)}")
+    for p in policies:  # a name, or a spec with knobs: sage:n_max=32:d_max=10
+        try:
+            parse_spec(p)
+        except ValueError as e:
+            raise SageError(str(e)) from None
     inputs = find_inputs(args.inputs, args.prompt)[: args.limit]
     pair = _load(args)
     n_pol = len(set(policies) | {"ar"})

@@ -10,6 +10,7 @@ Symbols follow the SAGE paper: alpha (confidence), D (depth), W (width), theta_l
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -258,18 +259,49 @@ class SagePolicy(Policy):
         return {"alpha_next": self.alpha, "d_max": self.d_max, "history": list(self.history)}
 
 
+_POLICIES = {
+    "ar": (AutoregressivePolicy, None),
+    "chain": (ChainPolicy, ChainConfig),
+    "static": (StaticTreePolicy, StaticConfig),
+    "eagle2": (Eagle2Policy, Eagle2Config),
+    "sage": (SagePolicy, SageConfig),
+}
+
+
 def make_policy(name: str, config=None) -> Policy:
-    """A fresh policy by name; `config` overrides the defaults of that policy's dataclass."""
-    table = {
-        "ar": (AutoregressivePolicy, None),
-        "chain": (ChainPolicy, ChainConfig),
-        "static": (StaticTreePolicy, StaticConfig),
-        "eagle2": (Eagle2Policy, Eagle2Config),
-        "sage": (SagePolicy, SageConfig),
-    }
-    if name not in table:
-        raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(table)}")
-    cls, cfg_cls = table[name]
+    """A fresh policy by name; `config` overrides the defaults of that policy's dataclass.
+
+    `name` may also be a spec with overridden knobs, `sage:n_max=32:d_max=10` (see `parse_spec`)."""
+    if ":" in name and config is None:
+        name, config = parse_spec(name)
+    if name not in _POLICIES:
+        raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(_POLICIES)}")
+    cls, cfg_cls = _POLICIES[name]
     if cfg_cls is None:
         return cls()
     return cls(config if config is not None else cfg_cls())
+
+
+def parse_spec(spec: str):
+    """'sage:n_max=32:theta_scale=0.2' -> ('sage', SageConfig(n_max=32, theta_scale=0.2)): a policy with some
+    scalar knobs of its config dataclass changed (for benchmarks that compare settings); ValueError if unknown."""
+    name, *pairs = spec.split(":")
+    if name not in _POLICIES:
+        raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(_POLICIES)}")
+    cfg_cls = _POLICIES[name][1]
+    if cfg_cls is None:
+        if pairs:
+            raise ValueError(f"policy {name!r} has no knobs")
+        return name, None
+    cfg = cfg_cls()
+    changes = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        current = getattr(cfg, key, None)
+        if not sep or key.startswith("_") or not isinstance(current, (int, float, str)) or isinstance(current, bool):
+            raise ValueError(f"{spec!r}: {key!r} is not a scalar knob of {cfg_cls.__name__}")
+        try:
+            changes[key] = type(current)(value)
+        except ValueError:
+            raise ValueError(f"{spec!r}: {key} must be a {type(current).__name__} (got {value!r})") from None
+    return name, dataclasses.replace(cfg, **changes)

@@ -69,18 +69,18 @@ def test_bench_writes_the_report(saved_qwen_pair, media, tmp_path, capsys):
     for f in ("a.png", "b.mp4", "prompts.jsonl"):
         (d / f).write_bytes((media / f).read_bytes())
     out = tmp_path / "r.json"
-    code, stdout, _ = run_main(capsys, "bench", "--inputs", str(d), "--policies", "sage,chain",
+    code, stdout, _ = run_main(capsys, "bench", "--inputs", str(d), "--policies", "sage,chain,sage:n_max=8:d_max=4",
                                "--max-new-tokens", "10", "--target", target, "--draft", draft, "--out", str(out),
                                "--draft-prune", "paper")
     assert code == 0 and "sage" in stdout
     report = json.loads(out.read_text())
-    assert set(report["policies"]) == {"ar", "sage", "chain"}
+    assert set(report["policies"]) == {"ar", "sage", "chain", "sage:n_max=8:d_max=4"}  # knobs: lossless too
     assert report["draft_pruning"] == {"image": 0.8, "video": 0.9}
     for p in report["policies"].values():
         assert {"mean_accepted", "tokens_per_second", "speedup_vs_ar", "exact_match_vs_ar", "target_forwards",
                 "draft_forwards", "overhead_fraction", "peak_memory_mb"} <= set(p)
         assert p["exact_match_vs_ar"] == 1.0
-    assert len(report["runs"]) == 2 * 3
+    assert len(report["runs"]) == 2 * 4
     assert {r["input"] for r in report["runs"]} == {"a.png", "b.mp4"}
 
 

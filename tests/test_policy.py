@@ -163,3 +163,16 @@ def test_eagle2_reranks_to_an_ancestor_closed_top_n():
 def test_unknown_policy_is_refused():
     with pytest.raises(ValueError, match="unknown policy"):
         make_policy("beam")
+
+
+def test_policy_specs_change_scalar_knobs():
+    from sage_engine.policy import make_policy, parse_spec
+
+    pol = make_policy("sage:n_max=32:theta_scale=0.2:alpha_source=prev_root")
+    assert (pol.cfg.n_max, pol.cfg.theta_scale, pol.cfg.alpha_source) == (32, 0.2, "prev_root")
+    assert make_policy("sage").cfg.n_max == 64  # the paper's default is untouched
+    assert make_policy("chain:k=3").cfg.k == 3
+    assert parse_spec("eagle2") == ("eagle2", make_policy("eagle2").cfg)
+    for bad in ("sage:n_max", "sage:nope=1", "sage:n_max=lots", "sage:d_max_bounds=3", "ar:k=2", "tree:k=1"):
+        with pytest.raises(ValueError):
+            parse_spec(bad)
