@@ -24,6 +24,32 @@ def _train_minutes(log: str) -> dict:
     return out
 
 
+ATTRIBUTES = ("colour", "shape", "size", "position", "count", "yesno", "motion")
+BAR = 0.95
+
+
+def _train_config(log: str) -> dict:
+    m = re.search(r"\[train\] config (\{.*\})", log)
+    return json.loads(m.group(1)) if m else {}
+
+
+def _status(eval_result: dict) -> str:
+    t = eval_result["target"]["by_kind"]
+    below = [f"{k} {t[k]:.2f}" for k in ATTRIBUTES if k in t and t[k] < BAR]
+    if not below:
+        return (f"> **Status: meets the project's accuracy bar** (>= {BAR:.0%} on every attribute for the target, "
+                f"fresh scenes, table below).\n")
+    return (f"> **Status: does not meet the project's accuracy bar yet** (>= {BAR:.0%} on every attribute; the target "
+            f"is below it on: {', '.join(below)}; table below).\n")
+
+
+def store_bf16(src, dst) -> None:
+    """Copy a trained pair member to `dst` with bfloat16 weights (half the bytes; the engine loads float32)."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+    AutoModelForImageTextToText.from_pretrained(src, dtype=torch.float32).to(torch.bfloat16).save_pretrained(dst)
+    AutoProcessor.from_pretrained(src).save_pretrained(dst)
+
+
 def _arch(model) -> str:
     t, v = model.config.text_config, model.config.vision_config
     return (f"text: {t.num_hidden_layers} layer(s), hidden {t.hidden_size}, {t.num_attention_heads} heads "
@@ -37,6 +63,10 @@ def write_cards(models_dir: Path, eval_result: dict, train_log: str, timing: dic
     pair = {r: AutoModelForImageTextToText.from_pretrained(models_dir / f"tinyworld-{r}") for r in ("target", "draft")}
     n = {r: sum(p.numel() for p in m.parameters()) for r, m in pair.items()}
     mins = _train_minutes(train_log)
+    tc = _train_config(train_log)
+    dtype = json.loads((models_dir / "tinyworld-target" / "config.json").read_text()).get("dtype", "float32")
+    storage = ("Stored in bfloat16 (safetensors, to keep the repository small); the engine loads it in float32 by default\n"
+               "  (`--dtype`)." if dtype == "bfloat16" else "Stored in float32 (safetensors).")
     kinds = sorted(eval_result["target"]["by_kind"])
     table = "\n".join(f"| {k} | {eval_result['target']['by_kind'][k]:.3f} | {eval_result['draft']['by_kind'][k]:.3f} |"
                       for k in kinds)
@@ -44,6 +74,7 @@ def write_cards(models_dir: Path, eval_result: dict, train_log: str, timing: dic
         other = "draft" if role == "target" else "target"
         text = f"""# tinyworld-{role}
 
+{_status(eval_result)}
 The {role} of SAGE's embedded default VLM pair (its {other}: `tinyworld-{other}`), trained from scratch
 on the procedurally generated tinyworld (`sage_engine/tinyworld/`): coloured shapes on plain
 backgrounds, and short clips in which one thing happens. Not a general-purpose model: it knows
@@ -51,7 +82,7 @@ backgrounds, and short clips in which one thing happens. Not a general-purpose m
 
 - Architecture: `Qwen2_5_VLForConditionalGeneration` (processor `Qwen2_5_VLProcessor`), {_arch(model)}.
 - Parameters: {n[role]:,} (target {n['target']:,} = {n['target'] / n['draft']:.1f}x the draft's {n['draft']:,}).
-- Stored in float32 (safetensors). Load with `AutoModelForImageTextToText.from_pretrained` and
+- {storage} Load with `AutoModelForImageTextToText.from_pretrained` and
   `AutoProcessor.from_pretrained`; both work offline (`HF_HUB_OFFLINE=1`).
 - Inputs: images are resized to {SIZE}x{SIZE} pixels = 16 visual tokens. Videos: pass
   {MODEL_FRAMES} frames sampled uniformly (`video_processor.num_frames` = {MODEL_FRAMES}) with
@@ -64,10 +95,13 @@ backgrounds, and short clips in which one thing happens. Not a general-purpose m
 
 `python -m sage_engine.tinyworld train --threads 1` (seeded; writes both models). Data: 24,000
 rendered images x 3 questions and 8,000 clips (through an MP4 round trip) x 2 questions: detailed
-descriptions, count, colour, shape, size, position, yes/no, "what happens". The target is trained with
-cross-entropy on the answers (5,000 steps of batch 16, AdamW, cosine); the draft is distilled from the
-target, teacher-forced KL(p_target || q_draft) on the same answers (2,500 steps).
-Measured on this 2-core CPU, 1 thread, shared with other work: cache {mins.get('cache_s', '?')} s,
+descriptions, count, colour, shape, size, position, yes/no, "what happens". Each model's vision tower
+first trains alone for {tc.get('vision_steps', '?')} steps on a dense auxiliary loss (a training-only linear head on the merged
+visual tokens predicts which colour / shape / size, or nothing, fills each 28x28 block: scene ground
+truth), which then stays on (weight {tc.get('aux_weight', '?')}); the head is not saved. The target is trained with
+cross-entropy on the answers ({tc.get('target_steps', 0):,} steps of batch {tc.get('batch_size', '?')}, AdamW, cosine); the draft is distilled from
+the target, teacher-forced KL(p_target || q_draft) on the same answers ({tc.get('draft_steps', 0):,} steps).
+Measured on this 2-core CPU, 1 thread, shared with other work: cache {str(mins['cache_s']) + ' s' if 'cache_s' in mins else 'reused from an earlier run of the same seed'},
 target {mins.get('target', '?')} min, draft {mins.get('draft', '?')} min, total {mins.get('total', '?')} min.
 
 ## Evaluation (fresh scenes, never seen in training)

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .world import COLOURS, SHAPES, SIZE, SIZES, Obj, Scene, draw_object
+from .world import COLOURS, SHAPES, SIZE, SIZES, Obj, Scene, _centre, draw_object
 
 GRID = 4                       # merged tokens per side
 BLOCK = SIZE // GRID           # 28 px
@@ -24,8 +24,16 @@ N_LABELS = len(COLOURS) + len(SHAPES) + len(SIZES) + 1   # colours, shapes, size
 _COLOURS = list(COLOURS)
 
 
-def token_labels(objects: tuple[Obj, ...] | list[Obj]) -> np.ndarray:
-    """uint8 (16, N_LABELS): per merged token (row-major) multi-hot colour / shape / size / empty."""
+def _anchor(o: Obj) -> int:
+    """The merged token holding the object's centre."""
+    cx, cy = _centre(o.cell)
+    return min(int((cy + o.dy) // BLOCK), GRID - 1) * GRID + min(int((cx + o.dx) // BLOCK), GRID - 1)
+
+
+def token_labels(objects: tuple[Obj, ...] | list[Obj], anchor: bool = False) -> np.ndarray:
+    """uint8 (16, N_LABELS): per merged token (row-major) multi-hot colour / shape / size / empty.
+    anchor=True: shape and size only on the token holding the object's centre (colour and
+    empty stay per pixel coverage)."""
     owner = np.full((SIZE, SIZE), -1, np.int16)          # which object each pixel shows (last drawn wins)
     for i, o in enumerate(objects):
         mask = np.zeros((SIZE, SIZE, 3), np.uint8)
@@ -38,8 +46,9 @@ def token_labels(objects: tuple[Obj, ...] | list[Obj]) -> np.ndarray:
         for i, o in enumerate(objects):
             if (block == i).sum() >= MIN_PIXELS:
                 out[t, _COLOURS.index(o.colour)] = 1
-                out[t, len(COLOURS) + SHAPES.index(o.shape)] = 1
-                out[t, len(COLOURS) + len(SHAPES) + SIZES.index(o.size)] = 1
+                if not anchor or _anchor(o) == t:
+                    out[t, len(COLOURS) + SHAPES.index(o.shape)] = 1
+                    out[t, len(COLOURS) + len(SHAPES) + SIZES.index(o.size)] = 1
         if not out[t, :-1].any():
             out[t, -1] = 1
     return out
