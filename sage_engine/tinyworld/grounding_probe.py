@@ -70,7 +70,7 @@ QUESTIONS = {"colour": "What colour is the shape?", "shape": "What shape is it?"
 VISION = {"draft": (64, 1, 2), "target": (128, 2, 4), "deep": (128, 4, 4), "wide": (256, 4, 4)}
 
 
-def main(argv=None) -> None:
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--question", choices=list(QUESTIONS), default="colour")
     p.add_argument("--vision", choices=list(VISION), default="draft")
@@ -85,23 +85,40 @@ def main(argv=None) -> None:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--vision-only", metavar="CACHE", help="train the tower + head alone on a training cache")
     p.add_argument("--anchor", action="store_true", help="--vision-only: shape/size labels on the centre token only")
-    a = p.parse_args(argv)
-    torch.set_num_threads(1)
-    if a.vision_only:
-        return vision_only(a)
-    tok = build_tokenizer(world_corpus(200, 0))
-    proc = M.build_processor(tok)
-    vh, vd, vheads = VISION[a.vision]
-    member = M.PairMember(hidden=128, layers=2, heads=2, kv_heads=1, ffn=384, vis_hidden=vh, vis_depth=vd, vis_heads=vheads)
-    model = M.build_model(member, tok)
-    aux = VisionAux(model)
-    rng = random.Random(0)
+    return p.parse_args(argv)
 
-    def answer(s: W.Scene) -> str:
+
+class Probe:
+    """One small model, single-object scenes and one question: can the answer be read from the picture?"""
+
+    def __init__(self, a: argparse.Namespace):
+        self.a = a
+        tok = build_tokenizer(world_corpus(200, 0))
+        self.proc = M.build_processor(tok)
+        vh, vd, vheads = VISION[a.vision]
+        member = M.PairMember(hidden=128, layers=2, heads=2, kv_heads=1, ffn=384, vis_hidden=vh, vis_depth=vd,
+                              vis_heads=vheads)
+        self.model = M.build_model(member, tok)
+        self.aux = VisionAux(self.model)
+        self.rng = random.Random(0)
+        self.train, self.held = self.make(a.n), self.make(a.held)
+        self.words = sorted(set(self.train[1]) | set(self.held[1]))
+        # first token of each answer; "top" / "top left" share one: then only the first token is scored
+        self.first = {w: tok(" " + w, add_special_tokens=False)["input_ids"][0] for w in self.words}
+        self.ambiguous = len(set(self.first.values())) < len(self.first)
+        self.pos = {"train": self.answer_pos(*self.train[:2]), "held": self.answer_pos(*self.held[:2])}
+        self.labels = self.train[0]["input_ids"].clone()
+        for i, q in enumerate(self.pos["train"]):
+            self.labels[i, :q] = -100
+        self.patches = int(self.train[0]["image_grid_thw"][0].prod())
+
+    def answer(self, s: W.Scene) -> str:
         o = s.objects[0]
-        return {"colour": o.colour, "shape": o.shape, "position": o.position}[a.question]
+        return {"colour": o.colour, "shape": o.shape, "position": o.position}[self.a.question]
 
-    def make(n: int):
+    def make(self, n: int):
+        """n scenes -> (processor batch, true answers, per-token vision labels)."""
+        a, rng = self.a, self.rng
         scenes = [W.sample_scene(rng, 1, 1) for _ in range(n)]
         if a.white:
             scenes = [dataclasses.replace(s, background="white") for s in scenes]
@@ -109,73 +126,79 @@ def main(argv=None) -> None:
             imgs = [np.full((W.SIZE, W.SIZE, 3), W.COLOURS[s.objects[0].colour], np.uint8) for s in scenes]
         else:
             imgs = [W.render_image(s, noise_seed=rng.randrange(1 << 30)) for s in scenes]
-        truth = [answer(s) for s in scenes]
+        truth = [self.answer(s) for s in scenes]
         texts = [user_turn("image", QUESTIONS[a.question]) + f"It is {t}.<|im_end|>" for t in truth]
-        enc = proc(text=texts, images=imgs, return_tensors="pt", padding=True)
+        enc = self.proc(text=texts, images=imgs, return_tensors="pt", padding=True)
         return enc, truth, torch.from_numpy(np.stack([scene_labels(s) for s in scenes]))
 
-    train, held = make(a.n), make(a.held)
-    words = sorted(set(train[1]) | set(held[1]))
-    first = {w: tok(" " + w, add_special_tokens=False)["input_ids"][0] for w in words}   # first token of each answer
-    ambiguous = len(set(first.values())) < len(first)          # e.g. "top" / "top left": score the first token only
+    def answer_pos(self, enc, truth) -> list[int]:
+        """Index of each answer's first token (its last occurrence: after the question)."""
+        return [max(k for k, x in enumerate(enc["input_ids"][i].tolist()) if x == self.first[t])
+                for i, t in enumerate(truth)]
 
-    def answer_pos(enc, truth):   # index of the answer's first token (last occurrence: after the question)
-        return [max(k for k, x in enumerate(enc["input_ids"][i].tolist()) if x == first[t]) for i, t in enumerate(truth)]
-
-    pos = {"train": answer_pos(train[0], train[1]), "held": answer_pos(held[0], held[1])}
-    labels = train[0]["input_ids"].clone()
-    for i, q in enumerate(pos["train"]):
-        labels[i, :q] = -100
-    patches = int(train[0]["image_grid_thw"][0].prod())
-
-    def batch(enc, idx):
+    def batch(self, enc, idx) -> dict:
         d = {k: enc[k][idx] for k in ("input_ids", "attention_mask", "mm_token_type_ids") if k in enc}
-        d["pixel_values"] = torch.cat([enc["pixel_values"][i * patches:(i + 1) * patches] for i in idx.tolist()])
+        n = self.patches
+        d["pixel_values"] = torch.cat([enc["pixel_values"][i * n:(i + 1) * n] for i in idx.tolist()])
         d["image_grid_thw"] = enc["image_grid_thw"][idx]
         return d
 
     @torch.no_grad()
-    def score(split: str):
-        enc, truth, lab = train if split == "train" else held
+    def score(self, split: str):
+        """(answer accuracy, [vision head exact on colour, on shape]) on `split`."""
+        enc, truth, lab = self.train if split == "train" else self.held
+        model, aux = self.model, self.aux
         model.eval()
         hits, vis = 0, []
         for k in range(0, len(truth), 48):
             idx = torch.arange(k, min(k + 48, len(truth)))
-            logits = model(**batch(enc, idx)).logits
-            feats = torch.cat(aux._feats); aux.clear()
+            logits = model(**self.batch(enc, idx)).logits
+            feats = torch.cat(aux._feats)
+            aux.clear()
             pred, gold = aux.head(feats).view(lab[idx].shape) > 0, lab[idx].bool()
             full = gold[..., -1] == 0
-            vis.append([float((pred[full][:, s] == gold[full][:, s]).all(-1).float().mean()) for s in (slice(0, 6), slice(6, 12))])
+            vis.append([float((pred[full][:, s] == gold[full][:, s]).all(-1).float().mean())
+                        for s in (slice(0, 6), slice(6, 12))])
             for j, i in enumerate(idx.tolist()):
-                cand = {w: logits[j, pos[split][i] - 1, t].item() for w, t in first.items()}
-                hits += first[max(cand, key=cand.get)] == first[truth[i]]
+                cand = {w: logits[j, self.pos[split][i] - 1, t].item() for w, t in self.first.items()}
+                hits += self.first[max(cand, key=cand.get)] == self.first[truth[i]]
         model.train()
         return hits / len(truth), np.mean(vis, 0)
 
-    params = list(model.parameters()) + list(aux.parameters())
-    opt = torch.optim.AdamW(params, a.lr, weight_decay=0.01)
-    g = torch.Generator().manual_seed(0)
-    t0 = time.time()
-    print(f"answers {words}" + (" (scored on the first token)" if ambiguous else ""), flush=True)
-    for step in range(a.pre + a.steps):
-        idx = torch.randint(0, a.n, (a.batch,), generator=g)
-        b = batch(train[0], idx)
-        aux.clear()
-        if step < a.pre:   # the vision tower and the head alone
-            model.model.visual(b["pixel_values"], grid_thw=b["image_grid_thw"])
-            loss = lm = aux.loss(train[2][idx])
-        else:
-            lm = model(**b, labels=labels[idx]).loss
-            loss = lm + a.aux * aux.loss(train[2][idx]) if a.aux else lm
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if step % 50 == 0 or step == a.pre + a.steps - 1:
-            stage = "vision" if step < a.pre else "lm"
-            tr = score("train")[0] if step >= a.pre else float("nan")
-            he, vis = score("held")
-            print(f"step {step} [{stage}] loss {lm.item():.3f} answer right: train {tr:.2f} held-out {he:.2f} | "
-                  f"vision head on objects: colour {vis[0]:.2f} shape {vis[1]:.2f} | {time.time() - t0:.0f}s", flush=True)
+    def run(self) -> None:
+        a, model, aux, train = self.a, self.model, self.aux, self.train
+        opt = torch.optim.AdamW(list(model.parameters()) + list(aux.parameters()), a.lr, weight_decay=0.01)
+        g = torch.Generator().manual_seed(0)
+        t0 = time.time()
+        print(f"answers {self.words}" + (" (scored on the first token)" if self.ambiguous else ""), flush=True)
+        for step in range(a.pre + a.steps):
+            idx = torch.randint(0, a.n, (a.batch,), generator=g)
+            b = self.batch(train[0], idx)
+            aux.clear()
+            if step < a.pre:   # the vision tower and the head alone
+                model.model.visual(b["pixel_values"], grid_thw=b["image_grid_thw"])
+                loss = lm = aux.loss(train[2][idx])
+            else:
+                lm = model(**b, labels=self.labels[idx]).loss
+                loss = lm + a.aux * aux.loss(train[2][idx]) if a.aux else lm
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if step % 50 == 0 or step == a.pre + a.steps - 1:
+                stage = "vision" if step < a.pre else "lm"
+                tr = self.score("train")[0] if step >= a.pre else float("nan")
+                he, vis = self.score("held")
+                print(f"step {step} [{stage}] loss {lm.item():.3f} answer right: train {tr:.2f} held-out {he:.2f} | "
+                      f"vision head on objects: colour {vis[0]:.2f} shape {vis[1]:.2f} | {time.time() - t0:.0f}s",
+                      flush=True)
+
+
+def main(argv=None) -> None:
+    a = parse_args(argv)
+    torch.set_num_threads(1)
+    if a.vision_only:
+        return vision_only(a)
+    Probe(a).run()
 
 
 def vision_only(a) -> None:
