@@ -50,6 +50,11 @@ motion / describe / describe_video 0.00 / 0.05 / 0.05 (same). Draft 0.32 (was 0.
 now reaches the LM (colour, count, position, size), shapes do not (the tower has not learned
 them after 400 + 4,000 steps, see above); yes/no and motion need the shape. Next: a much longer
 vision stage (>= 3,000 steps; 0.27 s/step) before the LM, then smaller patches or more vision depth.
+Tried at the end (target only, not shipped): 2,500 vision steps (aux 0.10 -> 0.05) + 1,200 target
+steps, 24 min: 0.435 overall on the same eval (colour 0.70, count 0.875, size 0.80, position 0.20,
+yesno 0.45, motion 0.05, describe 0.15) in less than half the time of the 4,000-step run; shape
+answers now vary (circle / star / diamond / ...) but are right only 0.15: the LM needs the longer
+vision stage AND more LM steps; not yet run end to end.
 """
 from __future__ import annotations
 
