@@ -157,7 +157,8 @@ class Handlers:
                 t0 = time.perf_counter()
                 yield self._live_view(record, figures).row()
                 # the cost of an update: building it, then Gradio serialising and sending it (it resumes us after)
-                next_text = time.perf_counter() + max(self.text_every, (time.perf_counter() - t0) / UI_SHARE)
+                done = time.perf_counter()
+                next_text = done + max(self.text_every, (done - t0) / UI_SHARE)
             record.stopped = race.stopped
         finally:
             race.stop()  # also when Gradio closes this generator (client gone)
