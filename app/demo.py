@@ -34,8 +34,8 @@ def build_demo(presets: Mapping[str, Preset] | None = None, default_preset: str 
     """The demo over `presets` (default: app.presets.SERVED; the UI offers only these; the first is the default
     unless `default_preset` names another). `pair_factory(preset) -> ModelPair` loads a pair;
     tests pass one that builds tiny models. `preload` loads the default pair now instead of on first use;
-    `text_every` / `plot_every`: seconds between streamed text / figure updates (the first token shows at
-    once; each streamed update costs Gradio ~15-20 ms of server CPU, taken from decoding on a small CPU);
+    `text_every` / `plot_every`: minimum seconds between streamed text / figure updates (the first token shows
+    at once; all streamed updates together cost at most 4% of a race's wall time: app/pacing.py);
     `pool_capacity` is how many pairs stay loaded at once. `cache_examples`: "lazy" (an example's first click
     races it with the defaults and stores the result; later clicks show it, labelled as cached: app/examples.py)
     or "off" (a click only fills the inputs)."""

@@ -25,6 +25,7 @@ from . import plots, replay, text
 from .gpu import on_gpu, zero_gpu
 from .layout import MAX_NEW_TOKENS, POLICIES
 from .media import RunFiles, frame_strip
+from .pacing import Pacer
 from .pool import Loaded, PairPool
 from .presets import unavailable
 from .race import Race, RunControl, Transcriber, consume
@@ -38,9 +39,7 @@ FIGURES = ("fig_alpha", "fig_accepted", "fig_tree", "fig_mapping", "fig_time")
 log = logging.getLogger("sage.app")
 
 POLL = 0.03  # seconds between looks at the decoding thread's queue until the first token shows
-# While decoding runs, building and sending updates takes the GIL (and a core) from it: updates are spaced so
-# that they cost at most this share of the wall time (on top of the text_every / plot_every minimums).
-UI_SHARE = 0.04
+UI_SHARE = 0.04  # streamed updates may cost at most this share of a race's wall time (see pacing.py)
 
 
 def serialized(fig) -> PlotData:
@@ -142,23 +141,23 @@ class Handlers:
         yield view.row()
         figures = {f: serialized(getattr(view, f)) for f in FIGURES}  # what the plots show (resent unchanged)
         race.start()
-        next_text = next_plot = 0.0
+        pace = Pacer(UI_SHARE, self.text_every, self.plot_every)
         try:
             # poll fast until the first token shows, then only as often as the text is redrawn
             for batch in race.batches(every=lambda: POLL if not record.ar.steps else self.text_every):
                 if not consume(record, transcriber, batch) or record.done:
                     continue
                 now = time.perf_counter()
-                if now < next_text:
+                if not pace.text_due(now):
                     continue
-                if now >= next_plot and record.spec.decode_steps:
+                if record.spec.decode_steps and pace.plot_due(now):
                     figures = self._figures(record, s.cfg)
-                    next_plot = now + max(self.plot_every, (time.perf_counter() - now) / UI_SHARE)
+                    pace.plotted(time.perf_counter() - now, now)
                 t0 = time.perf_counter()
                 yield self._live_view(record, figures).row()
                 # the cost of an update: building it, then Gradio serialising and sending it (it resumes us after)
                 done = time.perf_counter()
-                next_text = done + max(self.text_every, (done - t0) / UI_SHARE)
+                pace.sent_update(done - t0, done)
             record.stopped = race.stopped
         finally:
             race.stop()  # also when Gradio closes this generator (client gone)

@@ -244,6 +244,27 @@ def test_stop_switch_ends_the_race_early():
     assert not control.switch.is_set()
 
 
+def test_pacer_keeps_updates_within_their_share():
+    """Streamed updates are paid from a budget of `share` x wall time; the first token always shows."""
+    from app.pacing import Pacer
+
+    p = Pacer(share=0.04, text_every=0.25, plot_every=1.0, text_cost=0.005, plot_cost=0.05, start=0.0)
+    assert p.text_due(0.01)  # the first token, whatever it costs
+    p.sent_update(0.02, 0.03)
+    assert not p.text_due(0.2)  # too soon (text_every)
+    assert not p.text_due(0.3)  # spacing met, but 0.02 + 0.02 > 4% of 0.3 s
+    assert p.text_due(1.0)  # 0.04 <= 0.04
+    assert not p.plot_due(1.0)  # a 0.05 s figure on top would overspend: a short run keeps its figures for the end
+    # a long run: spent 0.02 + 0.02 (the update at 1.0 s); the figure comes once 4% of the elapsed time covers it
+    p.sent_update(0.02, 1.0)
+    assert not p.plot_due(2.5) and p.plot_due(2.8)  # 0.04 + 0.02 + 0.05 <= 4% of 2.8 s
+    p.plotted(0.05, 2.8)
+    p.sent_update(0.02, 2.8)
+    assert not p.plot_due(3.5)  # plot_every holds it back
+    assert not p.plot_due(4.0)  # and so does the budget: 0.11 + 0.07 > 0.16
+    assert p.plot_due(4.5)
+
+
 def _event(step: int, alpha: float, depth: int, width: int, d_max: int):
     from sage_engine import StepEvent
 
