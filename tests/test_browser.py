@@ -111,6 +111,18 @@ def test_video_shows_the_frames_the_model_sees(page, tmp_path_factory):
     page.wait_for_selector("#frames", state="hidden", timeout=10_000)
 
 
+def test_example_videos_play_in_the_browser(page):
+    """The shipped example clips decode in the browser as they are (no ffmpeg conversion on the server)."""
+    from app.media import load_examples
+
+    if not [e for e in load_examples() if e.media == "video"]:
+        pytest.skip("no video example in assets/examples")
+    page.wait_for_selector("#video-examples video", state="attached")
+    decoded = ("[...document.querySelectorAll('#video-examples video')].every(v => v.readyState >= 2 && "
+               "v.videoWidth > 0 && !v.error)")
+    page.wait_for_function(decoded, timeout=20_000)
+
+
 def test_bad_upload_shows_message_and_keeps_the_page(page, tmp_path_factory):
     media = app_server.media(str(tmp_path_factory.mktemp("browser_bad")))
     page.fill("#prompt textarea", "   ")

@@ -139,7 +139,7 @@ def test_shipped_pair_loads_through_the_engine_and_speculation_is_lossless():
     pair = load_pair()  # the embedded default, offline, through the engine's loader and the official processor
     engine = SpecEngine(pair)
     examples = ASSETS.parent / "examples"
-    for media in ({"images": [str(examples / "shapes_1.png")]}, {"video": str(examples / "clip_1.mp4")}):
+    for media in ({"images": [str(examples / "shapes_1.png")]}, {"video": str(examples / "clip_1.webm")}):
         prep = prepare_input(pair, "Describe it in detail.", **media)
         ar = engine.generate(prep, "ar", max_new_tokens=48)
         assert ar.text.strip() and ar.stats.finish_reason in ("eos", "length")
