@@ -10,12 +10,10 @@ import json
 import random
 from pathlib import Path
 
-import cv2
-import numpy as np
 from PIL import Image
 
 from .language import image_example, video_example
-from .world import CLIP_FPS, render_clip, render_image, sample_clip, sample_scene, write_mp4
+from .world import render_clip, render_image, sample_clip, sample_scene, write_mp4, write_video
 
 
 def render_dir(out: Path, seed: int, n: int) -> list[dict]:
@@ -45,18 +43,6 @@ def render_dir(out: Path, seed: int, n: int) -> list[dict]:
     return rows
 
 
-def write_webm(frames: list[np.ndarray], path: Path, fps: float = CLIP_FPS) -> None:
-    """RGB frames as a VP9 WebM: a video browsers play as it is. OpenCV's wheels have no H.264 encoder, and the
-    MPEG-4 Part 2 of write_mp4 does not play in browsers (Gradio converts it only where ffmpeg is installed)."""
-    h, w = frames[0].shape[:2]
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"VP90"), fps, (w, h))
-    if not writer.isOpened():
-        raise RuntimeError(f"cannot open a VP9 video writer for {path}")
-    for fr in frames:
-        writer.write(cv2.cvtColor(fr, cv2.COLOR_RGB2BGR))
-    writer.release()
-
-
 def write_examples(out: Path, seed: int = 7) -> list[dict]:
     """A few demo inputs (3 images, 2 videos) with good prompts, listed in examples.json. The clips are WebM
     (VP9) so that a browser shows them without a server-side conversion."""
@@ -72,7 +58,7 @@ def write_examples(out: Path, seed: int = 7) -> list[dict]:
     for i, prompt in enumerate(["Describe the video in detail.", "What happens in the video?"]):
         clip = sample_clip(rng)
         name = f"clip_{i + 1}.webm"
-        write_webm(render_clip(clip, noise_seed=rng.randrange(1 << 30)), out / name)
+        write_video(render_clip(clip, noise_seed=rng.randrange(1 << 30)), out / name, fourcc="VP90")
         rows.append({"file": name, "media": "video", "prompt": prompt})
     (out / "examples.json").write_text(json.dumps(rows, indent=1) + "\n")
     return rows

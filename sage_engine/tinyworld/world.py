@@ -239,14 +239,20 @@ def render_clip(clip: Clip, noise_seed: int = 0) -> list[np.ndarray]:
 
 # ---------------------------------------------------------------- video files
 
-def write_mp4(frames: list[np.ndarray], path: str | Path, fps: float = CLIP_FPS) -> None:
+def write_video(frames: list[np.ndarray], path: str | Path, fps: float = CLIP_FPS, fourcc: str = "mp4v") -> None:
+    """RGB frames to a video file through OpenCV. mp4v (MPEG-4 Part 2 in MP4) is what the world's clips use;
+    VP90 (VP9 in WebM) is what browsers play as it is (OpenCV's wheels have no H.264 encoder)."""
     h, w = frames[0].shape[:2]
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, (w, h))
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*fourcc), fps, (w, h))
     if not writer.isOpened():
-        raise RuntimeError(f"cannot open video writer for {path}")
+        raise RuntimeError(f"cannot open a {fourcc} video writer for {path}")
     for fr in frames:
         writer.write(cv2.cvtColor(fr, cv2.COLOR_RGB2BGR))
     writer.release()
+
+
+def write_mp4(frames: list[np.ndarray], path: str | Path, fps: float = CLIP_FPS) -> None:
+    write_video(frames, path, fps, "mp4v")
 
 
 def read_video(path: str | Path, num_frames: int = MODEL_FRAMES) -> tuple[list[np.ndarray], dict]:
