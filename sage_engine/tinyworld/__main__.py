@@ -32,7 +32,8 @@ def cmd_train(a) -> None:
     if a.tiny:   # smoke test: a few steps of the real script on a tiny config
         cfg = dataclasses.replace(cfg, n_images=32, n_videos=8, batch_size=4, target_steps=a.steps or 3,
                                   draft_steps=a.steps or 3, warmup=1, eval_every=0,
-                                  vision_steps=a.steps or 3, vision_batch=4, target=M.TINY, draft=M.TINY)
+                                  vision_steps=a.steps or 3, draft_vision_steps=a.steps or 3, vision_batch=4,
+                                  vision_video_batch=2, target=M.TINY, draft=M.TINY)
     elif a.steps:
         cfg = dataclasses.replace(cfg, target_steps=a.steps, draft_steps=a.steps // 2)
     if a.draft_steps:

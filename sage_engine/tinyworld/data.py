@@ -6,6 +6,9 @@ Layout of a cache directory:
   examples.pt  dict of tensors: tokens (flat), offsets, prompt_len, media (0 image / 1 video), index, kind
   image_labels.npy uint8 (N_img, 16, vision_aux.N_LABELS) per-visual-token ground truth (training-only
                auxiliary loss); added to an older cache by replaying its seeded scene stream
+  vision_targets.npz  image_dom int8 (N_img, 16), video_labels uint8 (N_vid, 32, N_LABELS),
+               video_dom int8 (N_vid, 32): vision_aux.token_targets for images and videos (replayed
+               the same way when missing)
 
 `patchify` reproduces the Qwen2-VL image/video processor (rescale, normalise,
 2 x 14 x 14 patches in 2 x 2 merge order) so batches never go through the
@@ -23,7 +26,7 @@ import torch
 
 from .language import IMAGE_KINDS, VIDEO_KINDS, image_example, video_example
 from .tokenizer import user_turn
-from .vision_aux import N_LABELS, scene_labels
+from .vision_aux import N_LABELS, clip_targets, image_targets, scene_labels
 from .world import MODEL_FRAMES, SIZE, read_video, render_clip, render_image, sample_clip, sample_scene, write_mp4
 
 MEAN = torch.tensor([0.48145466, 0.4578275, 0.40821073])
@@ -71,11 +74,14 @@ def build_cache(out: Path, tok, seed: int, n_images: int, n_videos: int, per_ima
     images = np.lib.format.open_memmap(out / "images.npy", "w+", np.uint8, (n_images, SIZE, SIZE, 3))
     videos = np.lib.format.open_memmap(out / "videos.npy", "w+", np.uint8, (n_videos, MODEL_FRAMES, SIZE, SIZE, 3))
     labels = np.zeros((n_images, IMAGE_TOKENS, N_LABELS), np.uint8)
+    image_dom = np.zeros((n_images, IMAGE_TOKENS), np.int8)
+    video_labels = np.zeros((n_videos, VIDEO_TOKENS, N_LABELS), np.uint8)
+    video_dom = np.zeros((n_videos, VIDEO_TOKENS), np.int8)
     prompts, answers, media, index, kinds = [], [], [], [], []
     for i in range(n_images):
         scene = sample_scene(rng)
         images[i] = render_image(scene, noise_seed=rng.randrange(1 << 30))
-        labels[i] = scene_labels(scene)
+        labels[i], image_dom[i] = image_targets(scene)
         for kind in sample_kind(rng, IMAGE_WEIGHTS, min(per_image, len(IMAGE_WEIGHTS))):
             ex = image_example(scene, rng, kind)
             prompts.append(user_turn("image", ex.prompt)); answers.append(ex.answer)
@@ -89,6 +95,7 @@ def build_cache(out: Path, tok, seed: int, n_images: int, n_videos: int, per_ima
             write_mp4(render_clip(clip, noise_seed=rng.randrange(1 << 30)), path)
             frames, _ = read_video(path)
             videos[i] = np.stack(frames)
+            video_labels[i], video_dom[i] = clip_targets(clip)
             for kind in sample_kind(rng, VIDEO_WEIGHTS, per_video):
                 ex = video_example(clip, rng, kind)
                 prompts.append(user_turn("video", ex.prompt)); answers.append(ex.answer)
@@ -97,6 +104,7 @@ def build_cache(out: Path, tok, seed: int, n_images: int, n_videos: int, per_ima
                 log(f"  rendered {i + 1}/{n_videos} videos")
     images.flush(); videos.flush()
     np.save(out / "image_labels.npy", labels)
+    np.savez(out / "vision_targets.npz", image_dom=image_dom, video_labels=video_labels, video_dom=video_dom)
     p_ids = tok([expand_pads(p) for p in prompts], add_special_tokens=False)["input_ids"]
     a_ids = tok([a + "<|im_end|>" for a in answers], add_special_tokens=False)["input_ids"]
     seqs = [p + a for p, a in zip(p_ids, a_ids)]
@@ -110,22 +118,39 @@ def build_cache(out: Path, tok, seed: int, n_images: int, n_videos: int, per_ima
     log(f"  cache: {len(seqs)} examples, mean length {lens.float().mean():.1f} tokens, max {lens.max()}")
 
 
-def replay_image_labels(out: Path, seed: int, n_images: int, per_image: int = 3, check: int = 16) -> None:
-    """Write image_labels.npy for a cache built before it existed: replay build_cache's seeded
-    image stream (same rng calls, no rendering) and check a few replayed scenes against images.npy."""
+def replay_image_labels(out: Path, seed: int, n_images: int, n_videos: int | None = None, per_image: int = 3,
+                        per_video: int = 2, check: int = 16) -> None:
+    """Write image_labels.npy and vision_targets.npz for a cache built before they existed: replay
+    build_cache's seeded scene and clip stream (same rng calls, no rendering except a few checks
+    against images.npy / videos.npy)."""
     rng = random.Random(seed)
     images = np.load(out / "images.npy", mmap_mode="r")
-    assert len(images) == n_images, (len(images), n_images)
+    videos = np.load(out / "videos.npy", mmap_mode="r")
+    n_videos = len(videos) if n_videos is None else n_videos
+    assert len(images) == n_images and len(videos) == n_videos, (len(images), n_images, len(videos), n_videos)
     labels = np.zeros((n_images, IMAGE_TOKENS, N_LABELS), np.uint8)
+    image_dom = np.zeros((n_images, IMAGE_TOKENS), np.int8)
+    video_labels = np.zeros((n_videos, VIDEO_TOKENS, N_LABELS), np.uint8)
+    video_dom = np.zeros((n_videos, VIDEO_TOKENS), np.int8)
     for i in range(n_images):
         scene = sample_scene(rng)
         noise = rng.randrange(1 << 30)
         if i % max(1, n_images // check) == 0 or i == n_images - 1:
             assert np.array_equal(render_image(scene, noise_seed=noise), images[i]), f"cache {out} is not seed {seed}"
-        labels[i] = scene_labels(scene)
+        labels[i], image_dom[i] = image_targets(scene)
         for kind in sample_kind(rng, IMAGE_WEIGHTS, min(per_image, len(IMAGE_WEIGHTS))):
             image_example(scene, rng, kind)
+    for i in range(n_videos):
+        clip = sample_clip(rng)
+        noise = rng.randrange(1 << 30)
+        if i % max(1, n_videos // check) == 0 or i == n_videos - 1:   # MP4 round trip: close, not equal
+            frames = np.stack(render_clip(clip, noise_seed=noise))[[0, 2, 4, 6]].astype(np.int16)
+            assert np.abs(frames - videos[i]).mean() < 8, f"cache {out} is not seed {seed} (video {i})"
+        video_labels[i], video_dom[i] = clip_targets(clip)
+        for kind in sample_kind(rng, VIDEO_WEIGHTS, per_video):
+            video_example(clip, rng, kind)
     np.save(out / "image_labels.npy", labels)
+    np.savez(out / "vision_targets.npz", image_dom=image_dom, video_labels=video_labels, video_dom=video_dom)
 
 
 @dataclasses.dataclass
@@ -137,23 +162,47 @@ class TrainSet:
     video_token: int
     pad: int
     labels: np.ndarray | None = None   # (N_img, 16, N_LABELS) per-token vision targets
+    targets: dict | None = None        # vision_targets.npz: image_dom, video_labels, video_dom
 
     @classmethod
     def load(cls, path: Path, tok) -> "TrainSet":
         lab = np.load(path / "image_labels.npy") if (path / "image_labels.npy").exists() else None
+        tg = dict(np.load(path / "vision_targets.npz")) if (path / "vision_targets.npz").exists() else None
         return cls(np.load(path / "images.npy", mmap_mode="r"), np.load(path / "videos.npy", mmap_mode="r"),
                    torch.load(path / "examples.pt"), tok.convert_tokens_to_ids("<|image_pad|>"),
-                   tok.convert_tokens_to_ids("<|video_pad|>"), tok.pad_token_id, lab)
+                   tok.convert_tokens_to_ids("<|video_pad|>"), tok.pad_token_id, lab, tg)
 
-    def image_batches(self, batch_size: int, rng: random.Random):
-        """Endless batches of images only (vision pre-training): pixel values, grid, per-token labels."""
+    def vision_targets(self, img_ids: list[int], vid_ids: list[int]) -> dict:
+        """Aux targets of a batch: {"image": (labels, dom) or None, "video": (labels, dom) or None}."""
+        tg = self.targets
+        out = {"image": None, "video": None}
+        if img_ids and self.labels is not None:
+            out["image"] = (torch.from_numpy(self.labels[img_ids]),
+                            torch.from_numpy(tg["image_dom"][img_ids]) if tg is not None else None)
+        if vid_ids and tg is not None:
+            out["video"] = (torch.from_numpy(tg["video_labels"][vid_ids]), torch.from_numpy(tg["video_dom"][vid_ids]))
+        return out
+
+    def patch_sample(self, n_images: int, n_videos: int) -> torch.Tensor:
+        """Patch rows of the first n_images images and n_videos videos (for whiten_patch_embed)."""
+        rows = [patchify(torch.from_numpy(np.array(self.images[j])).unsqueeze(0).expand(TEMPORAL, -1, -1, -1))
+                for j in range(min(n_images, len(self.images)))]
+        rows += [patchify(torch.from_numpy(np.array(self.videos[j]))) for j in range(min(n_videos, len(self.videos)))]
+        return torch.cat(rows)
+
+    def image_batches(self, batch_size: int, rng: random.Random, video_batch: int = 0):
+        """Endless vision pre-training batches: batch_size images (and video_batch videos): pixel
+        values, grid (and video pixel values, grid), aux targets."""
         g = SIZE // PATCH
         while True:
             ids = rng.sample(range(len(self.images)), batch_size)
+            vids = rng.sample(range(len(self.videos)), video_batch) if video_batch and self.targets is not None else []
             pix = [patchify(torch.from_numpy(np.array(self.images[j])).unsqueeze(0).expand(TEMPORAL, -1, -1, -1))
                    for j in ids]
+            vpix = [patchify(torch.from_numpy(np.array(self.videos[j]))) for j in vids]
             yield (torch.cat(pix), torch.tensor([[1, g, g]] * batch_size),
-                   torch.from_numpy(self.labels[ids]))
+                   torch.cat(vpix) if vids else None, torch.tensor([[MODEL_FRAMES // TEMPORAL, g, g]] * len(vids)),
+                   self.vision_targets(ids, vids))
 
     def __len__(self) -> int:
         return len(self.ex["media"])
@@ -179,7 +228,7 @@ class TrainSet:
         input_ids = torch.full((len(ids), L), self.pad, dtype=torch.long)
         attn = torch.zeros((len(ids), L), dtype=torch.long)
         labels = torch.full((len(ids), L), -100, dtype=torch.long)
-        img_pix, vid_pix, n_img, n_vid, img_ids = [], [], 0, 0, []
+        img_pix, vid_pix, n_img, n_vid, img_ids, vid_ids = [], [], 0, 0, [], []
         for b, (i, s) in enumerate(zip(ids, seqs)):
             input_ids[b, :len(s)] = s
             attn[b, :len(s)] = 1
@@ -192,6 +241,7 @@ class TrainSet:
                 img_ids.append(j)
             else:
                 vid_pix.append(patchify(torch.from_numpy(np.array(self.videos[j])))); n_vid += 1
+                vid_ids.append(j)
         mm = torch.zeros_like(input_ids)
         mm[input_ids == self.image_token] = 1
         mm[input_ids == self.video_token] = 2
@@ -200,12 +250,12 @@ class TrainSet:
         if n_img:
             batch["pixel_values"] = torch.cat(img_pix)
             batch["image_grid_thw"] = torch.tensor([[1, g, g]] * n_img)
-            if self.labels is not None:   # not a model input: train.py pops it for the auxiliary loss
-                batch["vision_labels"] = torch.from_numpy(self.labels[img_ids])
         if n_vid:
             batch["pixel_values_videos"] = torch.cat(vid_pix)
             batch["video_grid_thw"] = torch.tensor([[MODEL_FRAMES // TEMPORAL, g, g]] * n_vid)
             batch["second_per_grid_ts"] = torch.ones(n_vid)   # TEMPORAL / sampled fps (2 fps): see world.clip_metadata
+        if self.labels is not None:   # not a model input: train.py pops it for the auxiliary loss
+            batch["vision_targets"] = self.vision_targets(img_ids, vid_ids)
         return batch
 
 

@@ -2,12 +2,17 @@
 3. target (cross-entropy on answers), 4. draft distilled from the target
 (teacher-forced KL(p_target || q_draft) on the same answers), 5. save both with the processor.
 
-Both models first get a short vision pre-training stage and keep a dense auxiliary loss on
-their merged image tokens throughout (vision_aux.py: a training-only linear head predicts which
-colour / shape / size, or nothing, occupies each 28 x 28 block). Without it the language model
-learns the language prior and ignores the image (grounding_probe.py has the numbers).
+Both models first get a vision pre-training stage and keep a dense auxiliary loss on their
+merged image and video tokens throughout (vision_aux.py: a training-only linear head predicts
+which colour / size, or nothing, occupies each 28 x 28 block, and the shape of the object
+covering most of it; for videos per temporal patch group). Their patch embeddings start as a
+random projection of whitened patches (vision_aux.whiten_patch_embed): without that and the
+cross-entropy shape target the tower took ~1,500 steps to start telling shapes apart.
+Without the auxiliary loss the language model learns the language prior and ignores the
+image (grounding_probe.py has the numbers).
 
-Seeded end to end; on this 2-core CPU at 1 thread the default budget took 62.5 minutes (cache reused).
+Seeded end to end; on this 2-core CPU at 1 thread the default budget took about 60-75 minutes
+(cache reused; see the model card for the last measured run).
 """
 from __future__ import annotations
 
@@ -18,14 +23,16 @@ import random
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from . import models as M
-from .data import TrainSet, build_cache, check_against_processor, replay_image_labels
+from .data import PATCH, TEMPORAL, TrainSet, build_cache, check_against_processor, patchify, replay_image_labels
 from .evaluate import evaluate, make_items
-from .vision_aux import VisionAux
+from .vision_aux import VisionAux, whiten_patch_embed
 from .tokenizer import build_tokenizer, world_corpus
+from .world import SIZE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,16 +41,19 @@ class TrainConfig:
     n_images: int = 24_000        # rendered image scenes (3 questions each)
     n_videos: int = 8_000         # rendered clips (2 questions each)
     batch_size: int = 16
-    target_steps: int = 4_000
+    target_steps: int = 2_600
     target_lr: float = 1.5e-3
-    draft_steps: int = 1_500
+    draft_steps: int = 1_200
     draft_lr: float = 3e-3
     warmup: int = 200
     eval_every: int = 500         # quick QA eval (fresh scenes) every so many steps; 0 = never
     aux_weight: float = 1.0       # weight of the per-visual-token auxiliary loss (0 = off)
-    vision_steps: int = 400       # vision-only pre-training steps (auxiliary loss alone) before each model
+    vision_steps: int = 1_500     # vision-only pre-training steps (auxiliary loss alone) before the target
+    draft_vision_steps: int = 400 # the same before the draft
     vision_batch: int = 32        # images per vision pre-training step
+    vision_video_batch: int = 8   # videos per vision pre-training step
     vision_lr: float = 2e-3
+    whiten_eps: float = 1e-3      # patch-embedding init: whitened patches (0 = the default random init)
     target: M.PairMember = M.TARGET
     draft: M.PairMember = M.DRAFT
 
@@ -61,9 +71,9 @@ def prepare(cache: Path, cfg: TrainConfig, log=print):
     if (cache / "examples.pt").exists() and (cache / "tokenizer").exists():
         log(f"[data] reusing cache {cache}")
         tok = PreTrainedTokenizerFast.from_pretrained(cache / "tokenizer")
-        if cfg.aux_weight > 0 and not (cache / "image_labels.npy").exists():
+        if cfg.aux_weight > 0 and not ((cache / "image_labels.npy").exists() and (cache / "vision_targets.npz").exists()):
             t0 = time.time()
-            replay_image_labels(cache, cfg.seed, cfg.n_images)
+            replay_image_labels(cache, cfg.seed, cfg.n_images, cfg.n_videos)
             log(f"[data] per-token vision labels replayed in {time.time() - t0:.0f}s")
     else:
         t0 = time.time()
@@ -87,39 +97,60 @@ def make_aux(model, data: TrainSet, cfg: TrainConfig) -> VisionAux | None:
     return VisionAux(model) if cfg.aux_weight > 0 and data.labels is not None else None
 
 
-def aux_loss(aux: VisionAux | None, labels: torch.Tensor | None) -> torch.Tensor:
-    """The auxiliary loss of the forward just run (0 without images or without aux)."""
+def aux_loss(aux: VisionAux | None, targets: dict | None) -> torch.Tensor:
+    """The auxiliary loss of the forward just run (0 without visual targets or without aux)."""
     if aux is None:
         return torch.zeros(())
-    if labels is None:
+    if not targets or (targets["image"] is None and targets["video"] is None):
         aux.clear()
         return torch.zeros(())
-    return aux.loss(labels)
+    img = targets["image"] or (None, None)
+    return aux.loss(img[0], img[1], targets["video"])
 
 
-def pretrain_vision(model, aux: VisionAux | None, data: TrainSet, cfg: TrainConfig, tag: str, log=print) -> None:
-    """Vision tower + auxiliary head alone, on the per-token labels (the language model is untouched)."""
-    if aux is None or cfg.vision_steps <= 0:
+def init_patch_embed(model, data: TrainSet, cfg: TrainConfig, seed: int) -> None:
+    if cfg.whiten_eps > 0 and cfg.aux_weight > 0:
+        whiten_patch_embed(model, data.patch_sample(1000, 0), cfg.whiten_eps, seed)
+
+
+def pretrain_vision(model, aux: VisionAux | None, data: TrainSet, cfg: TrainConfig, tag: str, log=print,
+                    steps: int | None = None) -> None:
+    """Vision tower + auxiliary head alone, on the per-token targets (the language model is untouched)."""
+    steps = cfg.vision_steps if steps is None else steps
+    if aux is None or steps <= 0:
         return
     params = list(model.model.visual.parameters()) + list(aux.parameters())
     opt = torch.optim.AdamW(params, lr=cfg.vision_lr, betas=(0.9, 0.98), weight_decay=0.01)
-    batches = data.image_batches(cfg.vision_batch, random.Random(cfg.seed + 3))
+    batches = data.image_batches(cfg.vision_batch, random.Random(cfg.seed + 3), cfg.vision_video_batch)
     model.train()
+    probe = list(range(min(256, len(data.images))))   # progress on a fixed set of (training) images
+    side = SIZE // PATCH
+    probe_pix = torch.cat([patchify(torch.from_numpy(np.array(data.images[j])).unsqueeze(0).expand(TEMPORAL, -1, -1, -1))
+                           for j in probe])
+    probe_targets = data.vision_targets(probe, [])["image"]
     t0, run = time.time(), 0.0
-    for step in range(cfg.vision_steps):
+    for step in range(steps):
         for g in opt.param_groups:
-            g["lr"] = cfg.vision_lr * cosine(step, cfg.vision_steps, min(cfg.warmup, cfg.vision_steps // 4 + 1))
-        pix, grid, labels = next(batches)
+            g["lr"] = cfg.vision_lr * cosine(step, steps, min(cfg.warmup, steps // 4 + 1))
+        pix, grid, vpix, vgrid, targets = next(batches)
         aux.clear()
         model.model.visual(pix, grid_thw=grid)
-        loss = aux.loss(labels)
+        if vpix is not None:
+            model.model.visual(vpix, grid_thw=vgrid)
+        loss = aux_loss(aux, targets)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         run = 0.95 * run + 0.05 * loss.item() if step else loss.item()
         if (step + 1) % 50 == 0 or step == 0:
-            log(f"[{tag}-vision] step {step + 1}/{cfg.vision_steps} aux {run:.4f} elapsed {(time.time() - t0) / 60:.1f}m")
+            log(f"[{tag}-vision] step {step + 1}/{steps} aux {run:.4f} elapsed {(time.time() - t0) / 60:.1f}m")
+        if ((step + 1) % 250 == 0 or step + 1 == steps) and probe_targets[1] is not None:
+            aux.clear()
+            with torch.no_grad():
+                model.model.visual(probe_pix, grid_thw=torch.tensor([[1, side, side]] * len(probe)))
+            c, z, sh = aux.scores(*probe_targets)
+            log(f"[{tag}-vision] step {step + 1} on {len(probe)} training images: colour {c:.2f} size {z:.2f} shape {sh:.2f}")
     aux.clear()
 
 
@@ -137,7 +168,7 @@ def train_target(model, data: TrainSet, processor, cfg: TrainConfig, log=print, 
         batch = next(batches)
         if aux:
             aux.clear()
-        vis_labels = batch.pop("vision_labels", None)
+        vis_labels = batch.pop("vision_targets", None)
         loss = model(**batch).loss
         a_loss = aux_loss(aux, vis_labels)
         opt.zero_grad(set_to_none=True)
@@ -162,7 +193,7 @@ def train_target(model, data: TrainSet, processor, cfg: TrainConfig, log=print, 
 def distil_draft(draft, target, data: TrainSet, processor, cfg: TrainConfig, log=print, items=None):
     """Teacher-forced distillation on the answers: KL(p_target || q_draft) at every answer position."""
     aux = make_aux(draft, data, cfg)
-    pretrain_vision(draft, aux, data, cfg, "draft", log)
+    pretrain_vision(draft, aux, data, cfg, "draft", log, steps=cfg.draft_vision_steps)
     params = list(draft.parameters()) + (list(aux.parameters()) if aux else [])
     opt = torch.optim.AdamW(params, lr=cfg.draft_lr, betas=(0.9, 0.98), weight_decay=0.01)
     batches = data.batches(cfg.batch_size, random.Random(cfg.seed + 2))
@@ -173,7 +204,7 @@ def distil_draft(draft, target, data: TrainSet, processor, cfg: TrainConfig, log
             g["lr"] = cfg.draft_lr * cosine(step, cfg.draft_steps, cfg.warmup)
         batch = next(batches)
         labels = batch.pop("labels")
-        vis_labels = batch.pop("vision_labels", None)
+        vis_labels = batch.pop("vision_targets", None)
         mask = labels[:, 1:] != -100                                           # (B, L-1): positions predicting an answer token
         with torch.no_grad():
             p_logits = target(**batch).logits[:, :-1][mask]                     # (N, V)
@@ -220,6 +251,9 @@ def run(out: Path, cache: Path, cfg: TrainConfig, log=print, only_draft: bool = 
     else:
         target = M.build_model(cfg.target, tok, seed=cfg.seed)
     log(f"[train] target {M.n_params(target):,} params, draft {M.n_params(draft):,} params")
+    if not only_draft:
+        init_patch_embed(target, data, cfg, cfg.seed)
+    init_patch_embed(draft, data, cfg, cfg.seed + 1)
     if not only_draft:
         t0 = time.time()
         train_target(target, data, processor, cfg, log, items, ckpt=out / "tinyworld-target")

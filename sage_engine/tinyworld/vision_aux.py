@@ -7,6 +7,18 @@ sizes have at least MIN_PIXELS visible pixels in each block, and whether the blo
 place of the <|image_pad|> tokens), puts a linear head on it, and returns a multi-label
 BCE loss that is added to the language-model loss. The head is thrown away after training:
 the shipped model stays a plain Qwen2_5_VLForConditionalGeneration.
+
+Shape is supervised differently (grounding_probe.py has the numbers): a multi-hot shape label
+under a BCE averaged with 13 other labels gives the shape almost no gradient, and the tower
+learned it only after ~1,500 steps. Each block's shape is instead the shape of the object
+that covers most of it (at least DOM_PIXELS pixels; `token_targets` -> `dom`), trained with
+a softmax cross-entropy over the six shape logits; the other labels keep a BCE (BCE_WEIGHT x
+the mean over labels: a larger weight, e.g. the sum over labels, slowed shapes down). `whiten_patch_embed` initialises the patch embedding as a random projection of
+ZCA-whitened patches: raw pixel patches are dominated by their mean colour, and the fine
+structure that tells shapes apart sits in directions with 100-1000x less variance, which a
+randomly initialised linear embedding hardly passes on. Videos get the same labels per
+temporal patch group (frames 0-1 and 2-3 of the sampled four), so the tower also learns to
+report what is where before and after the event.
 """
 from __future__ import annotations
 
@@ -15,11 +27,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .world import COLOURS, SHAPES, SIZE, SIZES, Obj, Scene, _centre, draw_object
+from .world import (COLOURS, MODEL_FRAMES, SHAPES, SIZE, SIZES, Clip, Obj, Scene, _centre, clip_frame_objects,
+                    clip_metadata, draw_object)
 
 GRID = 4                       # merged tokens per side
 BLOCK = SIZE // GRID           # 28 px
 MIN_PIXELS = 12                # visible pixels of an object for it to count as present in a block
+DOM_PIXELS = 40                # pixels the largest object in a block needs for the block's shape target
+SHAPE = slice(len(COLOURS), len(COLOURS) + len(SHAPES))   # the shape logits / labels
+BCE_WEIGHT = 1.0               # weight of the mean BCE of the non-shape labels next to the shape cross-entropy
 N_LABELS = len(COLOURS) + len(SHAPES) + len(SIZES) + 1   # colours, shapes, sizes, empty
 _COLOURS = list(COLOURS)
 
@@ -58,34 +74,142 @@ def scene_labels(scene: Scene) -> np.ndarray:
     return token_labels(scene.objects)
 
 
-class VisionAux(torch.nn.Module):
-    """Linear head on the merged image tokens of `model`; `loss(labels)` after a forward pass.
+def _owner_counts(frame: list[tuple[Obj, float | None, tuple[float, float] | None]]) -> tuple[np.ndarray, np.ndarray]:
+    """Per block: which objects of `frame` show (multi-hot labels) and the pixel count of each shape."""
+    owner = np.full((SIZE, SIZE), -1, np.int16)
+    for i, (o, r, pos) in enumerate(frame):
+        mask = np.zeros((SIZE, SIZE, 3), np.uint8)
+        draw_object(mask, o, radius=r, cell_pos=pos, colour=(255, 255, 255))
+        owner[mask[..., 0] > 127] = i
+    blocks = owner.reshape(GRID, BLOCK, GRID, BLOCK).transpose(0, 2, 1, 3).reshape(GRID * GRID, -1)
+    labels = np.zeros((GRID * GRID, N_LABELS), np.uint8)
+    shape_px = np.zeros((GRID * GRID, len(SHAPES)), np.int32)
+    for i, (o, _, _) in enumerate(frame):
+        n = (blocks == i).sum(1)
+        on = n >= MIN_PIXELS
+        labels[on, _COLOURS.index(o.colour)] = 1
+        labels[on, len(COLOURS) + SHAPES.index(o.shape)] = 1
+        labels[on, len(COLOURS) + len(SHAPES) + SIZES.index(o.size)] = 1
+        shape_px[:, SHAPES.index(o.shape)] += n
+    return labels, shape_px
 
-    Only IMAGE calls of the vision tower are captured (grid t == 1); videos pass untouched."""
+
+def token_targets(frames: list[list[tuple[Obj, float | None, tuple[float, float] | None]]]) -> tuple[np.ndarray, np.ndarray]:
+    """Targets for one group of frames that share visual tokens (an image: one frame; a video's
+    temporal patch group: two). -> (labels uint8 (16, N_LABELS): the union over the frames of
+    `token_labels`; dom int8 (16,): index of the shape with the most pixels in the block, mean over
+    the frames, if at least DOM_PIXELS, else -1)."""
+    labels = np.zeros((GRID * GRID, N_LABELS), np.uint8)
+    px = np.zeros((GRID * GRID, len(SHAPES)), np.float64)
+    for fr in frames:
+        lab, n = _owner_counts(fr)
+        labels |= lab
+        px += n / len(frames)
+    labels[:, -1] = ~labels[:, :-1].any(1)
+    dom = np.where(px.max(1) >= DOM_PIXELS, px.argmax(1), -1).astype(np.int8)
+    return labels, dom
+
+
+def image_targets(scene: Scene) -> tuple[np.ndarray, np.ndarray]:
+    return token_targets([[(o, None, None) for o in scene.objects]])
+
+
+def clip_targets(clip: Clip) -> tuple[np.ndarray, np.ndarray]:
+    """(labels (32, N_LABELS), dom (32,)) for the video tokens of a clip: the MODEL_FRAMES frames
+    the models see (clip_metadata's indices), two per temporal group, group-major like the tower."""
+    idx = clip_metadata()["frames_indices"]
+    out = [token_targets([clip_frame_objects(clip, f) for f in idx[g:g + 2]]) for g in range(0, MODEL_FRAMES, 2)]
+    return np.concatenate([o[0] for o in out]), np.concatenate([o[1] for o in out])
+
+
+def whiten_patch_embed(model, pixels: torch.Tensor, eps: float = 1e-3, seed: int = 0) -> None:
+    """Data-dependent init of the vision tower's patch embedding (a Conv3d = a linear map of each
+    flattened 3 x 2 x 14 x 14 patch): a random projection of the ZCA-whitened single-frame patch
+    (eigenvalues floored at eps * the largest), split equally over the two temporal slices (so a
+    video patch starts as its two frames' mean), scaled to unit output std on `pixels`: IMAGE patch
+    rows as the tower gets them (both temporal slices equal). Video statistics are left out on
+    purpose: whitening the slices' difference would blow up MP4 noise."""
+    w = model.model.visual.patch_embed.proj.weight            # (hidden, 3, 2, 14, 14)
+    c, t, ph, pw = w.shape[1:]
+    x = pixels.double().view(-1, c, t, ph, pw)[:, :, 0].reshape(len(pixels), -1)   # one frame: (N, 588)
+    x = x - x.mean(0)
+    lam, u = torch.linalg.eigh(x.T @ x / (len(x) - 1))
+    lam = lam.clamp(min=0)
+    zca = u @ torch.diag((lam + eps * lam.max()).rsqrt()) @ u.T
+    g = torch.Generator().manual_seed(seed)
+    proj = torch.randn(w.shape[0], x.shape[1], generator=g, dtype=torch.float64) @ zca
+    proj /= (x @ proj.T).std()
+    full = (proj.view(-1, c, 1, ph, pw) / t).expand(-1, c, t, ph, pw)
+    with torch.no_grad():
+        w.copy_(full.to(w.dtype))
+
+
+class VisionAux(torch.nn.Module):
+    """Linear head on the merged visual tokens of `model`; `loss(...)` after a forward pass.
+
+    Image calls of the vision tower (grid t == 1) are collected in `_feats`, video calls in `_vfeats`."""
 
     def __init__(self, model):
         super().__init__()
         hidden = model.config.text_config.hidden_size
         self.head = torch.nn.Linear(hidden, N_LABELS)
         self._feats: list[torch.Tensor] = []
+        self._vfeats: list[torch.Tensor] = []
         self._hook = model.model.visual.register_forward_hook(self._capture, with_kwargs=True)
 
     def _capture(self, module, args, kwargs, output):
         grid = kwargs.get("grid_thw", args[1] if len(args) > 1 else None)
-        if grid is not None and bool((grid[:, 0] == 1).all()):
+        if grid is None:
+            return
+        if bool((grid[:, 0] == 1).all()):
             self._feats.append(output.pooler_output)
+        else:
+            self._vfeats.append(output.pooler_output)
 
-    def loss(self, labels: torch.Tensor) -> torch.Tensor:
-        """labels: (n_images, 16, N_LABELS) in the batch's image order."""
-        feats = torch.cat(self._feats) if self._feats else None
-        self._feats = []
-        if feats is None or labels.numel() == 0:
-            return torch.zeros(())
+    def _one(self, feats: torch.Tensor, labels: torch.Tensor, dom: torch.Tensor) -> torch.Tensor:
+        """BCE_WEIGHT x mean BCE of the non-shape labels + cross-entropy of the block's dominant shape."""
         logits = self.head(feats).view(labels.shape)
-        return F.binary_cross_entropy_with_logits(logits, labels.float())
+        keep = torch.ones(N_LABELS, dtype=torch.bool)
+        keep[SHAPE] = False
+        bce = F.binary_cross_entropy_with_logits(logits[..., keep], labels[..., keep].float(), reduction="none")
+        dom = dom.long().reshape(-1)
+        ce = (F.cross_entropy(logits[..., SHAPE].reshape(-1, len(SHAPES)), dom, ignore_index=-1)
+              if bool((dom >= 0).any()) else logits.sum() * 0)
+        return BCE_WEIGHT * bce.mean() + ce
+
+    def loss(self, labels: torch.Tensor, dom: torch.Tensor | None = None, video: tuple | None = None) -> torch.Tensor:
+        """labels: (n_images, 16, N_LABELS) in the batch's image order. Without `dom`: the original
+        mean BCE over all labels (grounding_probe's reference). With `dom` (n_images, 16): see `_one`;
+        `video` = (labels (n_videos, 32, N_LABELS), dom (n_videos, 32)) adds the videos' term."""
+        feats = torch.cat(self._feats) if self._feats else None
+        vfeats = torch.cat(self._vfeats) if self._vfeats else None
+        self.clear()
+        total = torch.zeros(())
+        if feats is not None and labels is not None and labels.numel():
+            if dom is None:
+                return F.binary_cross_entropy_with_logits(self.head(feats).view(labels.shape), labels.float())
+            total = total + self._one(feats, labels, dom)
+        if vfeats is not None and video is not None:
+            total = total + self._one(vfeats, *video)
+        return total
+
+    @torch.no_grad()
+    def scores(self, labels: torch.Tensor, dom: torch.Tensor) -> tuple[float, float, float]:
+        """(colour exact, size exact, shape argmax vs dominant) of the last image forward."""
+        feats = torch.cat(self._feats)
+        self.clear()
+        lg = self.head(feats).view(labels.shape)
+        pred, lab, out = lg > 0, labels.bool(), []
+        for s in (slice(0, len(COLOURS)), slice(len(COLOURS) + len(SHAPES), N_LABELS - 1)):
+            has = lab[..., s].any(-1)
+            out.append(float((pred[has][:, s] == lab[has][:, s]).all(-1).float().mean()))
+        d = dom.long()
+        out.append(float((lg[..., SHAPE].argmax(-1)[d >= 0] == d[d >= 0]).float().mean()))
+        return tuple(out)
 
     def clear(self) -> None:
         self._feats = []
+        self._vfeats = []
 
     def remove(self) -> None:
         self._hook.remove()

@@ -213,26 +213,34 @@ def render_image(scene: Scene, noise_seed: int = 0) -> np.ndarray:
     return img
 
 
+def clip_frame_objects(clip: Clip, f: int) -> list[tuple[Obj, float | None, tuple[float, float] | None]]:
+    """What frame `f` of `clip` draws, in order: (object, radius or None, cell centre or None),
+    the arguments of `draw_object` (render_clip draws exactly these; vision_aux labels them)."""
+    t = min(max((f - 1) / (CLIP_FRAMES - 3), 0.0), 1.0)   # 0 for frames 0-1, 1 for frames 6-7
+    out: list[tuple[Obj, float | None, tuple[float, float] | None]] = []
+    if clip.event in ("move", "grow", "shrink"):
+        for o in clip.start.objects:
+            if o != clip.subject:
+                out.append((o, None, None))
+                continue
+            a, b = clip.subject, clip.after
+            (x0, y0), (x1, y1) = _centre(a.cell), _centre(b.cell)
+            r = RADIUS[a.size] + t * (RADIUS[b.size] - RADIUS[a.size])
+            out.append((a, r, (x0 + t * (x1 - x0), y0 + t * (y1 - y0))))
+    else:
+        scene = clip.start if f < CLIP_FRAMES // 2 else clip.end
+        out.extend((o, None, None) for o in scene.objects)
+    return out
+
+
 def render_clip(clip: Clip, noise_seed: int = 0) -> list[np.ndarray]:
     """CLIP_FRAMES RGB frames: frames 0-1 show `start`, 6-7 show `end`; the event
     unfolds in between (motion and growth interpolate, the rest switch at the midpoint)."""
     frames = []
     for f in range(CLIP_FRAMES):
-        t = min(max((f - 1) / (CLIP_FRAMES - 3), 0.0), 1.0)   # 0 for frames 0-1, 1 for frames 6-7
         img = _canvas(clip.start.background, noise_seed)
-        if clip.event in ("move", "grow", "shrink"):
-            for o in clip.start.objects:
-                if o != clip.subject:
-                    draw_object(img, o)
-                    continue
-                a, b = clip.subject, clip.after
-                (x0, y0), (x1, y1) = _centre(a.cell), _centre(b.cell)
-                r = RADIUS[a.size] + t * (RADIUS[b.size] - RADIUS[a.size])
-                draw_object(img, a, radius=r, cell_pos=(x0 + t * (x1 - x0), y0 + t * (y1 - y0)))
-        else:
-            scene = clip.start if f < CLIP_FRAMES // 2 else clip.end
-            for o in scene.objects:
-                draw_object(img, o)
+        for o, r, pos in clip_frame_objects(clip, f):
+            draw_object(img, o, radius=r, cell_pos=pos)
         frames.append(img)
     return frames
 
