@@ -39,7 +39,6 @@ FIGURES = ("fig_alpha", "fig_accepted", "fig_tree", "fig_mapping", "fig_time")
 log = logging.getLogger("sage.app")
 
 POLL = 0.03  # seconds between looks at the decoding thread's queue until the first token shows
-UI_SHARE = 0.04  # streamed updates may cost at most this share of a race's wall time (see pacing.py)
 
 
 def serialized(fig) -> PlotData:
@@ -141,12 +140,12 @@ class Handlers:
         yield view.row()
         figures = {f: serialized(getattr(view, f)) for f in FIGURES}  # what the plots show (resent unchanged)
         race.start()
-        pace = Pacer(UI_SHARE, self.text_every, self.plot_every)
+        pace = Pacer(text_every=self.text_every, plot_every=self.plot_every)  # updates: <= 4% of the time
         try:
             # poll fast until the first token shows, then only as often as the text is redrawn
             for batch in race.batches(every=lambda: POLL if not record.ar.steps else self.text_every):
-                if not consume(record, transcriber, batch) or record.done:
-                    continue
+                if not consume(record, transcriber, batch) or record.done or not record.ar.text:
+                    continue  # nothing new, or nothing to show yet (the first token may be half a character)
                 now = time.perf_counter()
                 if not pace.text_due(now):
                     continue
