@@ -103,10 +103,26 @@ def test_batches_match_the_processor(tok):
     check_against_processor(build_processor(tok))
 
 
-def test_training_script_runs_a_few_steps(tmp_path):
+def test_vision_targets_follow_the_scene():
+    import random
+    from sage_engine.tinyworld.vision_aux import SHAPE, clip_targets, image_targets, token_labels
+    rng = random.Random(7)
+    for _ in range(20):
+        scene = W.sample_scene(rng)
+        labels, dom = image_targets(scene)
+        assert (labels == token_labels(scene.objects)).all()
+        for t in range(16):   # the dominant shape is one of the shapes present in the block
+            assert dom[t] == -1 or labels[t, SHAPE][dom[t]] == 1
+    labels, dom = clip_targets(W.sample_clip(rng))
+    assert labels.shape[0] == dom.shape[0] == 32
+
+
+@pytest.mark.parametrize("recipe", ["shipped", "shape-ce"])
+def test_training_script_runs_a_few_steps(tmp_path, recipe):
     from transformers import AutoModelForImageTextToText, AutoProcessor
     from sage_engine.tinyworld.__main__ import main
-    main(["train", "--tiny", "--steps", "2", "--out", str(tmp_path / "m"), "--cache", str(tmp_path / "cache")])
+    main(["train", "--tiny", "--steps", "2", "--recipe", recipe, "--out", str(tmp_path / "m"),
+          "--cache", str(tmp_path / "cache")])
     for role in ("target", "draft"):
         path = tmp_path / "m" / f"tinyworld-{role}"
         model = AutoModelForImageTextToText.from_pretrained(path)

@@ -29,6 +29,9 @@ def cmd_train(a) -> None:
     from .train import TrainConfig, run
     torch.set_num_threads(a.threads)
     cfg = TrainConfig(seed=a.seed)
+    if a.recipe == "shape-ce":
+        from .train import SHAPE_CE
+        cfg = dataclasses.replace(cfg, **SHAPE_CE)
     if a.tiny:   # smoke test: a few steps of the real script on a tiny config
         cfg = dataclasses.replace(cfg, n_images=32, n_videos=8, batch_size=4, target_steps=a.steps or 3,
                                   draft_steps=a.steps or 3, warmup=1, eval_every=0,
@@ -101,6 +104,8 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--draft-steps", type=int, default=0, help="override the number of draft distillation steps")
     t.add_argument("--only-draft", action="store_true", help="distil the draft from the target already in --out")
     t.add_argument("--tiny", action="store_true", help="tiny models and data: a smoke test of the script")
+    t.add_argument("--recipe", choices=("shipped", "shape-ce"), default="shipped",
+                   help="shipped: the defaults that made assets/models; shape-ce: train.SHAPE_CE (tower learns shapes)")
     t.set_defaults(fn=cmd_train)
     e = sub.add_parser("eval", help="score target and draft on fresh scenes")
     e.add_argument("--seed", type=int, default=1)

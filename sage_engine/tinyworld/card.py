@@ -33,6 +33,13 @@ def _train_config(log: str) -> dict:
     return json.loads(m.group(1)) if m else {}
 
 
+def _aux_text(tc: dict) -> str:
+    if tc.get("shape_ce"):
+        return ("which colours / sizes, or nothing, fill each 28x28 block and the shape of the object covering most\n"
+                "of it, images and each temporal patch group of the clips; patch embedding initialised from whitened patches")
+    return "which colour / shape / size, or nothing, fills each 28x28 block"
+
+
 def _status(eval_result: dict) -> str:
     t = eval_result["target"]["by_kind"]
     below = [f"{k} {t[k]:.2f}" for k in ATTRIBUTES if k in t and t[k] < BAR]
@@ -96,9 +103,9 @@ backgrounds, and short clips in which one thing happens. Not a general-purpose m
 `python -m sage_engine.tinyworld train --threads 1` (seeded; writes both models). Data: 24,000
 rendered images x 3 questions and 8,000 clips (through an MP4 round trip) x 2 questions: detailed
 descriptions, count, colour, shape, size, position, yes/no, "what happens". Each model's vision tower
-first trains alone for {tc.get('vision_steps', '?')} steps on a dense auxiliary loss (a training-only linear head on the merged
-visual tokens predicts which colour / shape / size, or nothing, fills each 28x28 block: scene ground
-truth), which then stays on (weight {tc.get('aux_weight', '?')}); the head is not saved. The target is trained with
+first trains alone for {tc.get('vision_steps', '?')} steps (draft: {tc.get('draft_vision_steps', tc.get('vision_steps', '?'))}) on a dense auxiliary loss (a training-only linear head on the merged
+visual tokens predicts {_aux_text(tc)}: scene ground truth), which then stays
+on (weight {tc.get('aux_weight', '?')}); the head is not saved. The target is trained with
 cross-entropy on the answers ({tc.get('target_steps', 0):,} steps of batch {tc.get('batch_size', '?')}, AdamW, cosine); the draft is distilled from
 the target, teacher-forced KL(p_target || q_draft) on the same answers ({tc.get('draft_steps', 0):,} steps).
 Measured on this 2-core CPU, 1 thread, shared with other work: cache {str(mins['cache_s']) + ' s' if 'cache_s' in mins else 'reused from an earlier run of the same seed'},

@@ -84,6 +84,22 @@ exact-match of a multi-hot group hid any partial progress.
   the two temporal slices.
 - Videos now get the same targets per temporal patch group (frames 0-1 / 2-3 of the four
   the models see): vision_aux.clip_targets, 8 videos per vision pre-training step.
+- Full run with that recipe (`train --threads 1 --recipe shape-ce --cache <seed-0 cache>`:
+  train.SHAPE_CE = 1,500 vision steps with 8 videos each, whitened init, shape CE, 2,600 target
+  steps, 400 + 1,200 draft steps; 51.8 min: target 43.0, draft 8.6). Vision stage, on 256
+  training images: shape 0.31 / 0.69 / 0.80 / 0.88 / 0.94 / 0.96 at 250 / 500 / ... / 1,500
+  steps (was ~0.02), colour exact 0.13 -> 0.81 (the old recipe had 0.95 after 250), size
+  0.38 -> 0.79. `eval --seed 1 --n 20`, vs the shipped pair: target 0.345 overall (shipped
+  0.425): shape 0.70 (0.30), yesno 0.40 (0.40), colour 0.25 (0.65), size 0.40 (0.75), count
+  0.675 (0.825), position 0.30 (0.40), motion / describe / describe_video 0.00 / 0.05 / 0.00.
+  Draft 0.235 (0.32). NOT shipped. The answers (`eval --show`) say "yellow", "bottom left" and
+  "white background" almost whatever the picture: the LM reads the shape (and count) from the
+  tokens but fell back to the prior for colour and position, and there is no background
+  label in the aux targets. Likely causes, untested: colour is weaker in the tower than with
+  the old recipe (0.81 vs 0.95-0.97: the CE dominates; a BCE weight of ~3 with the longer
+  vision stage, or separate colour CE on the dominant object), and 2,600 LM steps instead of
+  4,000. Next run to try: SHAPE_CE with BCE_WEIGHT 3, target_steps 4,000 (~75 min), and a
+  background label per token.
 """
 from __future__ import annotations
 
