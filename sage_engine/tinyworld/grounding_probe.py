@@ -255,29 +255,60 @@ def main(argv=None) -> None:
     Probe(a).run()
 
 
+def _anchor_labels(data) -> np.ndarray:
+    """Replay the cache's scene stream (seed 0, 3 questions per image): centre-token labels per image."""
+    from .data import IMAGE_WEIGHTS, sample_kind
+    from .language import image_example
+    from .vision_aux import token_labels
+    rng, labels = random.Random(0), np.zeros_like(data.labels)
+    for i in range(len(data.images)):
+        scene = W.sample_scene(rng)
+        rng.randrange(1 << 30)
+        labels[i] = token_labels(scene.objects, anchor=True)
+        for kind in sample_kind(rng, IMAGE_WEIGHTS, 3):
+            image_example(scene, rng, kind)
+    return labels
+
+
+def _pixels(data, ids, video=False):
+    """Pixel values and grid_thw of cached images (repeated to two frames) or clips."""
+    from .data import patchify
+    if video:
+        return (torch.cat([patchify(torch.from_numpy(np.array(data.videos[j]))) for j in ids]),
+                torch.tensor([[2, 8, 8]] * len(ids)))
+    return torch.cat([patchify(torch.from_numpy(np.array(data.images[j])).unsqueeze(0).expand(2, -1, -1, -1))
+                      for j in ids]), torch.tensor([[1, 8, 8]] * len(ids))
+
+
+def _report(aux, feats, lab, dom) -> str:
+    """Exact match of the colour / size multi-hot on blocks that have one; shape argmax vs the dominant shape."""
+    from .vision_aux import SHAPE
+    with torch.no_grad():
+        lg = aux.head(feats).view(lab.shape)
+    pred, r = lg > 0, []
+    for s in (slice(0, 6), slice(12, 14)):
+        has = lab[..., s].any(-1)
+        r.append(float((pred[has][:, s] == lab[has][:, s]).all(-1).float().mean()))
+    d = dom.long()
+    r.append(float((lg[..., SHAPE].argmax(-1)[d >= 0] == d[d >= 0]).float().mean()))
+    return "colour {:.2f} size {:.2f} shape {:.2f}".format(*r)
+
+
 def vision_only(a) -> None:
     """Tower + head alone on a training cache; scored on the last 256 images / 64 videos (kept out).
     Printed: exact match of the colour / size multi-hot on blocks that have one, and the argmax of the
     six shape logits against the block's dominant shape (vision_aux.token_targets; chance 1/6)."""
     from pathlib import Path
     from transformers import PreTrainedTokenizerFast
-    from .data import IMAGE_WEIGHTS, TrainSet, patchify, sample_kind
-    from .language import image_example
-    from .train import TrainConfig, aux_loss
-    from .vision_aux import SHAPE, token_labels, whiten_patch_embed
+    from .data import TrainSet
+    from .train import aux_loss
+    from .vision_aux import whiten_patch_embed
     cache = Path(a.vision_only)
     tok = PreTrainedTokenizerFast.from_pretrained(cache / "tokenizer")
     data = TrainSet.load(cache, tok)
     n, nv = len(data.images), len(data.videos)
-    if a.anchor:   # replay the cache's scene stream (seed 0, 3 questions per image) for centre-token labels
-        rng, labels = random.Random(0), np.zeros_like(data.labels)
-        for i in range(n):
-            scene = W.sample_scene(rng)
-            rng.randrange(1 << 30)
-            labels[i] = token_labels(scene.objects, anchor=True)
-            for kind in sample_kind(rng, IMAGE_WEIGHTS, 3):
-                image_example(scene, rng, kind)
-        data.labels = labels
+    if a.anchor:
+        data.labels = _anchor_labels(data)
     vh, vd, vheads = VISION[a.vision]
     model = M.build_model(dataclasses.replace(M.TARGET, vis_hidden=vh, vis_depth=vd, vis_heads=vheads), tok)
     if not a.old and a.whiten > 0:
@@ -286,30 +317,12 @@ def vision_only(a) -> None:
     params = list(model.model.visual.parameters()) + list(aux.parameters())
     opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.98), weight_decay=0.01)
 
-    def pixels(ids, video=False):
-        if video:
-            return (torch.cat([patchify(torch.from_numpy(np.array(data.videos[j]))) for j in ids]),
-                    torch.tensor([[2, 8, 8]] * len(ids)))
-        return torch.cat([patchify(torch.from_numpy(np.array(data.images[j])).unsqueeze(0).expand(2, -1, -1, -1))
-                          for j in ids]), torch.tensor([[1, 8, 8]] * len(ids))
-
-    def report(feats, lab, dom):
-        with torch.no_grad():
-            lg = aux.head(feats).view(lab.shape)
-        pred, r = lg > 0, []
-        for s in (slice(0, 6), slice(12, 14)):
-            has = lab[..., s].any(-1)
-            r.append(float((pred[has][:, s] == lab[has][:, s]).all(-1).float().mean()))
-        d = dom.long()
-        r.append(float((lg[..., SHAPE].argmax(-1)[d >= 0] == d[d >= 0]).float().mean()))
-        return "colour {:.2f} size {:.2f} shape {:.2f}".format(*r)
-
     held, vheld = list(range(n - 256, n)), list(range(nv - 64, nv))
-    hp, hg = pixels(held)
+    hp, hg = _pixels(data, held)
     hl = torch.from_numpy(data.labels[held]).bool()
     tg = data.targets
     if tg is not None:
-        vp, vg = pixels(vheld, True)
+        vp, vg = _pixels(data, vheld, True)
     rng, t0 = random.Random(0), time.time()
     for step in range(a.steps + 1):
         if step % 250 == 0:
@@ -319,18 +332,19 @@ def vision_only(a) -> None:
                 feats = torch.cat(aux._feats)
                 line = f"step {step} held-out images: "
                 if tg is None:
-                    line += report(feats, hl, torch.full(hl.shape[:2], -1))
+                    line += _report(aux, feats, hl, torch.full(hl.shape[:2], -1))
                 else:
-                    line += report(feats, hl, torch.from_numpy(tg["image_dom"][held]))
+                    line += _report(aux, feats, hl, torch.from_numpy(tg["image_dom"][held]))
                     model.model.visual(vp, grid_thw=vg)
-                    line += " | videos: " + report(torch.cat(aux._vfeats), torch.from_numpy(tg["video_labels"][vheld]).bool(),
-                                                   torch.from_numpy(tg["video_dom"][vheld]))
+                    line += " | videos: " + _report(aux, torch.cat(aux._vfeats),
+                                                    torch.from_numpy(tg["video_labels"][vheld]).bool(),
+                                                    torch.from_numpy(tg["video_dom"][vheld]))
                 aux.clear()
             print(f"{line} | {time.time() - t0:.0f}s", flush=True)
         if step == a.steps:
             break
         ids = rng.sample(range(n - 256), a.batch)
-        pix, grid = pixels(ids)
+        pix, grid = _pixels(data, ids)
         aux.clear()
         model.model.visual(pix, grid_thw=grid)
         if a.old or tg is None:
@@ -338,7 +352,7 @@ def vision_only(a) -> None:
         else:
             vids = rng.sample(range(nv - 64), a.videos) if a.videos else []
             if vids:
-                model.model.visual(*pixels(vids, True))
+                model.model.visual(*_pixels(data, vids, True))
             loss = aux_loss(aux, data.vision_targets(ids, vids))
         opt.zero_grad()
         loss.backward()
