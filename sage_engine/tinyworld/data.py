@@ -26,7 +26,7 @@ import torch
 
 from .language import IMAGE_KINDS, VIDEO_KINDS, image_example, video_example
 from .tokenizer import user_turn
-from .vision_aux import N_LABELS, clip_targets, image_targets, scene_labels
+from .vision_aux import N_LABELS, clip_targets, image_targets
 from .world import MODEL_FRAMES, SIZE, read_video, render_clip, render_image, sample_clip, sample_scene, write_mp4
 
 MEAN = torch.tensor([0.48145466, 0.4578275, 0.40821073])
@@ -183,26 +183,32 @@ class TrainSet:
             out["video"] = (torch.from_numpy(tg["video_labels"][vid_ids]), torch.from_numpy(tg["video_dom"][vid_ids]))
         return out
 
+    def image_pixels(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pixel values and grid_thw of cached images (each repeated to TEMPORAL frames), as the processor gives."""
+        g = SIZE // PATCH
+        pix = [patchify(torch.from_numpy(np.array(self.images[j])).unsqueeze(0).expand(TEMPORAL, -1, -1, -1))
+               for j in ids]
+        return torch.cat(pix), torch.tensor([[1, g, g]] * len(ids))
+
+    def video_pixels(self, ids: list[int]) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Pixel values (None for no ids) and grid_thw of cached clips."""
+        g = SIZE // PATCH
+        pix = torch.cat([patchify(torch.from_numpy(np.array(self.videos[j]))) for j in ids]) if ids else None
+        return pix, torch.tensor([[MODEL_FRAMES // TEMPORAL, g, g]] * len(ids))
+
     def patch_sample(self, n_images: int, n_videos: int) -> torch.Tensor:
         """Patch rows of the first n_images images and n_videos videos (for whiten_patch_embed)."""
-        rows = [patchify(torch.from_numpy(np.array(self.images[j])).unsqueeze(0).expand(TEMPORAL, -1, -1, -1))
-                for j in range(min(n_images, len(self.images)))]
-        rows += [patchify(torch.from_numpy(np.array(self.videos[j]))) for j in range(min(n_videos, len(self.videos)))]
-        return torch.cat(rows)
+        rows = [self.image_pixels(list(range(min(n_images, len(self.images)))))[0]]
+        vpix = self.video_pixels(list(range(min(n_videos, len(self.videos)))))[0]
+        return torch.cat(rows + ([vpix] if vpix is not None else []))
 
     def image_batches(self, batch_size: int, rng: random.Random, video_batch: int = 0):
         """Endless vision pre-training batches: batch_size images (and video_batch videos): pixel
         values, grid (and video pixel values, grid), aux targets."""
-        g = SIZE // PATCH
         while True:
             ids = rng.sample(range(len(self.images)), batch_size)
             vids = rng.sample(range(len(self.videos)), video_batch) if video_batch and self.targets is not None else []
-            pix = [patchify(torch.from_numpy(np.array(self.images[j])).unsqueeze(0).expand(TEMPORAL, -1, -1, -1))
-                   for j in ids]
-            vpix = [patchify(torch.from_numpy(np.array(self.videos[j]))) for j in vids]
-            yield (torch.cat(pix), torch.tensor([[1, g, g]] * batch_size),
-                   torch.cat(vpix) if vids else None, torch.tensor([[MODEL_FRAMES // TEMPORAL, g, g]] * len(vids)),
-                   self.vision_targets(ids, vids))
+            yield (*self.image_pixels(ids), *self.video_pixels(vids), self.vision_targets(ids, vids))
 
     def __len__(self) -> int:
         return len(self.ex["media"])

@@ -270,16 +270,6 @@ def _anchor_labels(data) -> np.ndarray:
     return labels
 
 
-def _pixels(data, ids, video=False):
-    """Pixel values and grid_thw of cached images (repeated to two frames) or clips."""
-    from .data import patchify
-    if video:
-        return (torch.cat([patchify(torch.from_numpy(np.array(data.videos[j]))) for j in ids]),
-                torch.tensor([[2, 8, 8]] * len(ids)))
-    return torch.cat([patchify(torch.from_numpy(np.array(data.images[j])).unsqueeze(0).expand(2, -1, -1, -1))
-                      for j in ids]), torch.tensor([[1, 8, 8]] * len(ids))
-
-
 def _report(aux, feats, lab, dom) -> str:
     """Exact match of the colour / size multi-hot on blocks that have one; shape argmax vs the dominant shape."""
     from .vision_aux import SHAPE
@@ -318,11 +308,11 @@ def vision_only(a) -> None:
     opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.98), weight_decay=0.01)
 
     held, vheld = list(range(n - 256, n)), list(range(nv - 64, nv))
-    hp, hg = _pixels(data, held)
+    hp, hg = data.image_pixels(held)
     hl = torch.from_numpy(data.labels[held]).bool()
     tg = data.targets
     if tg is not None:
-        vp, vg = _pixels(data, vheld, True)
+        vp, vg = data.video_pixels(vheld)
     rng, t0 = random.Random(0), time.time()
     for step in range(a.steps + 1):
         if step % 250 == 0:
@@ -344,7 +334,7 @@ def vision_only(a) -> None:
         if step == a.steps:
             break
         ids = rng.sample(range(n - 256), a.batch)
-        pix, grid = _pixels(data, ids)
+        pix, grid = data.image_pixels(ids)
         aux.clear()
         model.model.visual(pix, grid_thw=grid)
         if a.old or tg is None:
@@ -352,7 +342,7 @@ def vision_only(a) -> None:
         else:
             vids = rng.sample(range(nv - 64), a.videos) if a.videos else []
             if vids:
-                model.model.visual(*_pixels(data, vids, True))
+                model.model.visual(*data.video_pixels(vids))
             loss = aux_loss(aux, data.vision_targets(ids, vids))
         opt.zero_grad()
         loss.backward()

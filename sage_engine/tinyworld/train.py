@@ -24,16 +24,14 @@ import random
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from . import models as M
-from .data import PATCH, TEMPORAL, TrainSet, build_cache, check_against_processor, patchify, replay_image_labels
+from .data import TrainSet, build_cache, check_against_processor, replay_image_labels
 from .evaluate import evaluate, make_items
 from .vision_aux import VisionAux, whiten_patch_embed
 from .tokenizer import build_tokenizer, world_corpus
-from .world import SIZE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,10 +133,8 @@ def pretrain_vision(model, aux: VisionAux | None, data: TrainSet, cfg: TrainConf
     batches = data.image_batches(cfg.vision_batch, random.Random(cfg.seed + 3), cfg.vision_video_batch)
     model.train()
     probe = list(range(min(256, len(data.images))))   # progress on a fixed set of (training) images
-    side = SIZE // PATCH
-    probe_pix = torch.cat([patchify(torch.from_numpy(np.array(data.images[j])).unsqueeze(0).expand(TEMPORAL, -1, -1, -1))
-                           for j in probe])
-    probe_targets = data.vision_targets(probe, [])["image"]
+    probe_targets = data.vision_targets(probe, [])["image"] if cfg.shape_ce else None
+    probe_pix = data.image_pixels(probe) if probe_targets and probe_targets[1] is not None else None
     t0, run = time.time(), 0.0
     for step in range(steps):
         for g in opt.param_groups:
@@ -156,10 +152,10 @@ def pretrain_vision(model, aux: VisionAux | None, data: TrainSet, cfg: TrainConf
         run = 0.95 * run + 0.05 * loss.item() if step else loss.item()
         if (step + 1) % 50 == 0 or step == 0:
             log(f"[{tag}-vision] step {step + 1}/{steps} aux {run:.4f} elapsed {(time.time() - t0) / 60:.1f}m")
-        if ((step + 1) % 250 == 0 or step + 1 == steps) and probe_targets[1] is not None and cfg.shape_ce:
+        if ((step + 1) % 250 == 0 or step + 1 == steps) and probe_pix is not None:
             aux.clear()
             with torch.no_grad():
-                model.model.visual(probe_pix, grid_thw=torch.tensor([[1, side, side]] * len(probe)))
+                model.model.visual(probe_pix[0], grid_thw=probe_pix[1])
             c, z, sh = aux.scores(*probe_targets)
             log(f"[{tag}-vision] step {step + 1} on {len(probe)} training images: colour {c:.2f} size {z:.2f} shape {sh:.2f}")
     aux.clear()
@@ -262,10 +258,9 @@ def run(out: Path, cache: Path, cfg: TrainConfig, log=print, only_draft: bool = 
     else:
         target = M.build_model(cfg.target, tok, seed=cfg.seed)
     log(f"[train] target {M.n_params(target):,} params, draft {M.n_params(draft):,} params")
-    if not only_draft:
-        init_patch_embed(target, data, cfg, cfg.seed)
     init_patch_embed(draft, data, cfg, cfg.seed + 1)
     if not only_draft:
+        init_patch_embed(target, data, cfg, cfg.seed)
         t0 = time.time()
         train_target(target, data, processor, cfg, log, items, ckpt=out / "tinyworld-target")
         log(f"[target] trained in {(time.time() - t0) / 60:.1f} min")

@@ -22,7 +22,6 @@ report what is where before and after the event.
 """
 from __future__ import annotations
 
-import cv2
 import numpy as np
 import torch
 import torch.nn.functional as F
