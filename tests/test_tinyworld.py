@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import random
 from pathlib import Path
 
@@ -105,23 +104,71 @@ def test_batches_match_the_processor(tok):
 
 def test_vision_targets_follow_the_scene():
     import random
-    from sage_engine.tinyworld.vision_aux import SHAPE, clip_targets, image_targets, token_labels
+    from sage_engine.tinyworld.vision_aux import GRID, SHAPE, clip_targets, image_targets, token_labels
+    assert GRID * GRID == 9   # one merged visual token per cell of the world
     rng = random.Random(7)
     for _ in range(20):
         scene = W.sample_scene(rng)
         labels, dom = image_targets(scene)
         assert (labels == token_labels(scene.objects)).all()
-        for t in range(16):   # the dominant shape is one of the shapes present in the block
+        for t in range(GRID * GRID):   # the dominant shape is one of the shapes present in the block
             assert dom[t] == -1 or labels[t, SHAPE][dom[t]] == 1
+        for o in scene.objects:        # each object's own cell is its token, and no other token shows it
+            on = [t for t in range(9) if labels[t, list(W.COLOURS).index(o.colour)]
+                  and labels[t, SHAPE][W.SHAPES.index(o.shape)]]
+            assert on == [o.cell], (o, on)
     labels, dom = clip_targets(W.sample_clip(rng))
-    assert labels.shape[0] == dom.shape[0] == 32
+    assert labels.shape[0] == dom.shape[0] == 2 * GRID * GRID
 
 
-@pytest.mark.parametrize("recipe", ["shipped", "shape-ce"])
-def test_training_script_runs_a_few_steps(tmp_path, recipe):
+def test_cell_changes_name_what_happened_where():
+    from sage_engine.tinyworld.vision_aux import CHANGES, cell_changes, clip_targets
+    rng = random.Random(11)
+    seen = set()
+    for _ in range(200):
+        clip = W.sample_clip(rng)
+        change = cell_changes(torch.from_numpy(clip_targets(clip)[0])[None])[0].tolist()
+        s, a = clip.subject, clip.after
+        expect = {"appear": {s.cell: "appeared"}, "disappear": {s.cell: "vanished"},
+                  "grow": {s.cell: "changed"}, "shrink": {s.cell: "changed"}, "recolour": {s.cell: "changed"}}
+        if clip.event == "move":   # the subject leaves its cell and shows up in its destination (or on the way)
+            assert CHANGES[change[s.cell]] == "vanished" and CHANGES[change[a.cell]] == "appeared", (clip, change)
+        else:
+            got = {c: CHANGES[k] for c, k in enumerate(change) if k}
+            assert got == expect[clip.event], (clip.event, got)
+        seen.add(clip.event)
+    assert seen == set(W.EVENTS)
+
+
+def test_place_aux_reads_the_language_model_at_the_visual_tokens(tok):
+    from sage_engine.tinyworld.data import expand_pads
+    from sage_engine.tinyworld.models import TINY, build_model
+    from sage_engine.tinyworld.vision_aux import GRID, PlaceAux, clip_targets
+    from sage_engine.tinyworld.data import patchify
+    model = build_model(TINY, tok)
+    place = PlaceAux(model, 0, tok.convert_tokens_to_ids("<|image_pad|>"), tok.convert_tokens_to_ids("<|video_pad|>"))
+    clip = W.sample_clip(random.Random(5))
+    frames = torch.from_numpy(np.stack(W.render_clip(clip))[[0, 2, 4, 6]])
+    ids = torch.tensor([tok(expand_pads(user_turn("video", "What happens?")), add_special_tokens=False)["input_ids"]])
+    g = W.SIZE // 14
+    place.input_ids = ids
+    model(input_ids=ids, pixel_values_videos=patchify(frames), video_grid_thw=torch.tensor([[2, g, g]]),
+          mm_token_type_ids=(ids == tok.convert_tokens_to_ids("<|video_pad|>")).long() * 2,
+          second_per_grid_ts=torch.ones(1))
+    loss = place.loss(torch.from_numpy(clip_targets(clip)[0])[None])
+    loss.backward()
+    assert torch.isfinite(loss) and loss > 0
+    assert place.head.weight.grad.abs().sum() > 0 and model.model.language_model.layers[0].mlp.down_proj.weight.grad is not None
+    assert place.loss(None).item() == 0   # nothing captured since: no loss
+    place.remove()
+    assert GRID == 3
+
+
+@pytest.mark.parametrize("place", ["0.3", "0"])
+def test_training_script_runs_a_few_steps(tmp_path, place):
     from transformers import AutoModelForImageTextToText, AutoProcessor
     from sage_engine.tinyworld.__main__ import main
-    main(["train", "--tiny", "--steps", "2", "--recipe", recipe, "--out", str(tmp_path / "m"),
+    main(["train", "--tiny", "--steps", "2", "--place-weight", place, "--out", str(tmp_path / "m"),
           "--cache", str(tmp_path / "cache")])
     for role in ("target", "draft"):
         path = tmp_path / "m" / f"tinyworld-{role}"

@@ -29,9 +29,8 @@ def cmd_train(a) -> None:
     from .train import TrainConfig, run
     torch.set_num_threads(a.threads)
     cfg = TrainConfig(seed=a.seed)
-    if a.recipe == "shape-ce":
-        from .train import SHAPE_CE
-        cfg = dataclasses.replace(cfg, **SHAPE_CE)
+    if a.place_weight is not None:
+        cfg = dataclasses.replace(cfg, place_weight=a.place_weight)
     if a.tiny:   # smoke test: a few steps of the real script on a tiny config
         cfg = dataclasses.replace(cfg, n_images=32, n_videos=8, batch_size=4, target_steps=a.steps or 3,
                                   draft_steps=a.steps or 3, warmup=1, eval_every=0,
@@ -81,7 +80,13 @@ def cmd_card(a) -> None:
             for r in ("target", "draft")]
     timing = measure(*pair)
     print(json.dumps(timing))
-    write_cards(models, json.loads(Path(a.eval_json).read_text()), Path(a.train_log).read_text(), timing, a.eval_cmd)
+    bench = None
+    if a.bench_json:
+        bench = {"cmd": a.bench_cmd, "float32": json.loads(Path(a.bench_json).read_text())}
+        if a.bench_bf16_json:
+            bench["bfloat16"] = json.loads(Path(a.bench_bf16_json).read_text())
+    write_cards(models, json.loads(Path(a.eval_json).read_text()), Path(a.train_log).read_text(), timing, a.eval_cmd,
+                bench)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -104,8 +109,8 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--draft-steps", type=int, default=0, help="override the number of draft distillation steps")
     t.add_argument("--only-draft", action="store_true", help="distil the draft from the target already in --out")
     t.add_argument("--tiny", action="store_true", help="tiny models and data: a smoke test of the script")
-    t.add_argument("--recipe", choices=("shipped", "shape-ce"), default="shipped",
-                   help="shipped: the defaults that made assets/models; shape-ce: train.SHAPE_CE (tower learns shapes)")
+    t.add_argument("--place-weight", type=float, default=None,
+                   help="weight of the target's PlaceAux loss (default: TrainConfig's; 0 = off)")
     t.set_defaults(fn=cmd_train)
     e = sub.add_parser("eval", help="score target and draft on fresh scenes")
     e.add_argument("--seed", type=int, default=1)
@@ -120,6 +125,9 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--eval-json", required=True)
     c.add_argument("--eval-cmd", required=True, help="the eval command line that produced --eval-json")
     c.add_argument("--train-log", required=True)
+    c.add_argument("--bench-json", default=None, help="a float32 `python -m sage_engine bench --out` report")
+    c.add_argument("--bench-bf16-json", default=None, help="the same benchmark in bfloat16")
+    c.add_argument("--bench-cmd", default="", help="the bench command line that produced --bench-json")
     c.add_argument("--threads", type=int, default=2)
     c.set_defaults(fn=cmd_card)
     a = p.parse_args(argv)

@@ -8,6 +8,7 @@ import re
 import torch
 from pathlib import Path
 
+from .data import IMAGE_TOKENS, VIDEO_TOKENS
 from .world import CLIP_FPS, CLIP_FRAMES, MODEL_FRAMES, SIZE
 
 
@@ -34,6 +35,13 @@ def _train_config(log: str) -> dict:
 
 
 def _aux_text(tc: dict) -> str:
+    if tc.get("shape_ce") and tc.get("place_weight"):
+        return ("which colours / sizes, or nothing, fill each 28x28 cell and the shape of the object covering most\n"
+                "of it, images and each temporal patch group of the clips; patch embedding initialised from whitened\n"
+                f"patches. While the target's language model trains, a second training-only head (weight "
+                f"{tc['place_weight']}) on its layer-{tc.get('place_layer', 1)} state at\n"
+                "each visual token predicts the token's row, column, temporal group and whether its cell changed\n"
+                "(vision_aux.PlaceAux), so that later layers can read WHERE an attended object is")
     if tc.get("shape_ce"):
         return ("which colours / sizes, or nothing, fill each 28x28 block and the shape of the object covering most\n"
                 "of it, images and each temporal patch group of the clips; patch embedding initialised from whitened patches")
@@ -65,7 +73,43 @@ def _arch(model) -> str:
             f"patch 14, 2x2 merge")
 
 
-def write_cards(models_dir: Path, eval_result: dict, train_log: str, timing: dict, eval_cmd: str) -> None:
+POLICIES = ("ar", "chain", "static", "eagle2", "sage")
+
+
+def _bench_text(bench: dict | None) -> str:
+    """The benchmark section from `bench --out` reports: {"cmd": ..., "float32": report, "bfloat16": report}."""
+    if not bench:
+        return ""
+    fp = bench["float32"]
+    rows = "\n".join(f"| {k} | {p['mean_accepted']:.2f} | {p['tokens_per_second']:.1f} | {p['speedup_vs_ar'] or 1:.2f}x | "
+                     f"{p['exact_match_vs_ar']:.2f} |" for k in POLICIES if (p := fp["policies"].get(k)))
+    sage, static = fp["policies"].get("sage"), fp["policies"].get("static")
+    out = f"""
+## Speculative decoding with this pair (the engine's benchmark)
+
+`{bench['cmd']}` on this 2-core CPU ({fp['inputs']} inputs, {fp['max_new_tokens']} new tokens at most,
+{fp['threads']} thread(s), float32, the default):
+
+| policy | tau | tok/s | speedup vs ar | exact match vs ar |
+|---|---|---|---|---|
+{rows}
+"""
+    if sage and static:
+        out += (f"\nsage tau / static tau = {sage['mean_accepted'] / static['mean_accepted']:.2f}. The draft's alpha varies "
+                f"within a run (mean std {sage['alpha_std_within_run']:.2f} for sage).\n")
+    bf = bench.get("bfloat16")
+    if bf and "sage" in bf["policies"]:
+        b = bf["policies"]
+        out += (f"In bfloat16 (`--dtype bfloat16`): ar {b['ar']['tokens_per_second']:.1f} tok/s, sage "
+                f"{b['sage']['tokens_per_second']:.1f} tok/s ({b['sage']['speedup_vs_ar']:.2f}x of bf16 ar, tau "
+                f"{b['sage']['mean_accepted']:.2f}, exact match {b['sage']['exact_match_vs_ar']:.2f}); float32 is "
+                f"{'faster' if fp['policies']['sage']['tokens_per_second'] >= b['sage']['tokens_per_second'] else 'slower'} "
+                f"here and is the default.\n")
+    return out
+
+
+def write_cards(models_dir: Path, eval_result: dict, train_log: str, timing: dict, eval_cmd: str,
+                bench: dict | None = None) -> None:
     from transformers import AutoModelForImageTextToText
     pair = {r: AutoModelForImageTextToText.from_pretrained(models_dir / f"tinyworld-{r}") for r in ("target", "draft")}
     n = {r: sum(p.numel() for p in m.parameters()) for r, m in pair.items()}
@@ -91,10 +135,10 @@ backgrounds, and short clips in which one thing happens. Not a general-purpose m
 - Parameters: {n[role]:,} (target {n['target']:,} = {n['target'] / n['draft']:.1f}x the draft's {n['draft']:,}).
 - {storage} Load with `AutoModelForImageTextToText.from_pretrained` and
   `AutoProcessor.from_pretrained`; both work offline (`HF_HUB_OFFLINE=1`).
-- Inputs: images are resized to {SIZE}x{SIZE} pixels = 16 visual tokens. Videos: pass
+- Inputs: images are resized to {SIZE}x{SIZE} pixels = {IMAGE_TOKENS} visual tokens (one per cell of the world's 3x3 grid). Videos: pass
   {MODEL_FRAMES} frames sampled uniformly (`video_processor.num_frames` = {MODEL_FRAMES}) with
   `do_sample_frames=False` and `video_metadata`; the training clips are {CLIP_FRAMES}-frame MP4s at
-  {CLIP_FPS:g} fps (32 visual tokens).
+  {CLIP_FPS:g} fps ({VIDEO_TOKENS} visual tokens: two temporal groups, before and after the event).
 - Tokenizer: byte-level BPE (any text encodes) trained on the world's corpus, Qwen chat template and
   special tokens, shared by target and draft.
 
@@ -128,5 +172,5 @@ Measured by `python -m sage_engine.tinyworld card` (sage_engine/tinyworld/timing
 
 | forward | ms |
 |---|---|
-""" + "\n".join(f"| {k.replace('_', ', ')} tokens | {v} |" for k, v in timing.items()) + "\n"
+""" + "\n".join(f"| {k.replace('_', ', ')} tokens | {v} |" for k, v in timing.items()) + "\n" + _bench_text(bench)
         (models_dir / f"tinyworld-{role}" / "README.md").write_text(text)

@@ -4,10 +4,10 @@ Layout of a cache directory:
   images.npy   uint8 (N_img, S, S, 3)              rendered scenes
   videos.npy   uint8 (N_vid, MODEL_FRAMES, S, S, 3) frames as the models see them (after an MP4 round trip)
   examples.pt  dict of tensors: tokens (flat), offsets, prompt_len, media (0 image / 1 video), index, kind
-  image_labels.npy uint8 (N_img, 16, vision_aux.N_LABELS) per-visual-token ground truth (training-only
+  image_labels.npy uint8 (N_img, IMAGE_TOKENS, vision_aux.N_LABELS) per-visual-token ground truth (training-only
                auxiliary loss); added to an older cache by replaying its seeded scene stream
-  vision_targets.npz  image_dom int8 (N_img, 16), video_labels uint8 (N_vid, 32, N_LABELS),
-               video_dom int8 (N_vid, 32): vision_aux.token_targets for images and videos (replayed
+  vision_targets.npz  image_dom int8 (N_img, IMAGE_TOKENS), video_labels uint8 (N_vid, VIDEO_TOKENS, N_LABELS),
+               video_dom int8 (N_vid, VIDEO_TOKENS): vision_aux.token_targets for images and videos (replayed
                the same way when missing)
 
 `patchify` reproduces the Qwen2-VL image/video processor (rescale, normalise,
@@ -32,8 +32,8 @@ from .world import MODEL_FRAMES, SIZE, read_video, render_clip, render_image, sa
 MEAN = torch.tensor([0.48145466, 0.4578275, 0.40821073])
 STD = torch.tensor([0.26862954, 0.26130258, 0.27577711])
 PATCH, TEMPORAL, MERGE = 14, 2, 2
-IMAGE_TOKENS = (SIZE // PATCH) ** 2 // MERGE ** 2                       # 16
-VIDEO_TOKENS = IMAGE_TOKENS * MODEL_FRAMES // TEMPORAL                  # 32
+IMAGE_TOKENS = (SIZE // PATCH) ** 2 // MERGE ** 2                       # 9: one per cell
+VIDEO_TOKENS = IMAGE_TOKENS * MODEL_FRAMES // TEMPORAL                  # 18
 
 KINDS = IMAGE_KINDS + tuple(k for k in VIDEO_KINDS if k not in IMAGE_KINDS)
 IMAGE_WEIGHTS = {"describe": 0.25, "count": 0.08, "colour": 0.2, "shape": 0.15, "size": 0.1, "position": 0.12, "yesno": 0.1}
@@ -161,7 +161,7 @@ class TrainSet:
     image_token: int
     video_token: int
     pad: int
-    labels: np.ndarray | None = None   # (N_img, 16, N_LABELS) per-token vision targets
+    labels: np.ndarray | None = None   # (N_img, IMAGE_TOKENS, N_LABELS) per-token vision targets
     targets: dict | None = None        # vision_targets.npz: image_dom, video_labels, video_dom
 
     @classmethod

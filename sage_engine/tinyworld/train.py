@@ -9,11 +9,14 @@ object covering most of it, a whitened-patch init and per-temporal-group video t
 Without the auxiliary loss the language model learns the language prior and ignores the
 image (grounding_probe.py has the numbers).
 
-The defaults reproduce the shipped pair (first recipe: one mean BCE over all labels, images only,
-default patch-embedding init; 62.5 min at 1 thread, cache reused). `--recipe shape-ce` (SHAPE_CE)
-switches on the dominant-shape cross-entropy, the whitened init and the video targets: its tower
-learns shapes, but its one full run (51.8 min) was worse overall (grounding_probe.py), so it is not
-the default.
+Each cell of the world is exactly one merged visual token (world.py), so the tower's targets are
+exact per token. The target also gets PlaceAux (vision_aux.py): a training-only head that makes
+an early language-model layer write each visual token's row / column / temporal group / change into
+its state, because nothing in the architecture puts WHERE into a value vector. The vision tower
+learns at tower_lr_scale x the language model's rate once its pre-training is done.
+
+The defaults reproduce the shipped pair (the model cards carry the command, the measured minutes
+and the evaluation).
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ import torch.nn.functional as F
 from . import models as M
 from .data import TrainSet, build_cache, check_against_processor, replay_image_labels
 from .evaluate import evaluate, make_items
-from .vision_aux import VisionAux, whiten_patch_embed
+from .vision_aux import PlaceAux, VisionAux, whiten_patch_embed
 from .tokenizer import build_tokenizer, world_corpus
 
 
@@ -40,20 +43,23 @@ class TrainConfig:
     n_images: int = 24_000        # rendered image scenes (3 questions each)
     n_videos: int = 8_000         # rendered clips (2 questions each)
     batch_size: int = 16
-    target_steps: int = 4_000
+    target_steps: int = 5_000
     target_lr: float = 1.5e-3
     draft_steps: int = 1_500
     draft_lr: float = 3e-3
     warmup: int = 200
-    eval_every: int = 500         # quick QA eval (fresh scenes) every so many steps; 0 = never
+    eval_every: int = 1_000       # quick QA eval (fresh scenes) every so many steps; 0 = never
     aux_weight: float = 1.0       # weight of the per-visual-token auxiliary loss (0 = off)
-    vision_steps: int = 400       # vision-only pre-training steps (auxiliary loss alone) before the target
-    draft_vision_steps: int = 400 # the same before the draft
+    vision_steps: int = 800       # vision-only pre-training steps (auxiliary loss alone) before the target
+    draft_vision_steps: int = 800 # the same before the draft
     vision_batch: int = 32        # images per vision pre-training step
-    vision_video_batch: int = 0   # videos per vision pre-training step (needs shape_ce)
+    vision_video_batch: int = 8   # videos per vision pre-training step (needs shape_ce)
     vision_lr: float = 2e-3
-    whiten_eps: float = 0.0       # patch-embedding init: whitened patches (0 = the default random init)
-    shape_ce: bool = False        # aux targets: dominant-shape cross-entropy + videos (False: one mean BCE, images)
+    whiten_eps: float = 1e-3      # patch-embedding init: whitened patches (0 = the default random init)
+    shape_ce: bool = True         # aux targets: dominant-shape cross-entropy + videos (False: one mean BCE, images)
+    place_weight: float = 0.3     # weight of the target's PlaceAux loss (row / column / group / change of each visual token)
+    place_layer: int = 1          # the target decoder layer whose output PlaceAux reads
+    tower_lr_scale: float = 0.3   # learning rate of the vision tower while the language model trains, x target_lr
     target: M.PairMember = M.TARGET
     draft: M.PairMember = M.DRAFT
 
@@ -95,12 +101,6 @@ def _quick_eval(model, processor, items, tag: str, log) -> None:
 
 def make_aux(model, data: TrainSet, cfg: TrainConfig) -> VisionAux | None:
     return VisionAux(model) if cfg.aux_weight > 0 and data.labels is not None else None
-
-
-# The recipe that makes the tower learn shapes (grounding_probe.py): `train --recipe shape-ce`. Its one
-# full run (51.8 min) reached shape 0.70 but lost colour / size / count: not the default yet.
-SHAPE_CE = dict(shape_ce=True, whiten_eps=1e-3, vision_steps=1_500, vision_video_batch=8, target_steps=2_600,
-                draft_steps=1_200)
 
 
 def aux_loss(aux: VisionAux | None, targets: dict | None, shape_ce: bool = True) -> torch.Tensor:
@@ -164,36 +164,48 @@ def pretrain_vision(model, aux: VisionAux | None, data: TrainSet, cfg: TrainConf
 def train_target(model, data: TrainSet, processor, cfg: TrainConfig, log=print, items=None, ckpt: Path | None = None):
     aux = make_aux(model, data, cfg)
     pretrain_vision(model, aux, data, cfg, "target", log)
-    params = list(model.parameters()) + (list(aux.parameters()) if aux else [])
-    opt = torch.optim.AdamW(params, lr=cfg.target_lr, betas=(0.9, 0.98), weight_decay=0.05)
+    layer = min(cfg.place_layer, model.config.text_config.num_hidden_layers - 1)
+    place = PlaceAux(model, layer, data.image_token, data.video_token) if cfg.place_weight > 0 else None
+    tower = set(map(id, model.model.visual.parameters()))
+    rest = [p for p in model.parameters() if id(p) not in tower]
+    rest += (list(aux.parameters()) if aux else []) + (list(place.parameters()) if place else [])
+    params = rest + list(model.model.visual.parameters())
+    opt = torch.optim.AdamW([{"params": rest, "scale": 1.0},
+                             {"params": list(model.model.visual.parameters()), "scale": cfg.tower_lr_scale}],
+                            lr=cfg.target_lr, betas=(0.9, 0.98), weight_decay=0.05)
     batches = data.batches(cfg.batch_size, random.Random(cfg.seed + 1))
     model.train()
-    t0, run, run_aux = time.time(), 0.0, 0.0
+    t0, run, run_aux, run_place = time.time(), 0.0, 0.0, 0.0
     for step in range(cfg.target_steps):
         for g in opt.param_groups:
-            g["lr"] = cfg.target_lr * cosine(step, cfg.target_steps, cfg.warmup)
+            g["lr"] = cfg.target_lr * g["scale"] * cosine(step, cfg.target_steps, cfg.warmup)
         batch = next(batches)
         if aux:
             aux.clear()
         vis_labels = batch.pop("vision_targets", None)
+        if place:
+            place.input_ids = batch["input_ids"]
         loss = model(**batch).loss
         a_loss = aux_loss(aux, vis_labels, cfg.shape_ce)
+        p_loss = place.loss(vis_labels["video"][0] if vis_labels and vis_labels["video"] else None) if place else 0.0
         opt.zero_grad(set_to_none=True)
-        (loss + cfg.aux_weight * a_loss).backward()
+        (loss + cfg.aux_weight * a_loss + cfg.place_weight * p_loss).backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         run = 0.98 * run + 0.02 * loss.item() if step else loss.item()
         run_aux = 0.98 * run_aux + 0.02 * a_loss.item() if step else a_loss.item()
+        run_place = 0.98 * run_place + 0.02 * float(p_loss) if step else float(p_loss)
         if (step + 1) % 50 == 0 or step == 0:
             el = time.time() - t0
-            log(f"[target] step {step + 1}/{cfg.target_steps} loss {run:.4f} aux {run_aux:.4f} "
+            log(f"[target] step {step + 1}/{cfg.target_steps} loss {run:.4f} aux {run_aux:.4f} place {run_place:.4f} "
                 f"lr {opt.param_groups[0]['lr']:.2e} {el / (step + 1):.3f}s/step elapsed {el / 60:.1f}m")
         if items and cfg.eval_every and (step + 1) % cfg.eval_every == 0:
             _quick_eval(model, processor, items, "target", log)
             if ckpt is not None:   # resumable: `train --only-draft` can start from here
                 save(model, processor, ckpt)
-    if aux:
-        aux.remove()   # the head is not part of the model
+    for head in (aux, place):
+        if head:
+            head.remove()   # the heads are not part of the model
     return model
 
 

@@ -1,7 +1,7 @@
 """Dense auxiliary supervision of the vision tokens (training only; nothing here is saved).
 
-The 16 merged visual tokens of an image each cover a 28 x 28 pixel block (4 x 4 grid on a
-112 px image). `token_labels` says, from the scene's ground truth, which colours, shapes and
+The 9 merged visual tokens of an image each cover a 28 x 28 pixel block (3 x 3 grid on an
+84 px image): one cell of the world each. `token_labels` says, from the scene's ground truth, which colours, shapes and
 sizes have at least MIN_PIXELS visible pixels in each block, and whether the block is empty.
 `VisionAux` hooks the vision tower's merged output (what the language model receives in
 place of the <|image_pad|> tokens), puts a linear head on it, and returns a multi-label
@@ -26,10 +26,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .world import (COLOURS, MODEL_FRAMES, SHAPES, SIZE, SIZES, Clip, Obj, Scene, _centre, clip_frame_objects,
+from .world import (COLOURS, MODEL_FRAMES, RADIUS, SHAPES, SIZE, SIZES, Clip, Obj, Scene, _centre, clip_frame_objects,
                     clip_metadata, draw_object)
 
-GRID = 4                       # merged tokens per side
+GRID = SIZE // 28              # merged tokens per side (3: one per cell)
 BLOCK = SIZE // GRID           # 28 px
 MIN_PIXELS = 12                # visible pixels of an object for it to count as present in a block
 DOM_PIXELS = 40                # pixels the largest object in a block needs for the block's shape target
@@ -46,7 +46,7 @@ def _anchor(o: Obj) -> int:
 
 
 def token_labels(objects: tuple[Obj, ...] | list[Obj], anchor: bool = False) -> np.ndarray:
-    """uint8 (16, N_LABELS): per merged token (row-major) multi-hot colour / shape / size / empty.
+    """uint8 (GRID^2, N_LABELS): per merged token (row-major) multi-hot colour / shape / size / empty.
     anchor=True: shape and size only on the token holding the object's centre (colour and
     empty stay per pixel coverage)."""
     owner = np.full((SIZE, SIZE), -1, np.int16)          # which object each pixel shows (last drawn wins)
@@ -73,6 +73,13 @@ def scene_labels(scene: Scene) -> np.ndarray:
     return token_labels(scene.objects)
 
 
+def drawn_size(o: Obj, radius: float | None) -> str:
+    """The size word for an object drawn with `radius` (growing / shrinking objects pass through both)."""
+    if radius is None:
+        return o.size
+    return "small" if radius < (RADIUS["small"] + RADIUS["large"]) / 2 else "large"
+
+
 def _owner_counts(frame: list[tuple[Obj, float | None, tuple[float, float] | None]]) -> tuple[np.ndarray, np.ndarray]:
     """Per block: which objects of `frame` show (multi-hot labels) and the pixel count of each shape."""
     owner = np.full((SIZE, SIZE), -1, np.int16)
@@ -83,20 +90,20 @@ def _owner_counts(frame: list[tuple[Obj, float | None, tuple[float, float] | Non
     blocks = owner.reshape(GRID, BLOCK, GRID, BLOCK).transpose(0, 2, 1, 3).reshape(GRID * GRID, -1)
     labels = np.zeros((GRID * GRID, N_LABELS), np.uint8)
     shape_px = np.zeros((GRID * GRID, len(SHAPES)), np.int32)
-    for i, (o, _, _) in enumerate(frame):
+    for i, (o, r, _) in enumerate(frame):
         n = (blocks == i).sum(1)
         on = n >= MIN_PIXELS
         labels[on, _COLOURS.index(o.colour)] = 1
         labels[on, len(COLOURS) + SHAPES.index(o.shape)] = 1
-        labels[on, len(COLOURS) + len(SHAPES) + SIZES.index(o.size)] = 1
+        labels[on, len(COLOURS) + len(SHAPES) + SIZES.index(drawn_size(o, r))] = 1
         shape_px[:, SHAPES.index(o.shape)] += n
     return labels, shape_px
 
 
 def token_targets(frames: list[list[tuple[Obj, float | None, tuple[float, float] | None]]]) -> tuple[np.ndarray, np.ndarray]:
     """Targets for one group of frames that share visual tokens (an image: one frame; a video's
-    temporal patch group: two). -> (labels uint8 (16, N_LABELS): the union over the frames of
-    `token_labels`; dom int8 (16,): index of the shape with the most pixels in the block, mean over
+    temporal patch group: two). -> (labels uint8 (GRID^2, N_LABELS): the union over the frames of
+    `token_labels`; dom int8 (GRID^2,): index of the shape with the most pixels in the block, mean over
     the frames, if at least DOM_PIXELS, else -1)."""
     labels = np.zeros((GRID * GRID, N_LABELS), np.uint8)
     px = np.zeros((GRID * GRID, len(SHAPES)), np.float64)
@@ -114,7 +121,7 @@ def image_targets(scene: Scene) -> tuple[np.ndarray, np.ndarray]:
 
 
 def clip_targets(clip: Clip) -> tuple[np.ndarray, np.ndarray]:
-    """(labels (32, N_LABELS), dom (32,)) for the video tokens of a clip: the MODEL_FRAMES frames
+    """(labels (2 GRID^2, N_LABELS), dom (2 GRID^2,)) for the video tokens of a clip: the MODEL_FRAMES frames
     the models see (clip_metadata's indices), two per temporal group, group-major like the tower."""
     idx = clip_metadata()["frames_indices"]
     out = [token_targets([clip_frame_objects(clip, f) for f in idx[g:g + 2]]) for g in range(0, MODEL_FRAMES, 2)]
@@ -177,9 +184,9 @@ class VisionAux(torch.nn.Module):
         return BCE_WEIGHT * bce.mean() + ce
 
     def loss(self, labels: torch.Tensor, dom: torch.Tensor | None = None, video: tuple | None = None) -> torch.Tensor:
-        """labels: (n_images, 16, N_LABELS) in the batch's image order. Without `dom`: the original
-        mean BCE over all labels (grounding_probe's reference). With `dom` (n_images, 16): see `_one`;
-        `video` = (labels (n_videos, 32, N_LABELS), dom (n_videos, 32)) adds the videos' term."""
+        """labels: (n_images, GRID^2, N_LABELS) in the batch's image order. Without `dom`: the original
+        mean BCE over all labels (grounding_probe's reference). With `dom` (n_images, GRID^2): see `_one`;
+        `video` = (labels (n_videos, 2 GRID^2, N_LABELS), dom (n_videos, 2 GRID^2)) adds the videos' term."""
         feats = torch.cat(self._feats) if self._feats else None
         vfeats = torch.cat(self._vfeats) if self._vfeats else None
         self.clear()
@@ -221,3 +228,69 @@ def token_accuracy(aux: VisionAux, labels: torch.Tensor) -> float:
     with torch.no_grad():
         pred = aux.head(feats).view(labels.shape) > 0
     return float((pred == labels.bool()).all(-1).float().mean())
+
+
+# ---------------------------------------------------------------- where each visual token is, inside the LM
+
+CHANGES = ("same", "appeared", "vanished", "changed")   # a video cell from the first temporal group to the second
+
+
+def cell_changes(video_labels: torch.Tensor) -> torch.Tensor:
+    """(n_videos, 2 GRID^2, N_LABELS) -> (n_videos, GRID^2) index into CHANGES, per cell."""
+    n = GRID * GRID
+    before, after = video_labels[:, :n].bool(), video_labels[:, n:].bool()
+    empty0, empty1 = before[..., -1], after[..., -1]
+    out = torch.where((before != after).any(-1), 3, 0)
+    out = torch.where(empty0 & ~empty1, 1, out)
+    return torch.where(~empty0 & empty1, 2, out)
+
+
+class PlaceAux(torch.nn.Module):
+    """A training-only linear head on the language model's hidden state at the visual tokens after
+    decoder layer `layer`: it must tell each token's row and column (and, in a video, its temporal
+    group, and for the second group whether that cell changed: CHANGES).
+
+    Why: neither the vision tower (2D RoPE, no absolute position) nor RoPE in the language model puts
+    WHERE a token is into its value vector, so an answer can pick a token by content ("the star")
+    but cannot read where it is ("... in the top left"). Asking an early layer to write the place
+    into the token's state makes the later layers' attention read it like any other attribute."""
+
+    def __init__(self, model, layer: int, image_token: int, video_token: int):
+        super().__init__()
+        hidden = model.config.text_config.hidden_size
+        self.head = torch.nn.Linear(hidden, 2 * GRID + 2 + len(CHANGES))
+        self.image_token, self.video_token = image_token, video_token
+        self.input_ids: torch.Tensor | None = None
+        self._h: torch.Tensor | None = None
+        self._hook = model.model.language_model.layers[layer].register_forward_hook(self._capture)
+
+    def _capture(self, module, args, output):
+        self._h = output[0] if isinstance(output, tuple) else output
+
+    def loss(self, video_labels: torch.Tensor | None) -> torch.Tensor:
+        """Cross-entropies of the last forward (set `input_ids` before it)."""
+        h, ids = self._h, self.input_ids
+        self._h = None
+        if h is None or ids is None:
+            return torch.zeros(())
+        n, total = GRID * GRID, torch.zeros(())
+        for tok, per in ((self.image_token, n), (self.video_token, 2 * n)):
+            sel = ids == tok
+            if not bool(sel.any()):
+                continue
+            logits = self.head(h[sel]).view(-1, per, self.head.out_features)      # (items, per, out)
+            j = torch.arange(per)
+            rows, cols, group = (j % n) // GRID, j % GRID, j // n
+            m = logits.shape[0]
+            total = total + F.cross_entropy(logits[..., :GRID].reshape(-1, GRID), rows.repeat(m))
+            total = total + F.cross_entropy(logits[..., GRID:2 * GRID].reshape(-1, GRID), cols.repeat(m))
+            if per == 2 * n:
+                total = total + F.cross_entropy(logits[..., 2 * GRID:2 * GRID + 2].reshape(-1, 2), group.repeat(m))
+                if video_labels is not None:
+                    change = cell_changes(video_labels).long()                           # (items, n)
+                    total = total + 2 * F.cross_entropy(logits[:, n:, 2 * GRID + 2:].reshape(-1, len(CHANGES)),
+                                                        change.reshape(-1))
+        return total
+
+    def remove(self) -> None:
+        self._hook.remove()

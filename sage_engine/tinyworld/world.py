@@ -2,11 +2,12 @@
 
 Every scene carries its ground truth (`Scene`, `Clip`), so that answers can be
 generated for training and scored for evaluation. Images are SIZE x SIZE RGB
-uint8 arrays (112 = 4 x 28: 16 visual tokens for Qwen2-VL-style processors);
+uint8 arrays (84 = 3 x 28: 9 visual tokens for Qwen2-VL-style processors, one per cell);
 videos are CLIP_FRAMES frames written as real MP4 files (OpenCV, 'mp4v'), of
 which the models see MODEL_FRAMES sampled uniformly, like the engine does.
 
-Objects sit on a 3 x 3 grid of cells named by position words. One cell may hold
+Objects sit on a 3 x 3 grid of cells named by position words; each cell is exactly one
+merged visual token (28 x 28 pixels), so what a token shows is what one cell holds. One cell may hold
 two objects (a small one in front of a large one: occlusion). In a clip exactly
 one event happens halfway: an object moves, appears, disappears, grows, shrinks
 or changes colour.
@@ -21,7 +22,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-SIZE = 112            # image side in pixels (multiple of 28)
+SIZE = 84             # image side in pixels: 3 cells of 28 (one merged visual token each)
 CLIP_FRAMES = 8       # frames written to each MP4
 CLIP_FPS = 4.0        # frames per second of the MP4
 MODEL_FRAMES = 4      # frames the models see (uniformly sampled; even for temporal_patch_size 2)
@@ -36,7 +37,7 @@ COLOURS: dict[str, tuple[int, int, int]] = {
 }
 SHAPES = ("circle", "square", "triangle", "star", "diamond", "cross")
 SIZES = ("small", "large")
-RADIUS = {"small": 9, "large": 16}
+RADIUS = {"small": 8, "large": 12}
 BACKGROUNDS: dict[str, tuple[int, int, int]] = {
     "white": (245, 245, 245),
     "grey": (120, 120, 120),
@@ -120,7 +121,7 @@ def sample_scene(rng: random.Random, min_count: int = 1, max_count: int = 4) -> 
     if occlude:
         back = dataclasses.replace(objs[0], size="large", dx=0, dy=0)
         front = _free_object(rng, used, back.cell)
-        front = dataclasses.replace(front, size="small", dx=rng.choice((-6, 6)), dy=rng.choice((-6, 6)))
+        front = dataclasses.replace(front, size="small", dx=rng.choice((-5, 5)), dy=rng.choice((-5, 5)))
         objs[0] = back
         objs.append(front)
         occluded = (0, len(objs) - 1)
@@ -216,7 +217,7 @@ def render_image(scene: Scene, noise_seed: int = 0) -> np.ndarray:
 def clip_frame_objects(clip: Clip, f: int) -> list[tuple[Obj, float | None, tuple[float, float] | None]]:
     """What frame `f` of `clip` draws, in order: (object, radius or None, cell centre or None),
     the arguments of `draw_object` (render_clip draws exactly these; vision_aux labels them)."""
-    t = min(max((f - 1) / (CLIP_FRAMES - 3), 0.0), 1.0)   # 0 for frames 0-1, 1 for frames 6-7
+    t = min(max((f - 2) / 2, 0.0), 1.0)   # 0 for frames 0-2, 0.5 for frame 3, 1 for frames 4-7
     out: list[tuple[Obj, float | None, tuple[float, float] | None]] = []
     if clip.event in ("move", "grow", "shrink"):
         for o in clip.start.objects:
@@ -234,8 +235,9 @@ def clip_frame_objects(clip: Clip, f: int) -> list[tuple[Obj, float | None, tupl
 
 
 def render_clip(clip: Clip, noise_seed: int = 0) -> list[np.ndarray]:
-    """CLIP_FRAMES RGB frames: frames 0-1 show `start`, 6-7 show `end`; the event
-    unfolds in between (motion and growth interpolate, the rest switch at the midpoint)."""
+    """CLIP_FRAMES RGB frames: frames 0-2 show `start`, 4-7 show `end`; the event happens
+    at frame 3 (motion and growth pass halfway there, the rest switch at the midpoint), so the
+    uniformly sampled frames 0, 2 | 4, 6 the models see are before | after in each temporal group."""
     frames = []
     for f in range(CLIP_FRAMES):
         img = _canvas(clip.start.background, noise_seed)
