@@ -178,8 +178,8 @@ def test_training_script_runs_a_few_steps(tmp_path, place):
 
 
 @pytest.mark.skipif(not SHIPPED, reason="the pair is not in assets/models yet")
-@pytest.mark.xfail(strict=True, reason="known gap (issue 5): the shipped pair reads colour, count and size in part "
-                   "but is below the bar (target 42.5% on fresh scenes); remove this mark when a grounded pair ships")
+@pytest.mark.xfail(strict=True, reason="known gap (issue 5): the shipped pair reads colour, count, size and shape "
+                   "but is below the bar (target 54% on fresh scenes, motion 0%); remove this mark when a pair meets it")
 def test_shipped_pair_answers_from_the_picture(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     from transformers import AutoModelForImageTextToText, AutoProcessor

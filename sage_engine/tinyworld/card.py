@@ -149,7 +149,8 @@ rendered images x 3 questions and 8,000 clips (through an MP4 round trip) x 2 qu
 descriptions, count, colour, shape, size, position, yes/no, "what happens". Each model's vision tower
 first trains alone for {tc.get('vision_steps', '?')} steps (draft: {tc.get('draft_vision_steps', tc.get('vision_steps', '?'))}) on a dense auxiliary loss (a training-only linear head on the merged
 visual tokens predicts {_aux_text(tc)}: scene ground truth), which then stays
-on (weight {tc.get('aux_weight', '?')}); the head is not saved. The target is trained with
+on (weight {tc.get('aux_weight', '?')}; the tower then learns at {tc.get('tower_lr_scale', 1.0)}x the language model's rate); the head is not saved.
+Each of the world's 3x3 cells is exactly one merged visual token, so these targets are exact per token. The target is trained with
 cross-entropy on the answers ({tc.get('target_steps', 0):,} steps of batch {tc.get('batch_size', '?')}, AdamW, cosine); the draft is distilled from
 the target, teacher-forced KL(p_target || q_draft) on the same answers ({tc.get('draft_steps', 0):,} steps).
 Measured on this 2-core CPU, 1 thread, shared with other work: cache {str(mins['cache_s']) + ' s' if 'cache_s' in mins else 'reused from an earlier run of the same seed'},

@@ -100,6 +100,25 @@ exact-match of a multi-hot group hid any partial progress.
   vision stage, or separate colour CE on the dominant object), and 2,600 LM steps instead of
   4,000. Next run to try: SHAPE_CE with BCE_WEIGHT 3, target_steps 4,000 (~75 min), and a
   background label per token.
+
+One token per cell (Nov 2026, session 4; shipped). The world was re-laid so that each of the 3x3
+cells is exactly one merged visual token (84 px images, 9 tokens; clips 18), the clips' sampled
+frames 0, 2 | 4, 6 are cleanly before | after the event, and the size label of a growing or
+shrinking object follows its drawn radius (it was the start size). Vision stage (800 steps):
+colour 0.98, size 0.99, shape 1.00 on 256 training images (shape 0.97 after 250 steps; the old
+geometry needed 1,500 steps for 0.96). Two full runs side by side (1 thread each, `eval --seed 1
+--n 20`): without PlaceAux, tower at 0.3x LR, 5,000 target steps (75.9 min): target 0.54
+(colour .85, count .825, size .80, shape .55, yesno .60, position .35, describe .30 / .30,
+motion 0), draft 0.36: SHIPPED. With PlaceAux weight 0.3 on layer 1: behind at every check
+(quick eval 0.29 vs 0.46 at 2,000 steps) and stopped. A third run drew a 2 px frame around each
+picture so that the tower could tell cells apart and added row / column / change targets to the
+tower's head (3,500 steps): target 0.345 (colour 0.00): not kept. What the shipped target still
+gets wrong (`eval --show`): questions that go from a place to an attribute ("What shape is in the
+bottom right?") are mostly right, the reverse ("Where is the red triangle?", descriptions) often
+names the wrong place, and "what happens" names the wrong object or event: the answer needs WHERE
+an attended token is, which no value vector carries (2D RoPE in the tower, RoPE in the LM).
+Quick evals were still climbing at the end (0.60 at 4,000 -> 0.73 at 5,000 steps), so a longer
+run is the next thing to try.
 """
 from __future__ import annotations
 

@@ -16,7 +16,8 @@ its state, because nothing in the architecture puts WHERE into a value vector. T
 learns at tower_lr_scale x the language model's rate once its pre-training is done.
 
 The defaults reproduce the shipped pair (the model cards carry the command, the measured minutes
-and the evaluation).
+and the evaluation). PlaceAux is off in them: with weight 0.3 it slowed the language model down at
+every check of a side-by-side run (grounding_probe.py has the numbers).
 """
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ class TrainConfig:
     vision_lr: float = 2e-3
     whiten_eps: float = 1e-3      # patch-embedding init: whitened patches (0 = the default random init)
     shape_ce: bool = True         # aux targets: dominant-shape cross-entropy + videos (False: one mean BCE, images)
-    place_weight: float = 0.3     # weight of the target's PlaceAux loss (row / column / group / change of each visual token)
+    place_weight: float = 0.0     # weight of the target's PlaceAux loss (row / column / group / change of each visual token)
     place_layer: int = 1          # the target decoder layer whose output PlaceAux reads
     tower_lr_scale: float = 0.3   # learning rate of the vision tower while the language model trains, x target_lr
     target: M.PairMember = M.TARGET
