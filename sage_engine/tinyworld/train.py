@@ -10,8 +10,8 @@ Without the auxiliary loss the language model learns the language prior and igno
 image (grounding_probe.py has the numbers).
 
 Each cell of the world is exactly one merged visual token (world.py), so the tower's targets are
-exact per token. The target also gets PlaceAux (vision_aux.py): a training-only head that makes
-an early language-model layer write each visual token's row / column / temporal group / change into
+exact per token. `--place-weight` adds PlaceAux to the target (vision_aux.py): a training-only head
+that makes an early language-model layer write each visual token's row / column / temporal group / change into
 its state, because nothing in the architecture puts WHERE into a value vector. The vision tower
 learns at tower_lr_scale x the language model's rate once its pre-training is done.
 
