@@ -195,7 +195,8 @@ def train_target(model, data: TrainSet, processor, cfg: TrainConfig, log=print, 
         opt.step()
         run = 0.98 * run + 0.02 * loss.item() if step else loss.item()
         run_aux = 0.98 * run_aux + 0.02 * a_loss.item() if step else a_loss.item()
-        run_place = 0.98 * run_place + 0.02 * float(p_loss) if step else float(p_loss)
+        p_val = p_loss.item() if place else 0.0
+        run_place = 0.98 * run_place + 0.02 * p_val if step else p_val
         if (step + 1) % 50 == 0 or step == 0:
             el = time.time() - t0
             log(f"[target] step {step + 1}/{cfg.target_steps} loss {run:.4f} aux {run_aux:.4f} place {run_place:.4f} "
