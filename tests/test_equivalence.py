@@ -13,7 +13,7 @@ import torch
 
 from sage_engine import SageConfig, SpecEngine, make_policy, prepare_input
 from sage_engine import verify as verify_mod
-from sage_engine.config import Eagle2Config, StaticConfig
+from sage_engine.config import Eagle2Config
 from sage_engine.runner import ModelRunner
 from tiny_models import clip, image, llava_pair, qwen25_pair
 
