@@ -167,12 +167,11 @@ def train_target(model, data: TrainSet, processor, cfg: TrainConfig, log=print, 
     pretrain_vision(model, aux, data, cfg, "target", log)
     layer = min(cfg.place_layer, model.config.text_config.num_hidden_layers - 1)
     place = PlaceAux(model, layer, data.image_token, data.video_token) if cfg.place_weight > 0 else None
-    tower = set(map(id, model.model.visual.parameters()))
-    rest = [p for p in model.parameters() if id(p) not in tower]
+    tower = list(model.model.visual.parameters())
+    rest = [p for p in model.parameters() if all(p is not t for t in tower)]
     rest += (list(aux.parameters()) if aux else []) + (list(place.parameters()) if place else [])
-    params = rest + list(model.model.visual.parameters())
-    opt = torch.optim.AdamW([{"params": rest, "scale": 1.0},
-                             {"params": list(model.model.visual.parameters()), "scale": cfg.tower_lr_scale}],
+    params = rest + tower
+    opt = torch.optim.AdamW([{"params": rest, "scale": 1.0}, {"params": tower, "scale": cfg.tower_lr_scale}],
                             lr=cfg.target_lr, betas=(0.9, 0.98), weight_decay=0.05)
     batches = data.batches(cfg.batch_size, random.Random(cfg.seed + 1))
     model.train()
@@ -195,11 +194,12 @@ def train_target(model, data: TrainSet, processor, cfg: TrainConfig, log=print, 
         opt.step()
         run = 0.98 * run + 0.02 * loss.item() if step else loss.item()
         run_aux = 0.98 * run_aux + 0.02 * a_loss.item() if step else a_loss.item()
-        p_val = p_loss.item() if place else 0.0
-        run_place = 0.98 * run_place + 0.02 * p_val if step else p_val
+        if place:
+            run_place = 0.98 * run_place + 0.02 * p_loss.item() if step else p_loss.item()
         if (step + 1) % 50 == 0 or step == 0:
             el = time.time() - t0
-            log(f"[target] step {step + 1}/{cfg.target_steps} loss {run:.4f} aux {run_aux:.4f} place {run_place:.4f} "
+            log(f"[target] step {step + 1}/{cfg.target_steps} loss {run:.4f} aux {run_aux:.4f} "
+                + (f"place {run_place:.4f} " if place else "") +
                 f"lr {opt.param_groups[0]['lr']:.2e} {el / (step + 1):.3f}s/step elapsed {el / 60:.1f}m")
         if items and cfg.eval_every and (step + 1) % cfg.eval_every == 0:
             _quick_eval(model, processor, items, "target", log)

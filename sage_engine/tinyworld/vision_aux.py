@@ -1,9 +1,9 @@
 """Dense auxiliary supervision of the vision tokens (training only; nothing here is saved).
 
 The 9 merged visual tokens of an image each cover a 28 x 28 pixel block (3 x 3 grid on an
-84 px image): one cell of the world each. `token_labels` says, from the scene's ground truth, which colours, shapes and
-sizes have at least MIN_PIXELS visible pixels in each block, and whether the block is empty.
-`VisionAux` hooks the vision tower's merged output (what the language model receives in
+84 px image): one cell of the world each. `token_labels` says, from the scene's ground truth,
+which colours, shapes and sizes have at least MIN_PIXELS visible pixels in each block, and
+whether the block is empty. `VisionAux` hooks the vision tower's merged output (what the language model receives in
 place of the <|image_pad|> tokens), puts a linear head on it, and returns a multi-label
 BCE loss that is added to the language-model loss. The head is thrown away after training:
 the shipped model stays a plain Qwen2_5_VLForConditionalGeneration.
