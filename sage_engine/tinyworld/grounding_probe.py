@@ -11,6 +11,7 @@ the auxiliary head's colour (and shape) multi-hot on the non-empty tokens of the
   python -m sage_engine.tinyworld.grounding_probe [--aux 1 --pre 200] [--question colour|shape|position]
       [--vision draft|target|deep|wide] [--steps 300] [--lr 2e-3] [--n 512] [--held 96] [--solid] [--white]
   python -m sage_engine.tinyworld.grounding_probe --vision-only CACHE [--anchor] [--vision target] [--steps 1000]
+  python -m sage_engine.tinyworld.grounding_probe --place MODEL_DIR   (does each layer know where a token is?)
 
 Text model: 2 layers, hidden 128; vision "draft" = 1 block hidden 64 (default), "target" = 2
 blocks hidden 128, "deep" = 4 blocks hidden 128. Seen on this machine (Nov 2026, 1 thread):
@@ -119,6 +120,17 @@ names the wrong place, and "what happens" names the wrong object or event: the a
 an attended token is, which no value vector carries (2D RoPE in the tower, RoPE in the LM).
 Quick evals were still climbing at the end (0.60 at 4,000 -> 0.73 at 5,000 steps), so a longer
 run is the next thing to try.
+
+Where is a token? (session 5, `--place MODEL`: linear probe of row / column on each layer's hidden
+state at the visual tokens, fresh scenes, chance 0.33). Shipped target: layer 0 (tower output) row
+0.34 column 0.33, layers 1-6 row 0.68-0.82, column 0.39-0.42: the model never learned columns, so
+"Where is X?" cannot be answered (its answers are almost always corners). The PlaceAux-0.3 run
+(checkpoint at step 3,000): column 1.00 already at layer 0 and row 0.97-1.00 from layer 1 on.
+Full runs of session 5 (1 thread each, side by side, 6,000 target steps): defaults only: target
+0.515 (shape .85, colour .90, size .50, describe .10, position .35): longer alone does not help;
+PlaceAux 0.3: 77.8 min total; its last quick eval had position 0.83 (6 scenes), not yet scored on
+the n = 20 eval when the session ended (kept at /tmp/s5/p, which may not survive). Next: score it
+with `eval --seed 1 --n 20` and ship it if it beats 0.54.
 """
 from __future__ import annotations
 
@@ -158,6 +170,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "default patch-embedding init, images only) instead of train.py's")
     p.add_argument("--whiten", type=float, default=1e-3, help="--vision-only: whiten_patch_embed eps (0 = off)")
     p.add_argument("--videos", type=int, default=8, help="--vision-only: videos per step (new recipe)")
+    p.add_argument("--place", metavar="MODEL", help="linear probe: does each layer of a trained MODEL know where "
+                   "each visual token is (row / column)?")
     return p.parse_args(argv)
 
 
@@ -271,7 +285,50 @@ def main(argv=None) -> None:
     torch.set_num_threads(1)
     if a.vision_only:
         return vision_only(a)
+    if a.place:
+        return place_probe(a.place)
     Probe(a).run()
+
+
+def place_probe(model_dir: str, n_fit: int = 800, n_held: int = 200, seed: int = 7) -> list[tuple[float, float]]:
+    """Fit a linear classifier of row and of column on the hidden state of each visual token, per layer of
+    a trained model (layer 0 = the vision tower's output), on fresh scenes; print held-out accuracy
+    (chance 1/3). The question it answers: can an answer that attends to a token read WHERE it is?"""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
+    proc = AutoProcessor.from_pretrained(model_dir)
+    pad = proc.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    rng = random.Random(seed)
+    feats = []
+    with torch.no_grad():
+        for k in range(0, n_fit + n_held, 50):
+            imgs = [W.render_image(W.sample_scene(rng), noise_seed=rng.randrange(1 << 30)) for _ in range(50)]
+            enc = proc(text=[user_turn("image", "Describe the image.")] * len(imgs), images=imgs, return_tensors="pt")
+            hs = model(**enc, output_hidden_states=True).hidden_states
+            sel = enc["input_ids"] == pad
+            feats.append(torch.stack([h[sel] for h in hs]))          # (layers + 1, images * 9, hidden)
+    x_all = torch.cat(feats, 1)
+    per = x_all.shape[1] // (n_fit + n_held)                          # visual tokens per image (9)
+    side = int(round(per ** 0.5))
+    j = torch.arange(per).repeat(n_fit + n_held)
+    targets, cut = {"row": j // side, "column": j % side}, n_fit * per
+    out = []
+    for layer, x in enumerate(x_all):
+        x = (x - x[:cut].mean(0)) / (x[:cut].std(0) + 1e-5)
+        acc = []
+        for y in targets.values():
+            torch.manual_seed(0)
+            clf = torch.nn.Linear(x.shape[1], side)
+            opt = torch.optim.Adam(clf.parameters(), 1e-2)
+            for _ in range(300):
+                loss = torch.nn.functional.cross_entropy(clf(x[:cut]), y[:cut])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            acc.append(float((clf(x[cut:]).argmax(-1) == y[cut:]).float().mean()))
+        print(f"layer {layer}: row {acc[0]:.3f} column {acc[1]:.3f}", flush=True)
+        out.append(tuple(acc))
+    return out
 
 
 def _anchor_labels(data) -> np.ndarray:
