@@ -128,9 +128,9 @@ state at the visual tokens, fresh scenes, chance 0.33). Shipped target: layer 0 
 (checkpoint at step 3,000): column 1.00 already at layer 0 and row 0.97-1.00 from layer 1 on.
 Full runs of session 5 (1 thread each, side by side, 6,000 target steps): defaults only: target
 0.515 (shape .85, colour .90, size .50, describe .10, position .35): longer alone does not help;
-PlaceAux 0.3: 77.8 min total; its last quick eval had position 0.83 (6 scenes), not yet scored on
-the n = 20 eval when the session ended (kept at /tmp/s5/p, which may not survive). Next: score it
-with `eval --seed 1 --n 20` and ship it if it beats 0.54.
+PlaceAux 0.3: 77.8 min total, `eval --seed 1 --n 20` target 0.47: position 0.55 (0.35), size 0.95,
+count 0.85, shape 0.75, but colour 0.25 (0.85) and describe 0.00: place is learned, colour is lost.
+Not shipped. Next: PlaceAux with row / column only (no change target) or a lower weight.
 """
 from __future__ import annotations
 
