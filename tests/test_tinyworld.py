@@ -155,26 +155,76 @@ def test_place_aux_reads_the_language_model_at_the_visual_tokens(tok):
     model(input_ids=ids, pixel_values_videos=patchify(frames), video_grid_thw=torch.tensor([[2, g, g]]),
           mm_token_type_ids=(ids == tok.convert_tokens_to_ids("<|video_pad|>")).long() * 2,
           second_per_grid_ts=torch.ones(1))
-    loss = place.loss(torch.from_numpy(clip_targets(clip)[0])[None])
+    video_labels = torch.from_numpy(clip_targets(clip)[0])[None]
+    loss = place.loss(video_labels)
     loss.backward()
     assert torch.isfinite(loss) and loss > 0
     assert place.head.weight.grad.abs().sum() > 0 and model.model.language_model.layers[0].mlp.down_proj.weight.grad is not None
     assert place.loss(None).item() == 0   # nothing captured since: no loss
+    with torch.no_grad():   # row and column only: the temporal-group and change terms are dropped
+        model(input_ids=ids, pixel_values_videos=patchify(frames), video_grid_thw=torch.tensor([[2, g, g]]),
+              mm_token_type_ids=(ids == tok.convert_tokens_to_ids("<|video_pad|>")).long() * 2,
+              second_per_grid_ts=torch.ones(1))
+        place.rowcol_only = True
+        rowcol = place.loss(video_labels)
+    assert 0 < rowcol.item() < loss.item()
     place.remove()
     assert GRID == 3
 
 
-@pytest.mark.parametrize("place", ["0.3", "0"])
-def test_training_script_runs_a_few_steps(tmp_path, place):
+def test_interleaved_mrope_lets_the_language_model_tell_columns_apart(tok):
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLRotaryEmbedding
+    from sage_engine.tinyworld.models import TARGET, build_config
+    # three visual tokens of one image: (t, h, w) = (5, 5, 5), (5, 5, 6), (5, 6, 5); and three text tokens
+    visual = torch.tensor([[5, 5, 5], [5, 5, 5], [5, 6, 5]]).T.reshape(3, 1, 3)
+    visual[2, 0, 1] = 6
+    text = torch.arange(3).view(1, 1, 3).expand(3, 1, 3)
+    turn = {}
+    for interleaved in (False, True):
+        rot = Qwen2_5_VLRotaryEmbedding(build_config(TARGET, tok, interleaved).text_config)
+        cos, sin = rot(torch.zeros(1, 1, 4), visual)
+        # the angle by which each frequency turns between two tokens, and its largest value over frequencies
+        angle = lambda a, b: torch.atan2(sin[0, a] * cos[0, b] - cos[0, a] * sin[0, b],
+                                         cos[0, a] * cos[0, b] + sin[0, a] * sin[0, b]).abs().max().item()
+        turn[interleaved] = (angle(1, 0), angle(2, 0))   # one column, one row
+        turn[interleaved, "text"] = rot(torch.zeros(1, 1, 4), text)[0]
+    assert turn[False][0] < 0.01 and turn[False][1] < 0.11   # Qwen's contiguous split: a column step is invisible
+    assert turn[True][0] > 0.5 and turn[True][1] > 0.7       # interleaved: a column or a row step turns a query
+    assert torch.allclose(turn[False, "text"], turn[True, "text"])   # text positions rotate the same either way
+
+
+def test_content_weighted_loss(tok):
+    from sage_engine.tinyworld.models import TINY, build_model
+    from sage_engine.tinyworld.train import content_tokens, weighted_lm_loss
+    content = content_tokens(tok)
+    for word in (" red", " star", " large", " left", " moves"):
+        ids = tok(word, add_special_tokens=False)["input_ids"]
+        assert len(ids) > 1 or content[ids[0]], word
+    for word in (" The", "There", " is", "."):
+        assert not content[tok(word, add_special_tokens=False)["input_ids"]].any(), word
+    model = build_model(TINY, tok)
+    ids = torch.tensor([tok("<|im_start|>assistant\nThe red star is large.<|im_end|>", add_special_tokens=False)["input_ids"]])
+    labels = ids.clone()
+    labels[:, :3] = -100
+    out = model(input_ids=ids, labels=labels)
+    assert torch.allclose(weighted_lm_loss(out.logits, labels, content, 1.0), out.loss, atol=1e-5)
+    assert not torch.allclose(weighted_lm_loss(out.logits, labels, content, 4.0), out.loss, atol=1e-4)
+
+
+@pytest.mark.parametrize("options", [["--place-weight", "0.3"], ["--place-weight", "0"],
+                                     ["--place-weight", "0.1", "--place-rowcol-only", "--interleaved-rope",
+                                      "--content-weight", "4"]])
+def test_training_script_runs_a_few_steps(tmp_path, options):
     from transformers import AutoModelForImageTextToText, AutoProcessor
     from sage_engine.tinyworld.__main__ import main
-    main(["train", "--tiny", "--steps", "2", "--place-weight", place, "--out", str(tmp_path / "m"),
-          "--cache", str(tmp_path / "cache")])
+    main(["train", "--tiny", "--steps", "2", *options, "--out", str(tmp_path / "m"), "--cache", str(tmp_path / "cache")])
     for role in ("target", "draft"):
         path = tmp_path / "m" / f"tinyworld-{role}"
         model = AutoModelForImageTextToText.from_pretrained(path)
         processor = AutoProcessor.from_pretrained(path)
         assert model.config.model_type == "qwen2_5_vl" and processor.video_processor.num_frames == W.MODEL_FRAMES
+        sections = model.config.text_config.rope_parameters["mrope_section"]
+        assert (len(sections) > 3) == ("--interleaved-rope" in options)
 
 
 @pytest.mark.skipif(not SHIPPED, reason="the pair is not in assets/models yet")

@@ -31,6 +31,10 @@ def cmd_train(a) -> None:
     cfg = TrainConfig(seed=a.seed)
     if a.place_weight is not None:
         cfg = dataclasses.replace(cfg, place_weight=a.place_weight)
+    if a.content_weight is not None:
+        cfg = dataclasses.replace(cfg, content_weight=a.content_weight)
+    cfg = dataclasses.replace(cfg, place_rowcol_only=a.place_rowcol_only or cfg.place_rowcol_only,
+                              interleaved_rope=a.interleaved_rope or cfg.interleaved_rope)
     if a.tiny:   # smoke test: a few steps of the real script on a tiny config
         cfg = dataclasses.replace(cfg, n_images=32, n_videos=8, batch_size=4, target_steps=a.steps or 3,
                                   draft_steps=a.steps or 3, warmup=1, eval_every=0,
@@ -86,7 +90,7 @@ def cmd_card(a) -> None:
         if a.bench_bf16_json:
             bench["bfloat16"] = json.loads(Path(a.bench_bf16_json).read_text())
     write_cards(models, json.loads(Path(a.eval_json).read_text()), Path(a.train_log).read_text(), timing, a.eval_cmd,
-                bench)
+                bench, a.train_threads, a.train_note)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -111,6 +115,10 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--tiny", action="store_true", help="tiny models and data: a smoke test of the script")
     t.add_argument("--place-weight", type=float, default=None,
                    help="weight of the target's PlaceAux loss (default: TrainConfig's; 0 = off)")
+    t.add_argument("--place-rowcol-only", action="store_true", help="PlaceAux asks for row and column only")
+    t.add_argument("--interleaved-rope", action="store_true", help="interleave the M-RoPE t/h/w frequencies")
+    t.add_argument("--content-weight", type=float, default=None,
+                   help="loss weight of answer tokens that name a fact (default: TrainConfig's, 1 = plain)")
     t.set_defaults(fn=cmd_train)
     e = sub.add_parser("eval", help="score target and draft on fresh scenes")
     e.add_argument("--seed", type=int, default=1)
@@ -129,6 +137,8 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--bench-bf16-json", default=None, help="the same benchmark in bfloat16")
     c.add_argument("--bench-cmd", default="", help="the bench command line that produced --bench-json")
     c.add_argument("--threads", type=int, default=2)
+    c.add_argument("--train-threads", type=int, default=1, help="the --threads of the training run in --train-log")
+    c.add_argument("--train-note", default="shared with other work", help="how busy the machine was during training")
     c.set_defaults(fn=cmd_card)
     a = p.parse_args(argv)
     a.fn(a)

@@ -40,8 +40,9 @@ def _aux_text(tc: dict) -> str:
                 "of it, images and each temporal patch group of the clips; patch embedding initialised from whitened\n"
                 f"patches. While the target's language model trains, a second training-only head (weight "
                 f"{tc['place_weight']}) on its layer-{tc.get('place_layer', 1)} state at\n"
-                "each visual token predicts the token's row, column, temporal group and whether its cell changed\n"
-                "(vision_aux.PlaceAux), so that later layers can read WHERE an attended object is")
+                + ("each visual token predicts the token's row and column\n" if tc.get("place_rowcol_only") else
+                   "each visual token predicts the token's row, column, temporal group and whether its cell changed\n")
+                + "(vision_aux.PlaceAux), so that later layers can read WHERE an attended object is")
     if tc.get("shape_ce"):
         return ("which colours / sizes, or nothing, fill each 28x28 block and the shape of the object covering most\n"
                 "of it, images and each temporal patch group of the clips; patch embedding initialised from whitened patches")
@@ -109,7 +110,7 @@ def _bench_text(bench: dict | None) -> str:
 
 
 def write_cards(models_dir: Path, eval_result: dict, train_log: str, timing: dict, eval_cmd: str,
-                bench: dict | None = None) -> None:
+                bench: dict | None = None, train_threads: int = 1, train_note: str = "shared with other work") -> None:
     from transformers import AutoModelForImageTextToText
     pair = {r: AutoModelForImageTextToText.from_pretrained(models_dir / f"tinyworld-{r}") for r in ("target", "draft")}
     n = {r: sum(p.numel() for p in m.parameters()) for r, m in pair.items()}
@@ -144,7 +145,7 @@ backgrounds, and short clips in which one thing happens. Not a general-purpose m
 
 ## Training
 
-`python -m sage_engine.tinyworld train --threads 1` (seeded; writes both models). Data: 24,000
+`python -m sage_engine.tinyworld train --threads {train_threads}` (seeded; writes both models). Data: 24,000
 rendered images x 3 questions and 8,000 clips (through an MP4 round trip) x 2 questions: detailed
 descriptions, count, colour, shape, size, position, yes/no, "what happens". Each model's vision tower
 first trains alone for {tc.get('vision_steps', '?')} steps (draft: {tc.get('draft_vision_steps', tc.get('vision_steps', '?'))}) on a dense auxiliary loss (a training-only linear head on the merged
@@ -153,7 +154,7 @@ on (weight {tc.get('aux_weight', '?')}; the tower then learns at {tc.get('tower_
 Each of the world's 3x3 cells is exactly one merged visual token, so these targets are exact per token. The target is trained with
 cross-entropy on the answers ({tc.get('target_steps', 0):,} steps of batch {tc.get('batch_size', '?')}, AdamW, cosine); the draft is distilled from
 the target, teacher-forced KL(p_target || q_draft) on the same answers ({tc.get('draft_steps', 0):,} steps).
-Measured on this 2-core CPU, 1 thread, shared with other work: cache {str(mins['cache_s']) + ' s' if 'cache_s' in mins else 'reused from an earlier run of the same seed'},
+Measured on this 2-core CPU, {train_threads} thread(s), {train_note}: cache {str(mins['cache_s']) + ' s' if 'cache_s' in mins else 'reused from an earlier run of the same seed'},
 target {mins.get('target', '?')} min, draft {mins.get('draft', '?')} min, total {mins.get('total', '?')} min.
 
 ## Evaluation (fresh scenes, never seen in training)

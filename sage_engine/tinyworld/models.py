@@ -30,21 +30,31 @@ DRAFT = PairMember(hidden=128, layers=1, heads=2, kv_heads=1, ffn=384, vis_hidde
 TINY = PairMember(hidden=32, layers=1, heads=2, kv_heads=1, ffn=64, vis_hidden=32, vis_depth=1, vis_heads=2)  # tests
 
 
-def mrope_section(head_dim: int) -> list[int]:
-    """Split head_dim / 2 rotary frequencies into (temporal, height, width) like Qwen (16/24/24 of 64)."""
+def mrope_section(head_dim: int, interleaved: bool = False) -> list[int]:
+    """How the head_dim / 2 rotary frequencies are shared by the (temporal, height, width) positions.
+
+    Qwen2.5-VL gives chunk i of `mrope_section` to axis i % 3. Qwen's own split ([16, 24, 24] of 64)
+    gives the width the lowest frequencies: on a 3 x 3 grid a step of one column turns a query by at most
+    0.003 rad (rope_theta 1e4), so attention in the language model cannot tell columns apart
+    (place_probe.py measured it). interleaved=True: one frequency per chunk, t/h/w in turn (as Qwen3-VL
+    does), so each axis gets high and low frequencies (a column step: up to 0.6 rad). Text tokens (t = h = w)
+    rotate the same either way. The shipped pair uses the contiguous split; a run with interleaving learned
+    place better and size worse, no better overall (train.py has the numbers)."""
     half = head_dim // 2
+    if interleaved:
+        return [1] * half
     t = half // 4
     h = (half - t) // 2
     return [t, h, half - t - h]
 
 
-def build_config(m: PairMember, tokenizer) -> Qwen2_5_VLConfig:
+def build_config(m: PairMember, tokenizer, interleaved_rope: bool = False) -> Qwen2_5_VLConfig:
     head_dim = m.hidden // m.heads
     text = dict(
         vocab_size=len(tokenizer), hidden_size=m.hidden, intermediate_size=m.ffn, num_hidden_layers=m.layers,
         num_attention_heads=m.heads, num_key_value_heads=m.kv_heads, max_position_embeddings=4096,
         rms_norm_eps=1e-6, tie_word_embeddings=True,
-        rope_parameters={"rope_type": "default", "rope_theta": 1e4, "mrope_section": mrope_section(head_dim)},
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4, "mrope_section": mrope_section(head_dim, interleaved_rope)},
         bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
@@ -65,10 +75,10 @@ def build_config(m: PairMember, tokenizer) -> Qwen2_5_VLConfig:
     return cfg
 
 
-def build_model(m: PairMember, tokenizer, seed: int = 0) -> Qwen2_5_VLForConditionalGeneration:
+def build_model(m: PairMember, tokenizer, seed: int = 0, interleaved_rope: bool = False) -> Qwen2_5_VLForConditionalGeneration:
     import torch
     torch.manual_seed(seed)
-    model = Qwen2_5_VLForConditionalGeneration(build_config(m, tokenizer))
+    model = Qwen2_5_VLForConditionalGeneration(build_config(m, tokenizer, interleaved_rope))
     gc = model.generation_config
     gc.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
     gc.pad_token_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")

@@ -255,8 +255,9 @@ class PlaceAux(torch.nn.Module):
     but cannot read where it is ("... in the top left"). Asking an early layer to write the place
     into the token's state makes the later layers' attention read it like any other attribute."""
 
-    def __init__(self, model, layer: int, image_token: int, video_token: int):
+    def __init__(self, model, layer: int, image_token: int, video_token: int, rowcol_only: bool = False):
         super().__init__()
+        self.rowcol_only = rowcol_only   # True: row and column only (no temporal group, no change)
         hidden = model.config.text_config.hidden_size
         self.head = torch.nn.Linear(hidden, 2 * GRID + 2 + len(CHANGES))
         self.image_token, self.video_token = image_token, video_token
@@ -284,7 +285,7 @@ class PlaceAux(torch.nn.Module):
             m = logits.shape[0]
             total = total + F.cross_entropy(logits[..., :GRID].reshape(-1, GRID), rows.repeat(m))
             total = total + F.cross_entropy(logits[..., GRID:2 * GRID].reshape(-1, GRID), cols.repeat(m))
-            if per == 2 * n:
+            if per == 2 * n and not self.rowcol_only:
                 total = total + F.cross_entropy(logits[..., 2 * GRID:2 * GRID + 2].reshape(-1, 2), group.repeat(m))
                 if video_labels is not None:
                     change = cell_changes(video_labels).long()                           # (items, n)
