@@ -211,9 +211,36 @@ def test_content_weighted_loss(tok):
     assert not torch.allclose(weighted_lm_loss(out.logits, labels, content, 4.0), out.loss, atol=1e-4)
 
 
+def test_kind_weights_change_the_drawn_mix(tok, tmp_path):
+    from sage_engine.tinyworld.data import KINDS, TrainSet, build_cache
+    build_cache(tmp_path, tok, seed=0, n_images=40, n_videos=10, log=lambda *a: None)
+    data = TrainSet.load(tmp_path, tok)
+    kinds = data.ex["kind"]
+
+    def drawn(weights):
+        seen = []
+        collate, data.collate = data.collate, lambda ids: seen.extend(ids)
+        batches = data.batches(4, random.Random(0), pool=2, kind_weights=weights)
+        for _ in range(40):
+            next(batches)
+        data.collate = collate
+        return [KINDS[int(kinds[i])] for i in seen]
+
+    plain = drawn(None)
+    assert "describe" in plain and "motion" in plain
+    never = drawn({"describe": 0.0, "describe_video": 0.0})
+    assert never and not {"describe", "describe_video"} & set(never)
+    assert set(drawn({k: float(k == "motion") for k in KINDS})) == {"motion"}
+    heavy = drawn({"size": 20.0})
+    assert heavy.count("size") / len(heavy) > 2 * plain.count("size") / len(plain)
+    with pytest.raises(AssertionError, match="unknown kinds"):
+        next(data.batches(4, random.Random(0), kind_weights={"colours": 2.0}))
+
+
 @pytest.mark.parametrize("options", [["--place-weight", "0.3"], ["--place-weight", "0"],
                                      ["--place-weight", "0.1", "--place-rowcol-only", "--interleaved-rope",
-                                      "--content-weight", "4"]])
+                                      "--content-weight", "4", "--kind-weight", "describe=0.4",
+                                      "--kind-weight", "motion=1.5"]])
 def test_training_script_runs_a_few_steps(tmp_path, options):
     from transformers import AutoModelForImageTextToText, AutoProcessor
     from sage_engine.tinyworld.__main__ import main

@@ -33,6 +33,9 @@ def cmd_train(a) -> None:
         cfg = dataclasses.replace(cfg, place_weight=a.place_weight)
     if a.content_weight is not None:
         cfg = dataclasses.replace(cfg, content_weight=a.content_weight)
+    if a.kind_weight:
+        pairs = [kw.split("=", 1) for kw in a.kind_weight]
+        cfg = dataclasses.replace(cfg, kind_weights=tuple((k, float(v)) for k, v in pairs))
     cfg = dataclasses.replace(cfg, place_rowcol_only=a.place_rowcol_only or cfg.place_rowcol_only,
                               interleaved_rope=a.interleaved_rope or cfg.interleaved_rope)
     if a.tiny:   # smoke test: a few steps of the real script on a tiny config
@@ -116,6 +119,8 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--place-weight", type=float, default=None,
                    help="weight of the target's PlaceAux loss (default: TrainConfig's; 0 = off)")
     t.add_argument("--place-rowcol-only", action="store_true", help="PlaceAux asks for row and column only")
+    t.add_argument("--kind-weight", action="append", default=[], metavar="KIND=W",
+                   help="drawing weight of the training examples of a question kind (repeatable; 1 if absent)")
     t.add_argument("--interleaved-rope", action="store_true", help="interleave the M-RoPE t/h/w frequencies")
     t.add_argument("--content-weight", type=float, default=None,
                    help="loss weight of answer tokens that name a fact (default: TrainConfig's, 1 = plain)")

@@ -49,6 +49,18 @@ def _aux_text(tc: dict) -> str:
     return "which colour / shape / size, or nothing, fills each 28x28 block"
 
 
+def _mix_text(tc: dict) -> str:
+    """The data-mix options of the training config, as a clause (empty for the plain recipe)."""
+    out = ""
+    if tc.get("content_weight", 1.0) != 1.0:
+        out += f"; answer tokens that name a fact weigh {tc['content_weight']:g}x the phrasing"
+    if tc.get("kind_weights"):
+        out += "; examples drawn with kind weights " + ", ".join(f"{k} {w:g}" for k, w in tc["kind_weights"])
+    if tc.get("interleaved_rope"):
+        out += "; M-RoPE frequencies interleaved over t / h / w"
+    return out
+
+
 def _status(eval_result: dict) -> str:
     t = eval_result["target"]["by_kind"]
     below = [f"{k} {t[k]:.2f}" for k in ATTRIBUTES if k in t and t[k] < BAR]
@@ -152,7 +164,7 @@ first trains alone for {tc.get('vision_steps', '?')} steps (draft: {tc.get('draf
 visual tokens predicts {_aux_text(tc)}: scene ground truth), which then stays
 on (weight {tc.get('aux_weight', '?')}; the tower then learns at {tc.get('tower_lr_scale', 1.0)}x the language model's rate); the head is not saved.
 Each of the world's 3x3 cells is exactly one merged visual token, so these targets are exact per token. The target is trained with
-cross-entropy on the answers ({tc.get('target_steps', 0):,} steps of batch {tc.get('batch_size', '?')}, AdamW, cosine); the draft is distilled from
+cross-entropy on the answers ({tc.get('target_steps', 0):,} steps of batch {tc.get('batch_size', '?')}, AdamW, cosine{_mix_text(tc)}); the draft is distilled from
 the target, teacher-forced KL(p_target || q_draft) on the same answers ({tc.get('draft_steps', 0):,} steps).
 Measured on this 2-core CPU, {train_threads} thread(s), {train_note}: cache {str(mins['cache_s']) + ' s' if 'cache_s' in mins else 'reused from an earlier run of the same seed'},
 target {mins.get('target', '?')} min, draft {mins.get('draft', '?')} min, total {mins.get('total', '?')} min.

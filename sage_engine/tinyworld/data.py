@@ -213,13 +213,24 @@ class TrainSet:
     def __len__(self) -> int:
         return len(self.ex["media"])
 
-    def batches(self, batch_size: int, rng: random.Random, pool: int = 64):
+    def batches(self, batch_size: int, rng: random.Random, pool: int = 64, kind_weights: dict[str, float] | None = None):
         """Endless length-bucketed batches: draw pool * batch_size examples, sort by length,
-        cut into batches, shuffle those."""
+        cut into batches, shuffle those. kind_weights: relative drawing weight of the examples of a kind
+        (KINDS; missing kinds weigh 1), e.g. {"describe": 0.4}: fewer descriptions per step."""
         lens = (self.ex["offsets"][1:] - self.ex["offsets"][:-1]).tolist()
         n = len(self)
+        w = None
+        if kind_weights:
+            assert set(kind_weights) <= set(KINDS), f"unknown kinds {set(kind_weights) - set(KINDS)}"
+            per_kind = torch.tensor([float(kind_weights.get(k, 1.0)) for k in KINDS], dtype=torch.float64)
+            w = per_kind[self.ex["kind"].long()]
+            gen = torch.Generator().manual_seed(rng.randrange(1 << 62))
         while True:
-            idx = rng.sample(range(n), min(n, pool * batch_size))
+            if w is None:
+                idx = rng.sample(range(n), min(n, pool * batch_size))
+            else:
+                k = min(int((w > 0).sum()), pool * batch_size)   # weight 0: never drawn
+                idx = torch.multinomial(w, k, replacement=False, generator=gen).tolist()
             idx.sort(key=lambda i: lens[i])
             chunks = [idx[k:k + batch_size] for k in range(0, len(idx), batch_size)]
             rng.shuffle(chunks)

@@ -71,6 +71,7 @@ class TrainConfig:
     interleaved_rope: bool = False  # M-RoPE frequencies shared t/h/w in turn (models.mrope_section)
     content_weight: float = 1.0   # loss weight of answer tokens that name a fact (content_tokens) vs phrasing tokens
     tower_lr_scale: float = 0.3   # learning rate of the vision tower while the language model trains, x target_lr
+    kind_weights: tuple[tuple[str, float], ...] = ()   # (kind, weight) drawing weights of training examples (data.KINDS; 1 if absent)
     target: M.PairMember = M.TARGET
     draft: M.PairMember = M.DRAFT
 
@@ -211,7 +212,7 @@ def train_target(model, data: TrainSet, processor, cfg: TrainConfig, log=print, 
     params = rest + tower
     opt = torch.optim.AdamW([{"params": rest, "scale": 1.0}, {"params": tower, "scale": cfg.tower_lr_scale}],
                             lr=cfg.target_lr, betas=(0.9, 0.98), weight_decay=0.05)
-    batches = data.batches(cfg.batch_size, random.Random(cfg.seed + 1))
+    batches = data.batches(cfg.batch_size, random.Random(cfg.seed + 1), kind_weights=dict(cfg.kind_weights))
     model.train()
     t0, run, run_aux, run_place = time.time(), 0.0, 0.0, 0.0
     for step in range(cfg.target_steps):
@@ -259,7 +260,7 @@ def distil_draft(draft, target, data: TrainSet, processor, cfg: TrainConfig, log
     pretrain_vision(draft, aux, data, cfg, "draft", log, steps=cfg.draft_vision_steps)
     params = list(draft.parameters()) + (list(aux.parameters()) if aux else [])
     opt = torch.optim.AdamW(params, lr=cfg.draft_lr, betas=(0.9, 0.98), weight_decay=0.01)
-    batches = data.batches(cfg.batch_size, random.Random(cfg.seed + 2))
+    batches = data.batches(cfg.batch_size, random.Random(cfg.seed + 2), kind_weights=dict(cfg.kind_weights))
     target.eval(); draft.train()
     t0, run, agree_run = time.time(), 0.0, 0.0
     for step in range(cfg.draft_steps):
