@@ -287,3 +287,21 @@ def test_shipped_pair_loads_through_the_engine_and_speculation_is_lossless():
             res = engine.generate(prep, policy, max_new_tokens=48)
             assert res.token_ids == ar.token_ids, policy
             assert res.stats.mean_accepted > 2.0, (policy, res.stats.mean_accepted)
+
+
+def test_attention_probe_finds_the_asked_object_and_measures_each_head(tok):
+    from sage_engine.tinyworld.attention_probe import asked_object, probe
+    from sage_engine.tinyworld.evaluate import make_items
+    from sage_engine.tinyworld.models import TINY, build_model, build_processor
+    items = [it for it in make_items(3, 12, video_kinds=()) if it.example.kind in ("colour", "shape", "size")]
+    for it in items:
+        obj = asked_object(it)
+        assert it.example.facts[it.example.kind] == getattr(obj, it.example.kind), it.example
+    model = build_model(TINY, tok)
+    model.config._attn_implementation = "eager"   # output_attentions needs the eager kernel
+    res = probe(model.eval(), build_processor(tok), "colour", 3, 12)
+    assert len(res.right) == sum(it.example.kind == "colour" for it in items) and res.asked
+    heads = (TINY.layers, TINY.heads)
+    for a, o in zip(res.asked, res.other):
+        assert a.shape == o.shape == heads and bool(((a >= 0) & (a <= 1) & (o >= 0) & (o <= 1)).all())
+    assert len(res.wrong) == res.right.count(False) and "layer 0" in res.table()
