@@ -235,6 +235,11 @@ def test_kind_weights_change_the_drawn_mix(tok, tmp_path):
     assert heavy.count("size") / len(heavy) > 2 * plain.count("size") / len(plain)
     with pytest.raises(AssertionError, match="unknown kinds"):
         next(data.batches(4, random.Random(0), kind_weights={"colours": 2.0}))
+    from sage_engine.tinyworld.__main__ import main
+    for bad in ("colours=2", "describe", "describe=-1"):
+        with pytest.raises(SystemExit):
+            main(["train", "--kind-weight", bad, "--out", str(tmp_path / "never")])
+    assert not (tmp_path / "never").exists()
 
 
 @pytest.mark.parametrize("options", [["--place-weight", "0.3"], ["--place-weight", "0"],

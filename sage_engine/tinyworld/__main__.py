@@ -34,8 +34,7 @@ def cmd_train(a) -> None:
     if a.content_weight is not None:
         cfg = dataclasses.replace(cfg, content_weight=a.content_weight)
     if a.kind_weight:
-        pairs = [kw.split("=", 1) for kw in a.kind_weight]
-        cfg = dataclasses.replace(cfg, kind_weights=tuple((k, float(v)) for k, v in pairs))
+        cfg = dataclasses.replace(cfg, kind_weights=tuple(a.kind_weight))
     cfg = dataclasses.replace(cfg, place_rowcol_only=a.place_rowcol_only or cfg.place_rowcol_only,
                               interleaved_rope=a.interleaved_rope or cfg.interleaved_rope)
     if a.tiny:   # smoke test: a few steps of the real script on a tiny config
@@ -96,6 +95,19 @@ def cmd_card(a) -> None:
                 bench, a.train_threads, a.train_note)
 
 
+def _kind_weight(value: str) -> tuple[str, float]:
+    """KIND=W for `train --kind-weight`, checked before any work starts."""
+    from .data import KINDS
+    kind, _, w = value.partition("=")
+    try:
+        weight = float(w)
+    except ValueError:
+        weight = -1.0
+    if kind not in KINDS or weight < 0:
+        raise argparse.ArgumentTypeError(f"use KIND=W with W >= 0 and KIND one of {', '.join(KINDS)}")
+    return kind, weight
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m sage_engine.tinyworld", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -119,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--place-weight", type=float, default=None,
                    help="weight of the target's PlaceAux loss (default: TrainConfig's; 0 = off)")
     t.add_argument("--place-rowcol-only", action="store_true", help="PlaceAux asks for row and column only")
-    t.add_argument("--kind-weight", action="append", default=[], metavar="KIND=W",
+    t.add_argument("--kind-weight", action="append", default=[], metavar="KIND=W", type=_kind_weight,
                    help="drawing weight of the training examples of a question kind (repeatable; 1 if absent)")
     t.add_argument("--interleaved-rope", action="store_true", help="interleave the M-RoPE t/h/w frequencies")
     t.add_argument("--content-weight", type=float, default=None,
