@@ -242,10 +242,82 @@ def test_kind_weights_change_the_drawn_mix(tok, tmp_path):
     assert not (tmp_path / "never").exists()
 
 
+def test_retrieval_targets_point_at_the_object_each_sentence_is_about(tok, tmp_path):
+    from sage_engine.tinyworld.data import TrainSet, build_cache, scene_stream
+    from sage_engine.tinyworld.retrieval import answer_targets, sentence_masks
+    rng = random.Random(4)
+    checked = set()
+    for _ in range(60):
+        scene = W.sample_scene(rng, 2, 4)
+        cells = {o.cell for o in scene.objects}
+        for kind in ("colour", "shape", "size", "position", "count", "describe"):
+            ex = L.image_example(scene, rng, kind)
+            spans = sentence_masks(ex, scene)
+            if kind in ("colour", "shape", "size"):   # asked by place, by shape or by colour + shape: one object
+                (_, _, bits), = spans
+                (o,) = [o for o in scene.objects if ex.facts[kind] == getattr(o, kind) and bits == 1 << o.cell] or [None]
+                assert o is not None, (ex, bits)
+            if kind == "count":
+                assert all(b == sum(1 << c for c in cells) for _, _, b in spans), ex
+            if kind == "describe":
+                for s, e, b in spans:
+                    named = [o for o in scene.objects if f"{o.colour} {o.shape}" in ex.answer[s:e]]
+                    if named:
+                        assert b == sum(1 << c for c in {o.cell for o in named}), ex.answer[s:e]
+                        checked.add("describe")
+                    elif "background" in ex.answer[s:e]:
+                        assert b == sum(1 << c for c in cells)
+            ids = tok(ex.answer + "<|im_end|>", add_special_tokens=False)["input_ids"]
+            per_token = answer_targets(ex, scene, tok, ids)
+            assert len(per_token) == len(ids) and per_token[-1] == 0 and any(per_token)
+    assert checked == {"describe"}
+    for _ in range(40):   # clips: the event's evidence is before (first 9 tokens) and / or after (next 9)
+        clip = W.sample_clip(rng)
+        ex = L.video_example(clip, rng, "motion")
+        (_, _, bits), = sentence_masks(ex, clip)
+        s, a = clip.subject, clip.after
+        want = {"appear": 1 << (9 + s.cell), "disappear": 1 << s.cell}.get(clip.event, (1 << s.cell) | (1 << (9 + (a.cell if a else 0))))
+        assert bits == want, (clip.event, bin(bits))
+    # the cache's per-token targets line up with its tokens (answer_targets asserts the token ids match)
+    build_cache(tmp_path, tok, seed=0, n_images=20, n_videos=6, log=lambda *a: None)
+    data = TrainSet.load(tmp_path, tok)
+    assert data.retrieval is not None and len(data.retrieval) == len(data.ex["tokens"])
+    prompt_tokens = torch.cat([torch.arange(int(data.ex["offsets"][i]), int(data.ex["offsets"][i]) + int(n))
+                               for i, n in enumerate(data.ex["prompt_len"])])
+    assert not data.retrieval[prompt_tokens].any() and data.retrieval.any()
+    batch = data.collate([0, 1, 2])
+    assert batch["retrieval_targets"].shape == batch["input_ids"].shape
+    assert sum(len(x[-1]) for x in scene_stream(0, 20, 6)) == len(data)
+
+
+def test_retrieval_loss_rewards_attention_on_the_target_tokens():
+    from sage_engine.tinyworld.retrieval import RetrievalAux
+    img = 7
+    ids = torch.tensor([[1, 2] + [img] * 9 + [3, 4, 5, 6]])
+    targets = torch.zeros_like(ids)
+    targets[0, 13:15] = 1 << 4                       # tokens 13 and 14 are about cell 4 (position 13 in the sequence)
+    aux = RetrievalAux(((0, 1),), img, 8)
+    L_ = ids.shape[1]
+    uniform = torch.full((1, 2, L_, L_), 1.0 / L_)
+    loss, share = aux.loss([uniform], ids, targets)
+    assert share == pytest.approx(1 / 9) and float(loss) == pytest.approx(-np.log(1 / 9 + 1e-6), rel=1e-4)
+    focused = uniform.clone()
+    focused[0, 1, :, :] = 0
+    focused[0, 1, :, 2 + 4] = 1.0                     # head 1 looks only at cell 4
+    loss, share = aux.loss([focused], ids, targets)
+    assert share == pytest.approx(1.0) and float(loss) < 1e-5
+    focused[0, 1, 12:14] = 0
+    focused[0, 1, 12:14, 2 + 5] = 1.0                 # the two supervised queries (12, 13) look at cell 5
+    loss, share = aux.loss([focused], ids, targets)
+    assert share == 0.0 and float(loss) > 10
+    assert aux.loss([focused], ids, torch.zeros_like(ids))[0] == 0
+
+
 @pytest.mark.parametrize("options", [["--place-weight", "0.3"], ["--place-weight", "0"],
                                      ["--place-weight", "0.1", "--place-rowcol-only", "--interleaved-rope",
                                       "--content-weight", "4", "--kind-weight", "describe=0.4",
-                                      "--kind-weight", "motion=1.5"]])
+                                      "--kind-weight", "motion=1.5"],
+                                     ["--retrieval-weight", "0.3", "--interleaved-rope"]])
 def test_training_script_runs_a_few_steps(tmp_path, options):
     from transformers import AutoModelForImageTextToText, AutoProcessor
     from sage_engine.tinyworld.__main__ import main

@@ -35,6 +35,8 @@ def cmd_train(a) -> None:
         cfg = dataclasses.replace(cfg, content_weight=a.content_weight)
     if a.kind_weight:
         cfg = dataclasses.replace(cfg, kind_weights=tuple(a.kind_weight))
+    if a.retrieval_weight is not None:
+        cfg = dataclasses.replace(cfg, retrieval_weight=a.retrieval_weight)
     cfg = dataclasses.replace(cfg, place_rowcol_only=a.place_rowcol_only or cfg.place_rowcol_only,
                               interleaved_rope=a.interleaved_rope or cfg.interleaved_rope)
     if a.tiny:   # smoke test: a few steps of the real script on a tiny config
@@ -136,6 +138,8 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--interleaved-rope", action="store_true", help="interleave the M-RoPE t/h/w frequencies")
     t.add_argument("--content-weight", type=float, default=None,
                    help="loss weight of answer tokens that name a fact (default: TrainConfig's, 1 = plain)")
+    t.add_argument("--retrieval-weight", type=float, default=None,
+                   help="weight of the retrieval loss on the target's attention (retrieval.py; default: TrainConfig's)")
     t.set_defaults(fn=cmd_train)
     e = sub.add_parser("eval", help="score target and draft on fresh scenes")
     e.add_argument("--seed", type=int, default=1)

@@ -58,6 +58,12 @@ def _mix_text(tc: dict) -> str:
         out += "; examples drawn with kind weights " + ", ".join(f"{k} {w:g}" for k, w in tc["kind_weights"])
     if tc.get("interleaved_rope"):
         out += "; M-RoPE frequencies interleaved over t / h / w"
+    if tc.get("place_weight", 0.0) > 0:
+        out += (f"; PlaceAux {tc['place_weight']:g} at decoder layer {tc.get('place_layer', 1)}"
+                + (" (row and column only)" if tc.get("place_rowcol_only") else ""))
+    if tc.get("retrieval_weight", 0.0) > 0:
+        heads = ", ".join(f"layer {l} head {h}" for l, h in tc.get("retrieval_heads", ()))
+        out += f"; retrieval loss {tc['retrieval_weight']:g} on the attention of {heads} (retrieval.py)"
     return out
 
 

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from .language import IMAGE_KINDS, VIDEO_KINDS, image_example, video_example
+from .retrieval import answer_targets
 from .tokenizer import user_turn
 from .vision_aux import N_LABELS, clip_targets, image_targets
 from .world import MODEL_FRAMES, SIZE, read_video, render_clip, render_image, sample_clip, sample_scene, write_mp4
@@ -67,10 +68,25 @@ def sample_kind(rng: random.Random, weights: dict[str, float], k: int) -> list[s
     return out
 
 
+def scene_stream(seed: int, n_images: int, n_videos: int, per_image: int = 3, per_video: int = 2):
+    """The seeded stream build_cache draws, without rendering: ("image", i, scene, noise, examples) for
+    each image, then ("video", i, clip, noise, examples) for each clip. Replaying it gives every cached
+    example its scene (for targets added to a cache after it was built)."""
+    rng = random.Random(seed)
+    for i in range(n_images):
+        scene = sample_scene(rng)
+        noise = rng.randrange(1 << 30)
+        kinds = sample_kind(rng, IMAGE_WEIGHTS, min(per_image, len(IMAGE_WEIGHTS)))
+        yield "image", i, scene, noise, [image_example(scene, rng, k) for k in kinds]
+    for i in range(n_videos):
+        clip = sample_clip(rng)
+        noise = rng.randrange(1 << 30)
+        yield "video", i, clip, noise, [video_example(clip, rng, k) for k in sample_kind(rng, VIDEO_WEIGHTS, per_video)]
+
+
 def build_cache(out: Path, tok, seed: int, n_images: int, n_videos: int, per_image: int = 3, per_video: int = 2,
                 log=print) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    rng = random.Random(seed)
     images = np.lib.format.open_memmap(out / "images.npy", "w+", np.uint8, (n_images, SIZE, SIZE, 3))
     videos = np.lib.format.open_memmap(out / "videos.npy", "w+", np.uint8, (n_videos, MODEL_FRAMES, SIZE, SIZE, 3))
     labels = np.zeros((n_images, IMAGE_TOKENS, N_LABELS), np.uint8)
@@ -78,30 +94,21 @@ def build_cache(out: Path, tok, seed: int, n_images: int, n_videos: int, per_ima
     video_labels = np.zeros((n_videos, VIDEO_TOKENS, N_LABELS), np.uint8)
     video_dom = np.zeros((n_videos, VIDEO_TOKENS), np.int8)
     prompts, answers, media, index, kinds = [], [], [], [], []
-    for i in range(n_images):
-        scene = sample_scene(rng)
-        images[i] = render_image(scene, noise_seed=rng.randrange(1 << 30))
-        labels[i], image_dom[i] = image_targets(scene)
-        for kind in sample_kind(rng, IMAGE_WEIGHTS, min(per_image, len(IMAGE_WEIGHTS))):
-            ex = image_example(scene, rng, kind)
-            prompts.append(user_turn("image", ex.prompt)); answers.append(ex.answer)
-            media.append(0); index.append(i); kinds.append(KINDS.index(kind))
-        if (i + 1) % 5000 == 0:
-            log(f"  rendered {i + 1}/{n_images} images")
     with tempfile.TemporaryDirectory() as tmp:
-        for i in range(n_videos):
-            clip = sample_clip(rng)
-            path = Path(tmp) / "clip.mp4"
-            write_mp4(render_clip(clip, noise_seed=rng.randrange(1 << 30)), path)
-            frames, _ = read_video(path)
-            videos[i] = np.stack(frames)
-            video_labels[i], video_dom[i] = clip_targets(clip)
-            for kind in sample_kind(rng, VIDEO_WEIGHTS, per_video):
-                ex = video_example(clip, rng, kind)
-                prompts.append(user_turn("video", ex.prompt)); answers.append(ex.answer)
-                media.append(1); index.append(i); kinds.append(KINDS.index(kind))
-            if (i + 1) % 2000 == 0:
-                log(f"  rendered {i + 1}/{n_videos} videos")
+        for m, i, sc, noise, exs in scene_stream(seed, n_images, n_videos, per_image, per_video):
+            if m == "image":
+                images[i] = render_image(sc, noise_seed=noise)
+                labels[i], image_dom[i] = image_targets(sc)
+            else:
+                path = Path(tmp) / "clip.mp4"
+                write_mp4(render_clip(sc, noise_seed=noise), path)
+                videos[i] = np.stack(read_video(path)[0])
+                video_labels[i], video_dom[i] = clip_targets(sc)
+            for ex in exs:
+                prompts.append(user_turn(m, ex.prompt)); answers.append(ex.answer)
+                media.append(int(m == "video")); index.append(i); kinds.append(KINDS.index(ex.kind))
+            if (i + 1) % (5000 if m == "image" else 2000) == 0:
+                log(f"  rendered {i + 1}/{n_images if m == 'image' else n_videos} {m}s")
     images.flush(); videos.flush()
     np.save(out / "image_labels.npy", labels)
     np.savez(out / "vision_targets.npz", image_dom=image_dom, video_labels=video_labels, video_dom=video_dom)
@@ -116,6 +123,24 @@ def build_cache(out: Path, tok, seed: int, n_images: int, n_videos: int, per_ima
         "media": torch.tensor(media), "index": torch.tensor(index), "kind": torch.tensor(kinds),
     }, out / "examples.pt")
     log(f"  cache: {len(seqs)} examples, mean length {lens.float().mean():.1f} tokens, max {lens.max()}")
+    build_retrieval_targets(out, tok, seed, n_images, n_videos, per_image, per_video)
+
+
+def build_retrieval_targets(out: Path, tok, seed: int, n_images: int, n_videos: int, per_image: int = 3,
+                            per_video: int = 2) -> None:
+    """retrieval.pt: int64 per cached token, the visual-token bit mask retrieval.answer_targets gives
+    (0 on prompt tokens and on answer tokens without a target); replayed from the scene stream."""
+    ex = torch.load(out / "examples.pt")
+    tokens, offsets, plen = ex["tokens"], ex["offsets"], ex["prompt_len"]
+    bits = torch.zeros(len(tokens), dtype=torch.long)
+    k = 0
+    for _, _, sc, _, exs in scene_stream(seed, n_images, n_videos, per_image, per_video):
+        for e in exs:
+            a, b = int(offsets[k]) + int(plen[k]), int(offsets[k + 1])
+            bits[a:b] = torch.tensor(answer_targets(e, sc, tok, tokens[a:b].tolist()), dtype=torch.long)
+            k += 1
+    assert k == len(plen), (k, len(plen))
+    torch.save(bits, out / "retrieval.pt")
 
 
 def replay_image_labels(out: Path, seed: int, n_images: int, n_videos: int | None = None, per_image: int = 3,
@@ -123,7 +148,6 @@ def replay_image_labels(out: Path, seed: int, n_images: int, n_videos: int | Non
     """Write image_labels.npy and vision_targets.npz for a cache built before they existed: replay
     build_cache's seeded scene and clip stream (same rng calls, no rendering except a few checks
     against images.npy / videos.npy)."""
-    rng = random.Random(seed)
     images = np.load(out / "images.npy", mmap_mode="r")
     videos = np.load(out / "videos.npy", mmap_mode="r")
     n_videos = len(videos) if n_videos is None else n_videos
@@ -132,23 +156,17 @@ def replay_image_labels(out: Path, seed: int, n_images: int, n_videos: int | Non
     image_dom = np.zeros((n_images, IMAGE_TOKENS), np.int8)
     video_labels = np.zeros((n_videos, VIDEO_TOKENS, N_LABELS), np.uint8)
     video_dom = np.zeros((n_videos, VIDEO_TOKENS), np.int8)
-    for i in range(n_images):
-        scene = sample_scene(rng)
-        noise = rng.randrange(1 << 30)
-        if i % max(1, n_images // check) == 0 or i == n_images - 1:
-            assert np.array_equal(render_image(scene, noise_seed=noise), images[i]), f"cache {out} is not seed {seed}"
-        labels[i], image_dom[i] = image_targets(scene)
-        for kind in sample_kind(rng, IMAGE_WEIGHTS, min(per_image, len(IMAGE_WEIGHTS))):
-            image_example(scene, rng, kind)
-    for i in range(n_videos):
-        clip = sample_clip(rng)
-        noise = rng.randrange(1 << 30)
-        if i % max(1, n_videos // check) == 0 or i == n_videos - 1:   # MP4 round trip: close, not equal
-            frames = np.stack(render_clip(clip, noise_seed=noise))[[0, 2, 4, 6]].astype(np.int16)
-            assert np.abs(frames - videos[i]).mean() < 8, f"cache {out} is not seed {seed} (video {i})"
-        video_labels[i], video_dom[i] = clip_targets(clip)
-        for kind in sample_kind(rng, VIDEO_WEIGHTS, per_video):
-            video_example(clip, rng, kind)
+    for m, i, sc, noise, _ in scene_stream(seed, n_images, n_videos, per_image, per_video):
+        n = n_images if m == "image" else n_videos
+        checked = i % max(1, n // check) == 0 or i == n - 1
+        if m == "image":
+            assert not checked or np.array_equal(render_image(sc, noise_seed=noise), images[i]), f"cache {out} is not seed {seed}"
+            labels[i], image_dom[i] = image_targets(sc)
+        else:
+            if checked:   # MP4 round trip: close, not equal
+                frames = np.stack(render_clip(sc, noise_seed=noise))[[0, 2, 4, 6]].astype(np.int16)
+                assert np.abs(frames - videos[i]).mean() < 8, f"cache {out} is not seed {seed} (video {i})"
+            video_labels[i], video_dom[i] = clip_targets(sc)
     np.save(out / "image_labels.npy", labels)
     np.savez(out / "vision_targets.npz", image_dom=image_dom, video_labels=video_labels, video_dom=video_dom)
 
@@ -163,14 +181,16 @@ class TrainSet:
     pad: int
     labels: np.ndarray | None = None   # (N_img, IMAGE_TOKENS, N_LABELS) per-token vision targets
     targets: dict | None = None        # vision_targets.npz: image_dom, video_labels, video_dom
+    retrieval: torch.Tensor | None = None   # retrieval.pt: per cached token, a visual-token bit mask (retrieval.py)
 
     @classmethod
     def load(cls, path: Path, tok) -> "TrainSet":
         lab = np.load(path / "image_labels.npy") if (path / "image_labels.npy").exists() else None
         tg = dict(np.load(path / "vision_targets.npz")) if (path / "vision_targets.npz").exists() else None
+        ret = torch.load(path / "retrieval.pt") if (path / "retrieval.pt").exists() else None
         return cls(np.load(path / "images.npy", mmap_mode="r"), np.load(path / "videos.npy", mmap_mode="r"),
                    torch.load(path / "examples.pt"), tok.convert_tokens_to_ids("<|image_pad|>"),
-                   tok.convert_tokens_to_ids("<|video_pad|>"), tok.pad_token_id, lab, tg)
+                   tok.convert_tokens_to_ids("<|video_pad|>"), tok.pad_token_id, lab, tg, ret)
 
     def vision_targets(self, img_ids: list[int], vid_ids: list[int]) -> dict:
         """Aux targets of a batch: {"image": (labels, dom) or None, "video": (labels, dom) or None}."""
@@ -245,12 +265,15 @@ class TrainSet:
         input_ids = torch.full((len(ids), L), self.pad, dtype=torch.long)
         attn = torch.zeros((len(ids), L), dtype=torch.long)
         labels = torch.full((len(ids), L), -100, dtype=torch.long)
+        retrieval = torch.zeros((len(ids), L), dtype=torch.long)
         img_pix, vid_pix, n_img, n_vid, img_ids, vid_ids = [], [], 0, 0, [], []
         for b, (i, s) in enumerate(zip(ids, seqs)):
             input_ids[b, :len(s)] = s
             attn[b, :len(s)] = 1
             p = int(ex["prompt_len"][i])
             labels[b, p:len(s)] = s[p:]
+            if self.retrieval is not None:
+                retrieval[b, :len(s)] = self.retrieval[ex["offsets"][i]:ex["offsets"][i + 1]]
             j = int(ex["index"][i])
             if int(ex["media"][i]) == 0:
                 img = torch.from_numpy(np.array(self.images[j]))
@@ -273,6 +296,8 @@ class TrainSet:
             batch["second_per_grid_ts"] = torch.ones(n_vid)   # TEMPORAL / sampled fps (2 fps): see world.clip_metadata
         if self.labels is not None:   # not a model input: train.py pops it for the auxiliary loss
             batch["vision_targets"] = self.vision_targets(img_ids, vid_ids)
+        if self.retrieval is not None:   # not a model input either: retrieval.RetrievalAux's targets
+            batch["retrieval_targets"] = retrieval
         return batch
 
 

@@ -60,8 +60,9 @@ import torch
 import torch.nn.functional as F
 
 from . import models as M
-from .data import TrainSet, build_cache, check_against_processor, replay_image_labels
+from .data import TrainSet, build_cache, build_retrieval_targets, check_against_processor, replay_image_labels
 from .evaluate import evaluate, make_items
+from .retrieval import RetrievalAux
 from .vision_aux import PlaceAux, VisionAux, whiten_patch_embed
 from .tokenizer import build_tokenizer, world_corpus
 
@@ -93,6 +94,8 @@ class TrainConfig:
     content_weight: float = 1.0   # loss weight of answer tokens that name a fact (content_tokens) vs phrasing tokens
     tower_lr_scale: float = 0.3   # learning rate of the vision tower while the language model trains, x target_lr
     kind_weights: tuple[tuple[str, float], ...] = ()   # (kind, weight) drawing weights of training examples (data.KINDS; 1 if absent)
+    retrieval_weight: float = 0.0  # weight of the retrieval loss (retrieval.py) on the target's retrieval_heads
+    retrieval_heads: tuple[tuple[int, int], ...] = ((2, 0), (4, 0))   # (decoder layer, attention head) pairs it supervises
     target: M.PairMember = M.TARGET
     draft: M.PairMember = M.DRAFT
 
@@ -114,6 +117,10 @@ def prepare(cache: Path, cfg: TrainConfig, log=print):
             t0 = time.time()
             replay_image_labels(cache, cfg.seed, cfg.n_images, cfg.n_videos)
             log(f"[data] per-token vision labels replayed in {time.time() - t0:.0f}s")
+        if cfg.retrieval_weight > 0 and not (cache / "retrieval.pt").exists():
+            t0 = time.time()
+            build_retrieval_targets(cache, tok, cfg.seed, cfg.n_images, cfg.n_videos)
+            log(f"[data] retrieval targets replayed in {time.time() - t0:.0f}s")
     else:
         t0 = time.time()
         tok = build_tokenizer(world_corpus(2000, cfg.seed))
@@ -227,6 +234,12 @@ def train_target(model, data: TrainSet, processor, cfg: TrainConfig, log=print, 
     pretrain_vision(model, aux, data, cfg, "target", log)
     layer = min(cfg.place_layer, model.config.text_config.num_hidden_layers - 1)
     place = PlaceAux(model, layer, data.image_token, data.video_token, cfg.place_rowcol_only) if cfg.place_weight > 0 else None
+    retrieval = None
+    if cfg.retrieval_weight > 0 and data.retrieval is not None:
+        tc = model.config.text_config   # a smaller config (tests) gets the nearest layer / head
+        heads = tuple(sorted({(min(l, tc.num_hidden_layers - 1), h % tc.num_attention_heads) for l, h in cfg.retrieval_heads}))
+        retrieval = RetrievalAux(heads, data.image_token, data.video_token)
+        model.set_attn_implementation("eager")   # the loss reads attention weights
     tower = list(model.model.visual.parameters())
     rest = [p for p in model.parameters() if all(p is not t for t in tower)]
     rest += (list(aux.parameters()) if aux else []) + (list(place.parameters()) if place else [])
@@ -235,7 +248,7 @@ def train_target(model, data: TrainSet, processor, cfg: TrainConfig, log=print, 
                             lr=cfg.target_lr, betas=(0.9, 0.98), weight_decay=0.05)
     batches = data.batches(cfg.batch_size, random.Random(cfg.seed + 1), kind_weights=dict(cfg.kind_weights))
     model.train()
-    t0, run, run_aux, run_place = time.time(), 0.0, 0.0, 0.0
+    t0, run, run_aux, run_place, run_ret, run_share = time.time(), 0.0, 0.0, 0.0, 0.0, 0.0
     for step in range(cfg.target_steps):
         for g in opt.param_groups:
             g["lr"] = cfg.target_lr * g["scale"] * cosine(step, cfg.target_steps, cfg.warmup)
@@ -243,27 +256,34 @@ def train_target(model, data: TrainSet, processor, cfg: TrainConfig, log=print, 
         if aux:
             aux.clear()
         vis_labels = batch.pop("vision_targets", None)
+        ret_targets = batch.pop("retrieval_targets", None)
         if place:
             place.input_ids = batch["input_ids"]
+        out = model(**batch, output_attentions=retrieval is not None)
         if content is None:
-            loss = model(**batch).loss
+            loss = out.loss
         else:
-            labels = batch.pop("labels")
-            loss = weighted_lm_loss(model(**batch).logits, labels, content, cfg.content_weight)
+            loss = weighted_lm_loss(out.logits, batch["labels"], content, cfg.content_weight)
         a_loss = aux_loss(aux, vis_labels, cfg.shape_ce)
         p_loss = place.loss(vis_labels["video"][0] if vis_labels and vis_labels["video"] else None) if place else 0.0
+        r_loss, share = retrieval.loss(out.attentions, batch["input_ids"], ret_targets) if retrieval else (0.0, 0.0)
+        del out
         opt.zero_grad(set_to_none=True)
-        (loss + cfg.aux_weight * a_loss + cfg.place_weight * p_loss).backward()
+        (loss + cfg.aux_weight * a_loss + cfg.place_weight * p_loss + cfg.retrieval_weight * r_loss).backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         run = 0.98 * run + 0.02 * loss.item() if step else loss.item()
         run_aux = 0.98 * run_aux + 0.02 * a_loss.item() if step else a_loss.item()
         if place:
             run_place = 0.98 * run_place + 0.02 * p_loss.item() if step else p_loss.item()
+        if retrieval and share == share:   # nan: no supervised position in this batch
+            run_ret = 0.98 * run_ret + 0.02 * r_loss.item() if step else r_loss.item()
+            run_share = 0.98 * run_share + 0.02 * share if step else share
         if (step + 1) % 50 == 0 or step == 0:
             el = time.time() - t0
             log(f"[target] step {step + 1}/{cfg.target_steps} loss {run:.4f} aux {run_aux:.4f} "
-                + (f"place {run_place:.4f} " if place else "") +
+                + (f"place {run_place:.4f} " if place else "")
+                + (f"retrieval {run_ret:.4f} share {run_share:.2f} " if retrieval else "") +
                 f"lr {opt.param_groups[0]['lr']:.2e} {el / (step + 1):.3f}s/step elapsed {el / 60:.1f}m")
         if items and cfg.eval_every and (step + 1) % cfg.eval_every == 0:
             _quick_eval(model, processor, items, "target", log)
@@ -272,6 +292,8 @@ def train_target(model, data: TrainSet, processor, cfg: TrainConfig, log=print, 
     for head in (aux, place):
         if head:
             head.remove()   # the heads are not part of the model
+    if retrieval:
+        model.set_attn_implementation("sdpa")
     return model
 
 
@@ -290,6 +312,7 @@ def distil_draft(draft, target, data: TrainSet, processor, cfg: TrainConfig, log
         batch = next(batches)
         labels = batch.pop("labels")
         vis_labels = batch.pop("vision_targets", None)
+        batch.pop("retrieval_targets", None)
         mask = labels[:, 1:] != -100                                           # (B, L-1): positions predicting an answer token
         with torch.no_grad():
             p_logits = target(**batch).logits[:, :-1][mask]                     # (N, V)

@@ -1,0 +1,139 @@
+"""Retrieval supervision (training only): at each answer token, a chosen attention head of the
+language model should look at the visual tokens of the object(s) the current sentence is about.
+
+attention_probe.py found the shipped target's bottleneck: its heads find objects, not THE object a
+question asks about (the asked cell's share of the visual attention is at most ~2x another object's),
+and a wrong colour is nearly always another object's colour. Nothing in the language-model loss
+says which token holds the answer; this loss says it directly, from the scene's ground truth.
+
+`answer_targets` maps every answer token to a bit mask over the example's visual tokens (bit j =
+visual token j: an image's 9 cells, a clip's 9 cells of the first temporal group then 9 of the
+second), sentence by sentence:
+- a sentence that names objects ("a small red star", "the red star") -> their cells (a clip: the
+  first group; an event sentence: where its evidence is, e.g. a move: the start cell before and the
+  end cell after);
+- a sentence that names none but counts shapes ("There are three shapes.") -> every object's cell;
+- a short answer that names nothing ("It is red.") -> the object the question names (by colour and
+  shape, by shape alone, or by place);
+- anything else (background, overlap remarks, "No.") -> no target.
+`RetrievalAux` turns the masks into a loss on the attention weights of (layer, head) pairs: minus
+the log of the share of the head's visual attention that lands on the target tokens. Nothing is
+saved with the model.
+"""
+from __future__ import annotations
+
+import re
+
+import torch
+
+from .language import NUMBERS, Example, parse_position
+from .world import POSITIONS, Clip, Obj, Scene
+
+N_CELLS = len(POSITIONS)
+_SENTENCE = re.compile(r"[^.]*(?:\.|$)")
+_COUNTS = re.compile(r"\b(" + "|".join(NUMBERS[1:]) + r")\b[^.]*\bshapes?\b")
+_EVENT = re.compile(r"\b(moves|appears|disappears|vanishes|grows|shrinks|turns|changes colour)\b")
+
+
+def _bits(cells, group: int = 0) -> int:
+    return sum(1 << (group * N_CELLS + c) for c in set(cells))
+
+
+def _named(text: str, objects) -> list[Obj]:
+    t = text.lower()
+    return [o for o in objects if f"{o.colour} {o.shape}" in t]
+
+
+def _event_bits(clip: Clip) -> int:
+    s, a = clip.subject, clip.after
+    if clip.event == "appear":
+        return _bits([s.cell], 1)
+    if clip.event == "disappear":
+        return _bits([s.cell], 0)
+    return _bits([s.cell], 0) | _bits([a.cell], 1)
+
+
+def _prompt_object(prompt: str, objects) -> list[Obj]:
+    """The object(s) a question is about: named by colour and shape, by shape alone (if unique), or by place."""
+    named = _named(prompt, objects)
+    if named:
+        return named
+    t = prompt.lower()
+    by_shape = [o for o in objects if re.search(rf"\bthe {o.shape}\b", t)]
+    if len(by_shape) == 1:
+        return by_shape
+    pos = parse_position(t)
+    return [o for o in objects if pos is not None and o.position == pos]
+
+
+def sentence_masks(ex: Example, media: Scene | Clip) -> list[tuple[int, int, int]]:
+    """[(start, end, bits)]: character spans of the answer's sentences and their visual-token masks."""
+    clip = media if isinstance(media, Clip) else None
+    start_objs = list((clip.start if clip else media).objects)
+    out = []
+    for m in _SENTENCE.finditer(ex.answer):
+        s = m.group(0)
+        if not s.strip():
+            continue
+        low, bits = s.lower(), 0
+        if clip is not None and _EVENT.search(low) and _named(low, [clip.subject]):
+            bits = _event_bits(clip)
+        elif clip is not None and ("at the end" in low or "ends with" in low):
+            bits = _bits([o.cell for o in clip.end.objects], 1)
+        else:
+            named = _named(low, start_objs)
+            if named:
+                bits = _bits([o.cell for o in named])
+            elif _COUNTS.search(low) or ex.kind == "count":
+                bits = _bits([o.cell for o in start_objs])
+            elif ex.kind in ("colour", "shape", "size", "position") or (ex.kind == "yesno" and ex.facts.get("yes")):
+                bits = _bits([o.cell for o in _prompt_object(ex.prompt, start_objs)])
+        out.append((m.start(), m.end(), bits))
+    return out
+
+
+def answer_targets(ex: Example, media: Scene | Clip, tok, answer_ids: list[int]) -> list[int]:
+    """One visual-token bit mask per answer token (answer_ids: the cache's tokens of answer + <|im_end|>)."""
+    enc = tok(ex.answer + "<|im_end|>", add_special_tokens=False, return_offsets_mapping=True)
+    assert enc["input_ids"] == answer_ids, "answer tokens differ from the cache's"
+    spans = sentence_masks(ex, media)
+    out = []
+    for a, b in enc["offset_mapping"]:
+        mid = (a + b) / 2 if b > a else a
+        out.append(next((bits for s, e, bits in spans if s <= mid < e), 0) if a < len(ex.answer) else 0)
+    return out
+
+
+def shifted_targets(targets: torch.Tensor) -> torch.Tensor:
+    """(B, L) masks of the tokens -> (B, L) masks of the positions that PREDICT them (p looks for token p + 1)."""
+    return torch.cat([targets[:, 1:], torch.zeros_like(targets[:, :1])], 1)
+
+
+class RetrievalAux:
+    """The loss of the last forward run with output_attentions=True (eager attention)."""
+
+    def __init__(self, heads: tuple[tuple[int, int], ...], image_token: int, video_token: int):
+        self.heads = heads
+        self.image_token, self.video_token = image_token, video_token
+
+    def loss(self, attentions, input_ids: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """-> (mean over heads and supervised positions of -log(target share of the visual attention),
+        mean target share)."""
+        vis = (input_ids == self.image_token) | (input_ids == self.video_token)             # (B, L)
+        vidx = vis.long().cumsum(1) - 1                                                       # j of each visual token
+        want = shifted_targets(targets)                                                       # (B, L) bits per query
+        rows = want != 0
+        if not bool(rows.any()):
+            return torch.zeros(()), float("nan")
+        bits = want[rows]                                                                     # (N,)
+        b_of = rows.nonzero()[:, 0]
+        on = ((bits[:, None] >> vidx[b_of].clamp(min=0, max=62)) & 1).bool() & vis[b_of]     # (N, L) target keys
+        total, share_sum = torch.zeros(()), 0.0
+        for layer, head in self.heads:
+            a = attentions[layer][:, head][rows]                                              # (N, L)
+            hit = (a * on).sum(-1)
+            seen = (a * vis[b_of]).sum(-1).clamp(min=1e-9)
+            share = hit / seen
+            total = total - torch.log(share + 1e-6).mean()
+            share_sum += float(share.detach().mean())
+        return total / len(self.heads), share_sum / len(self.heads)
