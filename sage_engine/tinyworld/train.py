@@ -46,6 +46,17 @@ better overall than the shipped pair yet (target-only evals, seed 1 n 20 / seed 
   visual attention is at most ~2x that of another object's cell), and a wrong colour is nearly always the colour of
   another object in the scene. The next lever is retrieval (e.g. a training-only loss on a head's attention to the
   asked object's token), not the tower or the amount of data.
+- Retrieval supervision (retrieval.py, `--retrieval-weight`): a training-only loss on the attention of layer 2
+  head 0 and layer 4 head 0: at every answer token, the share of the head's visual attention on the tokens of the
+  object the sentence is about (from the scene's ground truth). Run R (Nov 2026): + interleaved_rope + place_weight
+  0.1 (all PlaceAux targets, change included), weight 0.3, 6,000 steps at 2 threads (34.6 min, 0.31-0.33 s/step:
+  eager attention costs no more than sdpa here). Target 0.845 on seed 1 n 20 (shipped 0.54): colour 0.70, count
+  0.95, shape 0.90, size 1.00, position 0.95, yesno 0.95, motion 0.70, describe 0.60, describe_video 0.75; at 3,000
+  steps already 0.75. The language-model loss fell faster too (0.25 at the end vs ~0.39 for the shipped recipe).
+  The supervised heads select the asked object (attention_probe, seed 3 n 40: colour 0.87 on the asked cell vs
+  0.10 on another object's; shape 0.96 vs 0.03), fact word top-1 colour 0.90, shape 1.00. What is left: colour
+  asked by shape alone ("What is the colour of the diamond?" -> another object's colour) and motion events told
+  apart wrongly (a recolour or an appearance read as a size change or a move).
 """
 from __future__ import annotations
 
