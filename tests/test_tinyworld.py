@@ -313,7 +313,7 @@ def test_retrieval_loss_rewards_attention_on_the_target_tokens():
     assert aux.loss([focused], ids, torch.zeros_like(ids))[0] == 0
 
 
-@pytest.mark.parametrize("options", [["--place-weight", "0.3"], ["--place-weight", "0"],
+@pytest.mark.parametrize("options", [["--place-weight", "0.3"], ["--place-weight", "0", "--no-interleaved-rope"],
                                      ["--place-weight", "0.1", "--place-rowcol-only", "--interleaved-rope",
                                       "--content-weight", "4", "--kind-weight", "describe=0.4",
                                       "--kind-weight", "motion=1.5"],
@@ -328,25 +328,43 @@ def test_training_script_runs_a_few_steps(tmp_path, options):
         processor = AutoProcessor.from_pretrained(path)
         assert model.config.model_type == "qwen2_5_vl" and processor.video_processor.num_frames == W.MODEL_FRAMES
         sections = model.config.text_config.rope_parameters["mrope_section"]
-        assert (len(sections) > 3) == ("--interleaved-rope" in options)
+        assert (len(sections) > 3) == ("--no-interleaved-rope" not in options)   # interleaved by default
+
+
+def _shipped_scores(n: int, seed: int, roles=("target", "draft")) -> dict:
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from sage_engine.tinyworld.evaluate import generate, make_items, score_all
+    processor = AutoProcessor.from_pretrained(ASSETS / "tinyworld-target")
+    items = make_items(seed=seed, n=n, image_kinds=("count", "colour", "shape", "size", "position", "yesno"),
+                       video_kinds=("motion", "count"))
+    out = {}
+    for role in roles:
+        model = AutoModelForImageTextToText.from_pretrained(ASSETS / f"tinyworld-{role}", dtype=torch.float32)
+        out[role] = score_all(items, generate(model, processor, items))
+        out[role]["params"] = sum(p.numel() for p in model.parameters())
+    return out
 
 
 @pytest.mark.skipif(not SHIPPED, reason="the pair is not in assets/models yet")
-@pytest.mark.xfail(strict=True, reason="known gap (issue 5): the shipped pair reads colour, count, size and shape "
-                   "but is below the bar (target 54% on fresh scenes, motion 0%); remove this mark when a pair meets it")
 def test_shipped_pair_answers_from_the_picture(monkeypatch):
+    """Fresh scenes, every attribute question: the target answers from the picture, the draft visibly worse."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    from transformers import AutoModelForImageTextToText, AutoProcessor
-    from sage_engine.tinyworld.evaluate import generate, make_items
-    target = AutoModelForImageTextToText.from_pretrained(ASSETS / "tinyworld-target", dtype=torch.float32)
-    draft = AutoModelForImageTextToText.from_pretrained(ASSETS / "tinyworld-draft", dtype=torch.float32)
-    processor = AutoProcessor.from_pretrained(ASSETS / "tinyworld-target")
-    n_target = sum(p.numel() for p in target.parameters())
-    assert n_target >= 10 * sum(p.numel() for p in draft.parameters())
-    items = make_items(seed=123, n=1, image_kinds=("describe", "count", "colour"), video_kinds=("motion",))
-    answers = generate(target, processor, items)
-    for it, a in zip(items, answers):
-        assert L.score(it.example, a, it.objects), (it.example.kind, it.example.prompt, a, it.example.answer)
+    res = _shipped_scores(n=8, seed=123)
+    target, draft = res["target"], res["draft"]
+    assert target["params"] >= 10 * draft["params"]
+    assert target["accuracy"] >= 0.8, target
+    assert min(target["by_kind"].values()) >= 0.5, target    # chance is 1/6 (colour, shape), 1/9 (position)
+    assert draft["accuracy"] <= target["accuracy"] - 0.15, (target, draft)
+
+
+@pytest.mark.skipif(not SHIPPED, reason="the pair is not in assets/models yet")
+@pytest.mark.xfail(strict=True, reason="known gap (issue 5): the shipped target is at 86% on fresh scenes and below 95% "
+                   "on yes/no (false yes when one attribute matches) and, by seed, shape, position or motion (the model "
+                   "card has the table); remove this mark when a pair meets the bar")
+def test_shipped_pair_meets_the_accuracy_bar(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    by_kind = _shipped_scores(n=20, seed=321, roles=("target",))["target"]["by_kind"]
+    assert all(v >= 0.95 for v in by_kind.values()), by_kind
 
 
 @pytest.mark.skipif(not SHIPPED, reason="the pair is not in assets/models yet")

@@ -37,8 +37,9 @@ def cmd_train(a) -> None:
         cfg = dataclasses.replace(cfg, kind_weights=tuple(a.kind_weight))
     if a.retrieval_weight is not None:
         cfg = dataclasses.replace(cfg, retrieval_weight=a.retrieval_weight)
-    cfg = dataclasses.replace(cfg, place_rowcol_only=a.place_rowcol_only or cfg.place_rowcol_only,
-                              interleaved_rope=a.interleaved_rope or cfg.interleaved_rope)
+    cfg = dataclasses.replace(cfg, place_rowcol_only=a.place_rowcol_only or cfg.place_rowcol_only)
+    if a.interleaved_rope is not None:
+        cfg = dataclasses.replace(cfg, interleaved_rope=a.interleaved_rope)
     if a.tiny:   # smoke test: a few steps of the real script on a tiny config
         cfg = dataclasses.replace(cfg, n_images=32, n_videos=8, batch_size=4, target_steps=a.steps or 3,
                                   draft_steps=a.steps or 3, warmup=1, eval_every=0,
@@ -135,7 +136,8 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--place-rowcol-only", action="store_true", help="PlaceAux asks for row and column only")
     t.add_argument("--kind-weight", action="append", default=[], metavar="KIND=W", type=_kind_weight,
                    help="drawing weight of the training examples of a question kind (repeatable; 1 if absent)")
-    t.add_argument("--interleaved-rope", action="store_true", help="interleave the M-RoPE t/h/w frequencies")
+    t.add_argument("--interleaved-rope", action=argparse.BooleanOptionalAction, default=None,
+                   help="interleave the M-RoPE t/h/w frequencies (default: TrainConfig's, on)")
     t.add_argument("--content-weight", type=float, default=None,
                    help="loss weight of answer tokens that name a fact (default: TrainConfig's, 1 = plain)")
     t.add_argument("--retrieval-weight", type=float, default=None,

@@ -58,9 +58,6 @@ def _mix_text(tc: dict) -> str:
         out += "; examples drawn with kind weights " + ", ".join(f"{k} {w:g}" for k, w in tc["kind_weights"])
     if tc.get("interleaved_rope"):
         out += "; M-RoPE frequencies interleaved over t / h / w"
-    if tc.get("place_weight", 0.0) > 0:
-        out += (f"; PlaceAux {tc['place_weight']:g} at decoder layer {tc.get('place_layer', 1)}"
-                + (" (row and column only)" if tc.get("place_rowcol_only") else ""))
     if tc.get("retrieval_weight", 0.0) > 0:
         heads = ", ".join(f"layer {l} head {h}" for l, h in tc.get("retrieval_heads", ()))
         out += f"; retrieval loss {tc['retrieval_weight']:g} on the attention of {heads} (retrieval.py)"
@@ -86,9 +83,12 @@ def store_bf16(src, dst) -> None:
 
 def _arch(model) -> str:
     t, v = model.config.text_config, model.config.vision_config
+    sec = t.rope_parameters["mrope_section"]
+    rope = (f"M-RoPE interleaved ({len(sec)} one-frequency sections, t / h / w in turn)" if len(sec) > 3 and set(sec) == {1}
+            else f"M-RoPE sections {sec}")
     return (f"text: {t.num_hidden_layers} layer(s), hidden {t.hidden_size}, {t.num_attention_heads} heads "
-            f"({t.num_key_value_heads} KV), FFN {t.intermediate_size}, vocab {t.vocab_size}, M-RoPE sections "
-            f"{t.rope_parameters['mrope_section']}; vision: {v.depth} block(s), hidden {v.hidden_size}, "
+            f"({t.num_key_value_heads} KV), FFN {t.intermediate_size}, vocab {t.vocab_size}, {rope}; "
+            f"vision: {v.depth} block(s), hidden {v.hidden_size}, "
             f"patch 14, 2x2 merge")
 
 
