@@ -39,9 +39,9 @@ import dataclasses
 import torch
 
 from .evaluate import Item, make_items
-from .language import parse_position
+from .retrieval import prompt_objects
 from .tokenizer import user_turn
-from .world import COLOURS, POSITIONS, SHAPES, SIZES
+from .world import COLOURS, SHAPES, SIZES
 
 WORDS = {"colour": tuple(COLOURS), "shape": tuple(SHAPES), "size": tuple(SIZES)}
 
@@ -65,13 +65,8 @@ class Probe:
 
 
 def asked_object(item: Item):
-    """The object a colour / shape / size question is about: by its place if the prompt names one, else by
-    the shape (and colour) it names."""
-    prompt = item.example.prompt.lower()
-    pos = parse_position(prompt)
-    if pos is not None:
-        return next(o for o in item.objects if POSITIONS[o.cell] == pos)
-    return next(o for o in item.objects if o.shape in prompt and (o.colour in prompt or item.example.kind != "size"))
+    """The object a colour / shape / size question is about (by place, by shape, or by colour and shape)."""
+    return prompt_objects(item.example.prompt, item.objects)[0]
 
 
 @torch.no_grad()

@@ -53,7 +53,7 @@ def _event_bits(clip: Clip) -> int:
     return _bits([s.cell], 0) | _bits([a.cell], 1)
 
 
-def _prompt_object(prompt: str, objects) -> list[Obj]:
+def prompt_objects(prompt: str, objects) -> list[Obj]:
     """The object(s) a question is about: named by colour and shape, by shape alone (if unique), or by place."""
     named = _named(prompt, objects)
     if named:
@@ -87,7 +87,7 @@ def sentence_masks(ex: Example, media: Scene | Clip) -> list[tuple[int, int, int
             elif _COUNTS.search(low) or ex.kind == "count":
                 bits = _bits([o.cell for o in start_objs])
             elif ex.kind in ("colour", "shape", "size", "position") or (ex.kind == "yesno" and ex.facts.get("yes")):
-                bits = _bits([o.cell for o in _prompt_object(ex.prompt, start_objs)])
+                bits = _bits([o.cell for o in prompt_objects(ex.prompt, start_objs)])
         out.append((m.start(), m.end(), bits))
     return out
 
