@@ -64,6 +64,14 @@ def _mix_text(tc: dict) -> str:
     return out
 
 
+def _draft_draw(tc: dict) -> str:
+    """How the draft's distillation drew its examples (configs before draft_kind_weights used the target's draw)."""
+    weights = tc.get("draft_kind_weights", tc.get("kind_weights"))
+    if not weights:
+        return ", drawn in their natural mix (descriptions carry most answer tokens)"
+    return ", drawn with kind weights " + ", ".join(f"{k} {w:g}" for k, w in weights)
+
+
 def _status(eval_result: dict) -> str:
     t = eval_result["target"]["by_kind"]
     below = [f"{k} {t[k]:.2f}" for k in ATTRIBUTES if k in t and t[k] < BAR]
@@ -171,7 +179,7 @@ visual tokens predicts {_aux_text(tc)}: scene ground truth), which then stays
 on (weight {tc.get('aux_weight', '?')}; the tower then learns at {tc.get('tower_lr_scale', 1.0)}x the language model's rate); the head is not saved.
 Each of the world's 3x3 cells is exactly one merged visual token, so these targets are exact per token. The target is trained with
 cross-entropy on the answers ({tc.get('target_steps', 0):,} steps of batch {tc.get('batch_size', '?')}, AdamW, cosine{_mix_text(tc)}); the draft is distilled from
-the target, teacher-forced KL(p_target || q_draft) on the same answers ({tc.get('draft_steps', 0):,} steps).
+the target, teacher-forced KL(p_target || q_draft) on the same answers{_draft_draw(tc)} ({tc.get('draft_steps', 0):,} steps).
 Measured on this 2-core CPU, {train_threads} thread(s), {train_note}: cache {str(mins['cache_s']) + ' s' if 'cache_s' in mins else 'reused from an earlier run of the same seed'},
 target {mins.get('target', '?')} min, draft {mins.get('draft', '?')} min, total {mins.get('total', '?')} min.
 

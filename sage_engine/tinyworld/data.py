@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from .language import IMAGE_KINDS, VIDEO_KINDS, image_example, video_example
-from .retrieval import answer_targets
+from .retrieval import TARGETS_FILE, answer_targets
 from .tokenizer import user_turn
 from .vision_aux import N_LABELS, clip_targets, image_targets
 from .world import MODEL_FRAMES, SIZE, read_video, render_clip, render_image, sample_clip, sample_scene, write_mp4
@@ -128,7 +128,7 @@ def build_cache(out: Path, tok, seed: int, n_images: int, n_videos: int, per_ima
 
 def build_retrieval_targets(out: Path, tok, seed: int, n_images: int, n_videos: int, per_image: int = 3,
                             per_video: int = 2) -> None:
-    """retrieval.pt: int64 per cached token, the visual-token bit mask retrieval.answer_targets gives
+    """retrieval.TARGETS_FILE: int64 per cached token, the visual-token bit mask retrieval.answer_targets gives
     (0 on prompt tokens and on answer tokens without a target); replayed from the scene stream."""
     ex = torch.load(out / "examples.pt")
     tokens, offsets, plen = ex["tokens"], ex["offsets"], ex["prompt_len"]
@@ -140,7 +140,7 @@ def build_retrieval_targets(out: Path, tok, seed: int, n_images: int, n_videos: 
             bits[a:b] = torch.tensor(answer_targets(e, sc, tok, tokens[a:b].tolist()), dtype=torch.long)
             k += 1
     assert k == len(plen), (k, len(plen))
-    torch.save(bits, out / "retrieval.pt")
+    torch.save(bits, out / TARGETS_FILE)
 
 
 def replay_image_labels(out: Path, seed: int, n_images: int, n_videos: int | None = None, per_image: int = 3,
@@ -181,13 +181,13 @@ class TrainSet:
     pad: int
     labels: np.ndarray | None = None   # (N_img, IMAGE_TOKENS, N_LABELS) per-token vision targets
     targets: dict | None = None        # vision_targets.npz: image_dom, video_labels, video_dom
-    retrieval: torch.Tensor | None = None   # retrieval.pt: per cached token, a visual-token bit mask (retrieval.py)
+    retrieval: torch.Tensor | None = None   # retrieval.TARGETS_FILE: per cached token, a visual-token bit mask (retrieval.py)
 
     @classmethod
     def load(cls, path: Path, tok) -> "TrainSet":
         lab = np.load(path / "image_labels.npy") if (path / "image_labels.npy").exists() else None
         tg = dict(np.load(path / "vision_targets.npz")) if (path / "vision_targets.npz").exists() else None
-        ret = torch.load(path / "retrieval.pt") if (path / "retrieval.pt").exists() else None
+        ret = torch.load(path / TARGETS_FILE) if (path / TARGETS_FILE).exists() else None
         return cls(np.load(path / "images.npy", mmap_mode="r"), np.load(path / "videos.npy", mmap_mode="r"),
                    torch.load(path / "examples.pt"), tok.convert_tokens_to_ids("<|image_pad|>"),
                    tok.convert_tokens_to_ids("<|video_pad|>"), tok.pad_token_id, lab, tg, ret)

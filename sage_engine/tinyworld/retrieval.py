@@ -15,7 +15,10 @@ second), sentence by sentence:
 - a sentence that names none but counts shapes ("There are three shapes.") -> every object's cell;
 - a short answer that names nothing ("It is red.") -> the object the question names (by colour and
   shape, by shape alone, or by place);
-- anything else (background, overlap remarks, "No.") -> no target.
+- a "no" to "Is there a blue circle?" -> the near misses: the objects that share the asked colour or
+  the asked shape (a purple circle, a blue star), the ones a shape-only or colour-only match would
+  wrongly say "yes" to (none: no target);
+- anything else (background, overlap remarks) -> no target.
 `RetrievalAux` turns the masks into a loss on the attention weights of (layer, head) pairs: minus
 the log of the share of the head's visual attention that lands on the target tokens. Nothing is
 saved with the model.
@@ -30,6 +33,7 @@ from .language import NUMBERS, Example, parse_position
 from .world import POSITIONS, Clip, Obj, Scene
 
 N_CELLS = len(POSITIONS)
+TARGETS_FILE = "retrieval_v2.pt"   # the cache's per-token targets; the name changes whenever the rules above do
 _SENTENCE = re.compile(r"[^.]*(?:\.|$)")
 _COUNTS = re.compile(r"\b(" + "|".join(NUMBERS[1:]) + r")\b[^.]*\bshapes?\b")
 _EVENT = re.compile(r"\b(moves|appears|disappears|vanishes|grows|shrinks|turns|changes colour)\b")
@@ -66,6 +70,12 @@ def prompt_objects(prompt: str, objects) -> list[Obj]:
     return [o for o in objects if pos is not None and o.position == pos]
 
 
+def near_misses(prompt: str, objects) -> list[Obj]:
+    """The objects that share the colour or the shape a yes/no question asks about."""
+    t = prompt.lower()
+    return [o for o in objects if re.search(rf"\b{o.colour}\b", t) or re.search(rf"\b{o.shape}\b", t)]
+
+
 def sentence_masks(ex: Example, media: Scene | Clip) -> list[tuple[int, int, int]]:
     """[(start, end, bits)]: character spans of the answer's sentences and their visual-token masks."""
     clip = media if isinstance(media, Clip) else None
@@ -88,6 +98,8 @@ def sentence_masks(ex: Example, media: Scene | Clip) -> list[tuple[int, int, int
                 bits = _bits([o.cell for o in start_objs])
             elif ex.kind in ("colour", "shape", "size", "position") or (ex.kind == "yesno" and ex.facts.get("yes")):
                 bits = _bits([o.cell for o in prompt_objects(ex.prompt, start_objs)])
+            elif ex.kind == "yesno":
+                bits = _bits([o.cell for o in near_misses(ex.prompt, start_objs)])
         out.append((m.start(), m.end(), bits))
     return out
 
