@@ -16,7 +16,7 @@ Seen on the shipped target (Nov 2026, seed 3, n 40 scenes): the fact word is rig
 most ~2x the share on another object's cell (colour: best 0.50 vs 0.31, layer 1; shape: 0.46 vs 0.23,
 layer 2, 0.52 vs 0.22, layer 4), mostly about equal. The heads find objects, not THE object: retrieval,
 not the tower's reading of the cells (its auxiliary head reads them almost perfectly), is what fails.
-Run S of train.py (interleaved M-RoPE + PlaceAux) looks the same (best colour head 0.55 vs 0.25).
+Run S of RUNS.md (interleaved M-RoPE + PlaceAux) looks the same (best colour head 0.55 vs 0.25).
 
 Supervising one head directly does not fix it quickly: the shipped target trained on for 800 steps (lr 3e-4,
 colour / shape / size questions drawn 3x) with a training-only loss -log(share of layer 2 head 0's visual
@@ -25,7 +25,7 @@ from 3.7 to 0.5, single-object scenes included): on this probe that head gives t
 0.32-0.36 for another object's (before: 0.31 vs 0.33), fact word top-1 colour 0.72, shape 0.75, size 0.75;
 the QA eval is unchanged (target 0.51 on `eval --seed 1 --n 20`, 0.48 on seed 2 n 40; shipped 0.54 / 0.48).
 
-Supervising from the start does (retrieval.py; run R in train.py: interleaved M-RoPE + PlaceAux + the retrieval
+Supervising from the start does (retrieval.py; run R in RUNS.md: interleaved M-RoPE + PlaceAux + the retrieval
 loss on layer 2 head 0 and layer 4 head 0 at every answer token, 6,000 steps): colour questions, asked cell vs
 another object's cell, layer 2 head 0 0.87 vs 0.10, layer 4 heads 0.72-0.87 vs 0.10-0.19 (unsupervised heads
 learned it too); shape 0.96 vs 0.03 (layer 2 head 0), 0.71-0.88 vs 0.06-0.14 on every head of layer 5. Fact word

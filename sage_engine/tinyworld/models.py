@@ -39,7 +39,7 @@ def mrope_section(head_dim: int, interleaved: bool = False) -> list[int]:
     (place_probe.py measured it). interleaved=True: one frequency per chunk, t/h/w in turn (as Qwen3-VL
     does), so each axis gets high and low frequencies (a column step: up to 0.6 rad). Text tokens (t = h = w)
     rotate the same either way. The shipped pair uses the contiguous split; a run with interleaving learned
-    place better and size worse, no better overall (train.py has the numbers)."""
+    place better and size worse, no better overall (RUNS.md has the numbers)."""
     half = head_dim // 2
     if interleaved:
         return [1] * half

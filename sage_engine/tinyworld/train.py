@@ -18,69 +18,8 @@ learns at tower_lr_scale x the language model's rate once its pre-training is do
 The defaults reproduce the shipped pair (the model cards carry the command, the measured minutes
 and the evaluation): interleaved M-RoPE, PlaceAux 0.1 at layer 1, the retrieval loss (retrieval.py) 0.3 on
 layer 2 head 0 and layer 4 head 0 (a "no" answer supervised on its near misses), questions drawn with kind
-weights yes/no 2.5, colour 2, motion 2, shape 1.5, position 1.5, 11,000 target steps, 4,000 draft steps (run T1
-below).
-Before retrieval supervision (the pair shipped until Nov 2026: 5,000 steps, none of these options) the target
-reached 0.54 (seed 1 n 20) / 0.48 (seed 2 n 40). Options measured on the way, in order:
-- place_weight 0.1 with place_rowcol_only: the language-model loss keeps pace with the defaults (0.503 vs 0.513
-  at 3,000 steps), unlike weight 0.3 with all targets (0.585).
-- interleaved_rope (models.mrope_section) + the above, 6,000 steps: 0.50 / 0.48; position 0.60 / 0.40
-  (old pair 0.35 / 0.20) but size 0.55 / 0.45 (0.80 / 0.75).
-- content_weight: answer tokens that name a fact weigh more than phrasing (most of the loss is phrasing that
-  no picture decides); measured by the mean loss per word class (colour, shape, size, place words).
-- kind_weights: descriptions are 71% of the answer tokens and 40% of the tokens of the default draw (data.py
-  IMAGE_WEIGHTS / VIDEO_WEIGHTS); drawing them less often puts more of each step on the attribute questions.
-- Run S (Nov 2026): interleaved_rope + place_weight 0.1 rowcol + content_weight 2 + kind weights describe 0.4,
-  describe_video 0.5, motion 1.5, size 1.5; 6,000 steps at 2 threads (43 min, 0.34-0.41 s/step). Target 0.445 on
-  seed 1 n 20 (old pair 0.54): colour 0.75, count 0.65, size 0.80, shape 0.55, position 0.30, motion 0. Mean loss of
-  the fact words on fresh scenes (teacher-forced, seed 5, 16 scenes + 16 clips; old pair in brackets): colour 0.74
-  (0.84), place 0.59 (0.72), shape 0.62 (0.53), size 0.61 (0.36), count 0.67 (0.30). Like the interleaved run above,
-  count and size get worse; colour and place better. Not shipped.
-- Run D (Nov 2026): the old recipe (contiguous M-RoPE, no PlaceAux) + content_weight 2 + the kind weights of S,
-  6,000 steps at 2 threads (41 min): target 0.44 on seed 1 n 20 (colour 0.65, count 0.70, size 0.70, shape 0.55,
-  position 0.30); fact-word losses colour 0.78, place 0.87, shape 0.59, size 0.58, count 0.62. Worse than the
-  old pair on count, size and place: fewer descriptions took away grounded signal (a description names every
-  object's size, colour, shape and place; a question names one fact), more than the extra questions gave. Not shipped.
-- More steps alone: the old target trained on for 1,500 steps at lr 3e-4 (no aux head, default draw; the same
-  with descriptions drawn 2x): fact-word losses a little lower (colour 0.77, count 0.21-0.22, place 0.67-0.68, shape
-  0.53-0.54, size 0.32-0.33), accuracy the same within noise (seed 1 n 20: 0.49 / 0.525; seed 2 n 40: 0.50 vs
-  old pair 0.48). The recipe is near its plateau.
-- Why (attention_probe.py): at the fact word no head selects the object the question asks about (its share of the
-  visual attention is at most ~2x that of another object's cell), and a wrong colour is nearly always the colour of
-  another object in the scene. The next lever is retrieval (e.g. a training-only loss on a head's attention to the
-  asked object's token), not the tower or the amount of data.
-- Retrieval supervision (retrieval.py, `--retrieval-weight`): a training-only loss on the attention of layer 2
-  head 0 and layer 4 head 0: at every answer token, the share of the head's visual attention on the tokens of the
-  object the sentence is about (from the scene's ground truth). Run R (Nov 2026): + interleaved_rope + place_weight
-  0.1 (all PlaceAux targets, change included), weight 0.3, 6,000 steps at 2 threads (34.6 min, 0.31-0.33 s/step:
-  eager attention costs no more than sdpa here). Target 0.845 on seed 1 n 20 (old pair 0.54): colour 0.70, count
-  0.95, shape 0.90, size 1.00, position 0.95, yesno 0.95, motion 0.70, describe 0.60, describe_video 0.75; at 3,000
-  steps already 0.75. The language-model loss fell faster too (0.25 at the end vs ~0.39 for the old recipe).
-  The supervised heads select the asked object (attention_probe, seed 3 n 40: colour 0.87 on the asked cell vs
-  0.10 on another object's; shape 0.96 vs 0.03), fact word top-1 colour 0.90, shape 1.00. What is left: colour
-  asked by shape alone ("What is the colour of the diamond?" -> another object's colour) and motion events told
-  apart wrongly (a recolour or an appearance read as a size change or a move).
-- Run R2 (Nov 2026, the shipped pair, the defaults): R + colour and motion questions drawn 2x, 9,000 target steps
-  (54.8 min), draft distilled 4,000 steps (15.5 min; with 1,500 its top-1 agreement with the target was 0.76 and
-  sage 1.32x ar, with 4,000 0.82 and 1.55x). Target 0.865 on seed 1 n 20 (colour 0.95, count 1.00, size 1.00,
-  position 0.95, motion 0.95, shape 0.85, yesno 0.75, describe 0.45, describe_video 0.75) and 0.8625 on seed 2
-  n 40 (colour 0.975, count 0.975, size 0.975, shape 0.95, position 0.85, motion 0.875, yesno 0.725); draft
-  0.44 / 0.41. Still below 0.95: yes/no (a false "yes" when one attribute matches: "Is there a blue circle?" with
-  a purple circle; a "no" answer has no object to supervise), shape / position on one seed, motion on the other.
-- Run T1 (Nov 2026, the shipped pair, the defaults): R2 + a retrieval target for "no" answers (the objects that
-  share the asked colour or shape: retrieval.near_misses) + yes/no drawn 2.5x, shape and position 1.5x, 11,000
-  target steps (69.0 min at 2 threads, 0.36 s/step). Target 0.915 on seed 1 n 20 (colour 1.00, count 1.00, size
-  1.00, position 1.00, yesno 1.00, shape 0.95, motion 0.85, describe 0.55, describe_video 0.80) and 0.91 on seed 2
-  n 40 (colour 0.95, count 0.99, size 1.00, position 1.00, yesno 0.975, shape 0.925, motion 0.85); on the bar
-  test's scenes (seed 321 n 20) every attribute >= 0.95 except motion 0.85. Yes/no went from 0.73-0.75 to
-  0.975-1.00 and position from 0.85-0.95 to 1.00; motion (drawn relatively less often than in R2) is what is left:
-  most misses name the wrong object for a disappearance, or the wrong colour for a size change.
-  Its first draft, distilled with the target's kind weights (15.9 min), gave sage 1.35x ar (tau 5.41) where
-  R2's gave 1.55x on a slower day: fewer descriptions in the draw, and descriptions are the long answers
-  speculation pays on. Re-distilled with `--only-draft` in the natural mix (draft_kind_weights, now the default,
-  13.4 min, top-1 agreement 0.82): tau 5.44, sage 1.35x / 1.41x / 1.35x ar in three benchmark runs with R2's
-  pair run between them at 1.39x / 1.47x / 1.34x (ar 131-165 tok/s that day vs 114 when R2 measured 1.55x).
-  Draft 0.40 / 0.45.
+weights yes/no 2.5, colour 2, motion 2, shape 1.5, position 1.5, 11,000 target steps, 4,000 draft steps (run T1).
+RUNS.md lists the recipes measured on the way, with their figures.
 """
 from __future__ import annotations
 
