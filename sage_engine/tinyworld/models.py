@@ -38,8 +38,8 @@ def mrope_section(head_dim: int, interleaved: bool = False) -> list[int]:
     0.003 rad (rope_theta 1e4), so attention in the language model cannot tell columns apart
     (place_probe.py measured it). interleaved=True: one frequency per chunk, t/h/w in turn (as Qwen3-VL
     does), so each axis gets high and low frequencies (a column step: up to 0.6 rad). Text tokens (t = h = w)
-    rotate the same either way. The shipped pair uses the contiguous split; a run with interleaving learned
-    place better and size worse, no better overall (RUNS.md has the numbers)."""
+    rotate the same either way. The shipped pair interleaves (since run R2, with retrieval supervision); without
+    that supervision a run with interleaving learned place better and size worse, no better overall (RUNS.md)."""
     half = head_dim // 2
     if interleaved:
         return [1] * half
