@@ -55,7 +55,7 @@ def _mix_text(tc: dict) -> str:
     if tc.get("content_weight", 1.0) != 1.0:
         out += f"; answer tokens that name a fact weigh {tc['content_weight']:g}x the phrasing"
     if tc.get("kind_weights"):
-        out += "; examples drawn with kind weights " + ", ".join(f"{k} {w:g}" for k, w in tc["kind_weights"])
+        out += "; examples" + _weights_text(tc["kind_weights"])
     if tc.get("interleaved_rope"):
         out += "; M-RoPE frequencies interleaved over t / h / w"
     if tc.get("retrieval_weight", 0.0) > 0:
@@ -64,12 +64,14 @@ def _mix_text(tc: dict) -> str:
     return out
 
 
+def _weights_text(weights) -> str:
+    return " drawn with kind weights " + ", ".join(f"{k} {w:g}" for k, w in weights)
+
+
 def _draft_draw(tc: dict) -> str:
     """How the draft's distillation drew its examples (configs before draft_kind_weights used the target's draw)."""
     weights = tc.get("draft_kind_weights", tc.get("kind_weights"))
-    if not weights:
-        return ", drawn in their natural mix (descriptions carry most answer tokens)"
-    return ", drawn with kind weights " + ", ".join(f"{k} {w:g}" for k, w in weights)
+    return "," + _weights_text(weights) if weights else ", drawn in their natural mix (descriptions carry most answer tokens)"
 
 
 def _status(eval_result: dict) -> str:

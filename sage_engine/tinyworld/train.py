@@ -15,11 +15,8 @@ that makes an early language-model layer write each visual token's row / column 
 its state, because nothing in the architecture puts WHERE into a value vector. The vision tower
 learns at tower_lr_scale x the language model's rate once its pre-training is done.
 
-The defaults reproduce the shipped pair (the model cards carry the command, the measured minutes
-and the evaluation): interleaved M-RoPE, PlaceAux 0.1 at layer 1, the retrieval loss (retrieval.py) 0.3 on
-layer 2 head 0 and layer 4 head 0 (a "no" answer supervised on its near misses), questions drawn with kind
-weights yes/no 2.5, colour 2, motion 2, shape 1.5, position 1.5, 11,000 target steps, 4,000 draft steps (run T1).
-RUNS.md lists the recipes measured on the way, with their figures.
+TrainConfig's defaults reproduce the shipped pair (run T1 in RUNS.md, which lists the recipes measured on
+the way with their figures; the model cards carry the command, the measured minutes and the evaluation).
 """
 from __future__ import annotations
 
