@@ -117,10 +117,11 @@ def _aggregate(runs: list[dict], ar_tps: float | None) -> dict:
 
 
 def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], max_new_tokens: int,
-              warmup: int = 1, progress=None, draft_pruning: VisualPruning | None = None) -> dict:
+              warmup: int = 1, progress=None, draft_pruning: VisualPruning | None = None,
+              layer_stack: bool = True) -> dict:
     """Decode every input with every policy (ar first in the list is added if missing); returns the report."""
     policies = ["ar"] + [p for p in policies if p != "ar"]
-    engine = SpecEngine(pair, draft_pruning=draft_pruning)
+    engine = SpecEngine(pair, draft_pruning=draft_pruning, layer_stack=layer_stack)
     prepared = [prepare_input(pair, i.prompt, images=[i.path] if i.media == "image" else [],
                               video=i.path if i.media == "video" else None) for i in inputs]
     for prep in prepared[:warmup]:  # warm-up: allocator, kernels, caches
@@ -149,6 +150,8 @@ def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], ma
         "models": pair.describe(),
         "max_new_tokens": max_new_tokens,
         "draft_pruning": None if draft_pruning is None else {"image": draft_pruning.image, "video": draft_pruning.video},
+        "tree_forward": {"target": "layers" if engine.target.stack is not None else "forward",
+                         "draft": None if engine.draft is None else "layers" if engine.draft.stack is not None else "forward"},
         "inputs": len(inputs),
         "policies": {},
         "runs": runs,

@@ -33,6 +33,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"], help="attention implementation")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--tree-forward", default="layers", choices=["layers", "forward"],
+                   help="cached tree steps: call the decoder layers directly where checked equal to forward() "
+                        "(layers, faster for small models) or always the model's forward()")
     p.add_argument("--draft-prune", default="off", type=_pruning,
                    help="draft-only visual-token pruning: off | paper (80%% image, 90%% video) | IMAGE,VIDEO ratios")
 
@@ -107,7 +110,7 @@ def cmd_generate(args) -> int:
     images = [load_image(p) for p in args.image]  # bad files fail before the models load
     pair = _load(args)
     prepared = prepare_input(pair, args.prompt, images=images, video=args.video, num_frames=args.frames)
-    engine = SpecEngine(pair, draft_pruning=args.draft_prune)
+    engine = SpecEngine(pair, draft_pruning=args.draft_prune, layer_stack=args.tree_forward == "layers")
     if args.json:
         res = engine.generate(prepared, args.policy, args.max_new_tokens, tuple(args.stop))
         print(json.dumps(res.to_dict()))
@@ -139,7 +142,8 @@ def cmd_bench(args) -> int:
     pair = _load(args)
     n_pol = len(set(policies) | {"ar"})
     with tqdm(total=len(inputs) * n_pol, desc="bench", unit="run", file=sys.stderr) as bar:
-        report = run_bench(pair, inputs, policies, args.max_new_tokens, args.warmup, bar, args.draft_prune)
+        report = run_bench(pair, inputs, policies, args.max_new_tokens, args.warmup, bar, args.draft_prune,
+                           layer_stack=args.tree_forward == "layers")
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
     print(format_table(report))

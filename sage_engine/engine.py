@@ -93,15 +93,18 @@ class Transcript:
 class SpecEngine:
     """Lossless tree speculative decoding of a target VLM with a draft VLM (batch of one)."""
 
-    def __init__(self, pair: ModelPair, acceptance=None, draft_pruning: VisualPruning | None = None):
-        """draft_pruning: feed the draft only part of the visual tokens (draft-only; output unchanged)."""
+    def __init__(self, pair: ModelPair, acceptance=None, draft_pruning: VisualPruning | None = None,
+                 layer_stack: bool = True):
+        """draft_pruning: feed the draft only part of the visual tokens (draft-only; output unchanged).
+        layer_stack: tree forwards call the decoder layers directly where checked equal (stack.py)."""
         self.pair = pair
         self.draft_pruning = draft_pruning
         self.tokenizer = pair.tokenizer
-        self.target = ModelRunner(pair.target)
+        self.target = ModelRunner(pair.target, layer_stack=layer_stack)
         self.draft = None
         if pair.draft is not None:
-            self.draft = ModelRunner(pair.draft, vocab_limit=shared_vocab(pair.target, pair.draft))
+            self.draft = ModelRunner(pair.draft, vocab_limit=shared_vocab(pair.target, pair.draft),
+                                     layer_stack=layer_stack)
         self.drafter = Drafter(self.draft) if self.draft is not None else None
         self.accept = acceptance or GreedyAcceptance()
         self._texts: dict[int, str] = {}

@@ -5,7 +5,9 @@ of the engine speaks only in sequence positions, token ids and boolean attention
 sequence position p is fed at position_ids [1, q] = p + rope_delta, where rope_delta is the text shift
 the family's rule reads after prefill (M-RoPE: the model's rope_deltas; 1D: 0; after a pruned draft
 prefill: what keeps the text at its unpruned positions).
-Everything goes through the model's public forward(); no modeling code is forked.
+Prefill goes through the model's public forward(); tree forwards go through the model's own decoder
+layers called in turn (stack.py) once the first one has given bit-identical logits to forward(), else
+through forward(). No modeling code is forked.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from transformers import DynamicCache
 from .cache import compact
 from .families import Family, adapter_for
 from .pruning import VisualPruning, pruned_prefill_inputs
+from .stack import DecoderStack, decoder_stack
 from .tree import additive_mask
 
 
@@ -28,9 +31,14 @@ def _sync(device: torch.device) -> None:
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, vocab_limit: int | None = None, family: Family | None = None):
+    def __init__(self, model: torch.nn.Module, vocab_limit: int | None = None, family: Family | None = None,
+                 layer_stack: bool = True):
+        """layer_stack: run tree forwards through the decoder layers directly (stack.py) where that is
+        checked to equal forward(); False: always forward()."""
         self.model = model
         self.family = family or adapter_for(model)
+        self.stack: DecoderStack | None = decoder_stack(model, self.family) if layer_stack else None
+        self.stack_checked = False  # the first tree forward compares the stack with forward()
         emb = model.get_input_embeddings()
         self.device = emb.weight.device  # where input ids go (first shard)
         if self.device.type == "meta":  # accelerate offloaded it (CPU/disk): ids go where its hook runs it
@@ -78,12 +86,36 @@ class ModelRunner:
         ids = torch.tensor([tokens], device=self.device)  # [1, q]
         pos = torch.tensor([positions], device=self.device) + self.rope_delta  # [1, q]
         mask = additive_mask(allowed, past, self.dtype, self.device)  # [1, 1, q, past + r]
+        if self.stack is not None and not self.stack_checked:
+            self._check_stack(ids, pos, mask)
         t0 = time.perf_counter()
-        out = self.model(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=self.cache, use_cache=True)
+        if self.stack is not None:
+            logits = self.stack(ids, pos, mask, self.cache)
+        else:
+            logits = self.model(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=self.cache,
+                                use_cache=True).logits
         _sync(self.device)
         self.elapsed_ms += (time.perf_counter() - t0) * 1e3
         self.forwards += 1
-        return self._logits(out.logits[0])
+        return self._logits(logits[0])
+
+    def _check_stack(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> None:
+        """Run this forward both ways (dropping the appended cache columns after each); keep the stack
+        only if its logits equal forward()'s bit for bit."""
+        self.stack_checked = True
+        start = self.seq_len
+        ref = self.model(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=self.cache,
+                         use_cache=True).logits
+        compact(self.cache, start, [])
+        try:
+            got = self.stack(ids, pos, mask, self.cache)
+            same = got.shape == ref.shape and torch.equal(got, ref)
+        except Exception:  # noqa: BLE001 - any failure means: not the same computation, use forward()
+            same = False
+        if self.seq_len > start:
+            compact(self.cache, start, [])
+        if not same:
+            self.stack = None
 
     @torch.inference_mode()
     def keep(self, start: int, cols: list[int]) -> None:

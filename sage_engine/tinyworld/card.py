@@ -105,6 +105,13 @@ def _arch(model) -> str:
 POLICIES = ("ar", "chain", "static", "eagle2", "sage")
 
 
+def _tree_forward_text(report: dict) -> str:
+    how = report.get("tree_forward") or {}
+    if how.get("target") == "layers" and how.get("draft") == "layers":
+        return "; tree steps through the decoder layers directly, sage_engine/stack.py"
+    return ""
+
+
 def _bench_text(bench: dict | None) -> str:
     """The benchmark section from `bench --out` reports: {"cmd": ..., "float32": report, "bfloat16": report}."""
     if not bench:
@@ -117,7 +124,7 @@ def _bench_text(bench: dict | None) -> str:
 ## Speculative decoding with this pair (the engine's benchmark)
 
 `{bench['cmd']}` on this 2-core CPU ({fp['inputs']} inputs, {fp['max_new_tokens']} new tokens at most,
-{fp['threads']} thread(s), float32, the default):
+{fp['threads']} thread(s), float32, the default{_tree_forward_text(fp)}):
 
 | policy | tau | tok/s | speedup vs ar | exact match vs ar |
 |---|---|---|---|---|

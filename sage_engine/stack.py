@@ -1,0 +1,88 @@
+"""Tree forwards through the model's own layers, without its wrapper: embed -> decoder layers -> norm -> head.
+
+A cached tree forward of a small model spends much of its time outside its decoder layers: the VLM
+wrapper, the text model's mask building and output bookkeeping (a 1-layer draft: about a third of
+a 2 ms call on this CPU). A tree step needs none of it: the tokens are text, the engine brings its
+own 4D mask and positions, the cache is already there. `DecoderStack` calls the model's own modules
+(no modeling code is copied) in the order the text model's forward does.
+
+It is used only where that order is all the forward does: a known family whose text model has
+embed_tokens / rotary_emb / layers / norm, every layer full attention, everything on one device
+(no accelerate map). And the runner checks it once per model: its first tree forward runs both
+ways and keeps the stack only if the logits are bit-identical (`torch.equal`), so output can never
+depend on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .families import Family, TEXT
+
+
+@dataclass(frozen=True)
+class DecoderStack:
+    embed: torch.nn.Module
+    rotary: torch.nn.Module
+    layers: tuple[torch.nn.Module, ...]
+    norm: torch.nn.Module
+    head: torch.nn.Module
+    mrope: bool  # rotary positions as [3, 1, q] (M-RoPE: every axis the text position) instead of [1, q]
+    tables: dict = field(default_factory=dict)  # "cos", "sin": the rotary's output for positions 0..n-1
+
+    def _rows(self, positions: torch.Tensor) -> torch.Tensor:
+        return positions[None].expand(3, 1, -1) if self.mrope else positions
+
+    def position_embeddings(self, h: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's rotary (cos, sin) for `positions` [1, q]. A static rotary ("default" rope type)
+        depends on each position alone, so its outputs for 0..n-1 are computed once, by the model's own
+        rotary module, and indexed: the same numbers for a fraction of the cost (an M-RoPE rotary
+        recomposes its three axes chunk by chunk, ~0.3 ms a call here, as long as a 1-layer draft's layer)."""
+        if getattr(self.rotary, "rope_type", None) != "default":
+            return self.rotary(h, self._rows(positions))
+        need = int(positions.max()) + 1
+        cos = self.tables.get("cos")
+        if cos is None or cos.shape[1] < need or cos.dtype != h.dtype or cos.device != h.device:
+            n = 1 << max(need - 1, 255).bit_length()  # grow by powers of two
+            every = torch.arange(n, device=h.device).view(1, n)
+            cos, sin = self.rotary(h.new_zeros(1, n, h.shape[-1]), self._rows(every))
+            self.tables.update(cos=cos, sin=sin)
+        idx = positions[0]
+        return cos[:, idx], self.tables["sin"][:, idx]
+
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache) -> torch.Tensor:
+        """ids, positions [1, q] (positions already shifted), mask [1, 1, q, kv]; appends to `cache`.  # -> [1, q, V]"""
+        h = self.embed(ids)
+        pe = self.position_embeddings(h, positions)
+        for layer in self.layers:
+            h = layer(h, attention_mask=mask, position_embeddings=pe, position_ids=None if self.mrope else positions,
+                      past_key_values=cache, use_cache=True)
+        return self.head(self.norm(h))
+
+
+def _devices(model: torch.nn.Module) -> set[str]:
+    return {str(p.device) for p in model.parameters()}
+
+
+def decoder_stack(model: torch.nn.Module, family: Family) -> DecoderStack | None:
+    """The model's text decoder as a DecoderStack, or None where calling it layer by layer is not known to
+    equal its forward (unknown family, sliding-window layers, a device map, missing parts)."""
+    device_map = getattr(model, "hf_device_map", None) or {}
+    devices = _devices(model)
+    if not family.verified or len(set(device_map.values())) > 1 or len(devices) != 1 or "meta" in devices:
+        return None
+    try:
+        lm = getattr(model, "model", None) if family is TEXT else family.language_model(model)
+    except NotImplementedError:
+        return None
+    parts = [getattr(lm, a, None) for a in ("embed_tokens", "rotary_emb", "layers", "norm")]
+    head = model.get_output_embeddings()
+    if any(p is None for p in parts) or head is None:
+        return None
+    cfg = getattr(lm, "config", None)
+    if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or ())):
+        return None
+    embed, rotary, layers, norm = parts
+    return DecoderStack(embed, rotary, tuple(layers), norm, head, family.positions.name == "mrope")
