@@ -162,6 +162,19 @@ def test_place_aux_reads_the_language_model_at_the_visual_tokens(tok):
     assert torch.isfinite(loss) and loss > 0
     assert place.head.weight.grad.abs().sum() > 0 and model.model.language_model.layers[0].mlp.down_proj.weight.grad is not None
     assert place.loss(None).item() == 0   # nothing captured since: no loss
+    # before=True (run U1): the second group is also asked what its cell held before, N_LABELS more outputs
+    from sage_engine.tinyworld.vision_aux import N_LABELS
+    with_before = PlaceAux(model, 0, tok.convert_tokens_to_ids("<|image_pad|>"),
+                           tok.convert_tokens_to_ids("<|video_pad|>"), before=True)
+    assert with_before.head.out_features == place.head.out_features + N_LABELS
+    with_before.input_ids = ids
+    model(input_ids=ids, pixel_values_videos=patchify(frames), video_grid_thw=torch.tensor([[2, g, g]]),
+          mm_token_type_ids=(ids == tok.convert_tokens_to_ids("<|video_pad|>")).long() * 2,
+          second_per_grid_ts=torch.ones(1))
+    place.loss(None)   # (its hook captured this forward too)
+    with_before.loss(video_labels).backward()
+    assert with_before.head.weight.grad[-N_LABELS:].abs().sum() > 0
+    with_before.remove()
     with torch.no_grad():   # row and column only: the temporal-group and change terms are dropped
         model(input_ids=ids, pixel_values_videos=patchify(frames), video_grid_thw=torch.tensor([[2, g, g]]),
               mm_token_type_ids=(ids == tok.convert_tokens_to_ids("<|video_pad|>")).long() * 2,
@@ -281,13 +294,21 @@ def test_retrieval_targets_point_at_the_object_each_sentence_is_about(tok, tmp_p
         assert all(b == sum(1 << o.cell for o in want) for _, _, b in sentence_masks(ex, scene)), (ex, want)
         checked.add(ex.facts["yes"] and "yes" or ("no, near miss" if want else "no"))
     assert checked == {"describe", "yes", "no, near miss", "no"}, checked
-    for _ in range(40):   # clips: the event's evidence is before (first 9 tokens) and / or after (next 9)
+    events = set()
+    for _ in range(60):   # clips: the event's evidence is before (first 9 tokens) and / or after (next 9)
         clip = W.sample_clip(rng)
         ex = L.video_example(clip, rng, "motion")
         (_, _, bits), = sentence_masks(ex, clip)
         s, a = clip.subject, clip.after
         want = {"appear": 1 << (9 + s.cell), "disappear": 1 << s.cell}.get(clip.event, (1 << s.cell) | (1 << (9 + (a.cell if a else 0))))
         assert bits == want, (clip.event, bin(bits))
+        # event_groups="both" (run U1): the event's cells (subject; a move: also the end) in both groups
+        (_, _, both), = sentence_masks(ex, clip, "both")
+        cells = {s.cell} | ({a.cell} if a is not None else set())
+        assert both == sum((1 << c) | (1 << (9 + c)) for c in cells), (clip.event, bin(both))
+        assert both & bits == bits and bin(both).count("1") == (4 if clip.event == "move" else 2), clip.event
+        events.add(clip.event)
+    assert {"move", "appear", "disappear"} <= events, events
     # the cache's per-token targets line up with its tokens (answer_targets asserts the token ids match)
     build_cache(tmp_path, tok, seed=0, n_images=20, n_videos=6, log=lambda *a: None)
     data = TrainSet.load(tmp_path, tok)
@@ -327,13 +348,17 @@ def test_retrieval_loss_rewards_attention_on_the_target_tokens():
                                      ["--place-weight", "0.1", "--place-rowcol-only", "--interleaved-rope",
                                       "--content-weight", "4", "--kind-weight", "describe=0.4",
                                       "--kind-weight", "motion=1.5", "--draft-kind-weight", "describe=2"],
-                                     ["--retrieval-weight", "0.3", "--interleaved-rope"]])
+                                     ["--retrieval-weight", "0.3", "--interleaved-rope"],
+                                     ["--place-before", "--event-targets", "both"]])
 def test_training_script_runs_a_few_steps(tmp_path, options, capsys):
     from transformers import AutoModelForImageTextToText, AutoProcessor
     from sage_engine.tinyworld.__main__ import main
     main(["train", "--tiny", "--steps", "2", *options, "--out", str(tmp_path / "m"), "--cache", str(tmp_path / "cache")])
     config = json.loads(re.search(r"\[train\] config (\{.*\})", capsys.readouterr().out).group(1))
     assert config["draft_kind_weights"] == ([["describe", 2.0]] if "--draft-kind-weight" in options else [])
+    u1 = "--place-before" in options
+    assert config["place_before"] == u1 and config["event_targets"] == ("both" if u1 else "evidence")
+    assert (tmp_path / "cache" / ("retrieval_v3_both.pt" if u1 else "retrieval_v2.pt")).exists()
     for role in ("target", "draft"):
         path = tmp_path / "m" / f"tinyworld-{role}"
         model = AutoModelForImageTextToText.from_pretrained(path)

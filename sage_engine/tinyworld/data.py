@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from .language import IMAGE_KINDS, VIDEO_KINDS, image_example, video_example
-from .retrieval import TARGETS_FILE, answer_targets
+from .retrieval import answer_targets, targets_file
 from .tokenizer import user_turn
 from .vision_aux import N_LABELS, clip_targets, image_targets
 from .world import MODEL_FRAMES, SIZE, read_video, render_clip, render_image, sample_clip, sample_scene, write_mp4
@@ -85,7 +85,7 @@ def scene_stream(seed: int, n_images: int, n_videos: int, per_image: int = 3, pe
 
 
 def build_cache(out: Path, tok, seed: int, n_images: int, n_videos: int, per_image: int = 3, per_video: int = 2,
-                log=print) -> None:
+                log=print, event_groups: str = "evidence") -> None:
     out.mkdir(parents=True, exist_ok=True)
     images = np.lib.format.open_memmap(out / "images.npy", "w+", np.uint8, (n_images, SIZE, SIZE, 3))
     videos = np.lib.format.open_memmap(out / "videos.npy", "w+", np.uint8, (n_videos, MODEL_FRAMES, SIZE, SIZE, 3))
@@ -123,13 +123,14 @@ def build_cache(out: Path, tok, seed: int, n_images: int, n_videos: int, per_ima
         "media": torch.tensor(media), "index": torch.tensor(index), "kind": torch.tensor(kinds),
     }, out / "examples.pt")
     log(f"  cache: {len(seqs)} examples, mean length {lens.float().mean():.1f} tokens, max {lens.max()}")
-    build_retrieval_targets(out, tok, seed, n_images, n_videos, per_image, per_video)
+    build_retrieval_targets(out, tok, seed, n_images, n_videos, per_image, per_video, event_groups)
 
 
 def build_retrieval_targets(out: Path, tok, seed: int, n_images: int, n_videos: int, per_image: int = 3,
-                            per_video: int = 2) -> None:
-    """retrieval.TARGETS_FILE: int64 per cached token, the visual-token bit mask retrieval.answer_targets gives
-    (0 on prompt tokens and on answer tokens without a target); replayed from the scene stream."""
+                            per_video: int = 2, event_groups: str = "evidence") -> None:
+    """retrieval.targets_file(event_groups): int64 per cached token, the visual-token bit mask
+    retrieval.answer_targets gives (0 on prompt tokens and on answer tokens without a target); replayed
+    from the scene stream."""
     ex = torch.load(out / "examples.pt")
     tokens, offsets, plen = ex["tokens"], ex["offsets"], ex["prompt_len"]
     bits = torch.zeros(len(tokens), dtype=torch.long)
@@ -137,10 +138,10 @@ def build_retrieval_targets(out: Path, tok, seed: int, n_images: int, n_videos: 
     for _, _, sc, _, exs in scene_stream(seed, n_images, n_videos, per_image, per_video):
         for e in exs:
             a, b = int(offsets[k]) + int(plen[k]), int(offsets[k + 1])
-            bits[a:b] = torch.tensor(answer_targets(e, sc, tok, tokens[a:b].tolist()), dtype=torch.long)
+            bits[a:b] = torch.tensor(answer_targets(e, sc, tok, tokens[a:b].tolist(), event_groups), dtype=torch.long)
             k += 1
     assert k == len(plen), (k, len(plen))
-    torch.save(bits, out / TARGETS_FILE)
+    torch.save(bits, out / targets_file(event_groups))
 
 
 def replay_image_labels(out: Path, seed: int, n_images: int, n_videos: int | None = None, per_image: int = 3,
@@ -181,13 +182,14 @@ class TrainSet:
     pad: int
     labels: np.ndarray | None = None   # (N_img, IMAGE_TOKENS, N_LABELS) per-token vision targets
     targets: dict | None = None        # vision_targets.npz: image_dom, video_labels, video_dom
-    retrieval: torch.Tensor | None = None   # retrieval.TARGETS_FILE: per cached token, a visual-token bit mask (retrieval.py)
+    retrieval: torch.Tensor | None = None   # retrieval.targets_file(): per cached token, a visual-token bit mask (retrieval.py)
 
     @classmethod
-    def load(cls, path: Path, tok) -> "TrainSet":
+    def load(cls, path: Path, tok, event_groups: str = "evidence") -> "TrainSet":
         lab = np.load(path / "image_labels.npy") if (path / "image_labels.npy").exists() else None
         tg = dict(np.load(path / "vision_targets.npz")) if (path / "vision_targets.npz").exists() else None
-        ret = torch.load(path / TARGETS_FILE) if (path / TARGETS_FILE).exists() else None
+        ret_file = path / targets_file(event_groups)
+        ret = torch.load(ret_file) if ret_file.exists() else None
         return cls(np.load(path / "images.npy", mmap_mode="r"), np.load(path / "videos.npy", mmap_mode="r"),
                    torch.load(path / "examples.pt"), tok.convert_tokens_to_ids("<|image_pad|>"),
                    tok.convert_tokens_to_ids("<|video_pad|>"), tok.pad_token_id, lab, tg, ret)

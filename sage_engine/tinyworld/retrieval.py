@@ -10,8 +10,15 @@ says which token holds the answer; this loss says it directly, from the scene's 
 visual token j: an image's 9 cells, a clip's 9 cells of the first temporal group then 9 of the
 second), sentence by sentence:
 - a sentence that names objects ("a small red star", "the red star") -> their cells (a clip: the
-  first group; an event sentence: where its evidence is, e.g. a move: the start cell before and the
-  end cell after);
+  first group);
+- an event sentence -> where its evidence is. event_groups="evidence" (the shipped pair): the
+  subject's cell in the group that shows it (a move: the start cell before and the end cell after; a
+  disappearance: before only). event_groups="both" (run U1 in RUNS.md): the subject's (and a move's
+  end) cell in BOTH groups. The language model is causal: a first-group token never sees the second
+  group, so only a second-group token can know that its cell changed (PlaceAux asks layer 1 to write
+  that, and with place_before what the cell held before, into it); "evidence" asks the head to find a
+  vanished object by a token that cannot know it vanished. U1 answered every motion question right
+  (T1: 0.85);
 - a sentence that names none but counts shapes ("There are three shapes.") -> every object's cell;
 - a short answer that names nothing ("It is red.") -> the object the question names (by colour and
   shape, by shape alone, or by place);
@@ -33,7 +40,12 @@ from .language import NUMBERS, Example, parse_position
 from .world import POSITIONS, Clip, Obj, Scene
 
 N_CELLS = len(POSITIONS)
-TARGETS_FILE = "retrieval_v2.pt"   # the cache's per-token targets; the name changes whenever the rules above do
+EVENT_GROUPS = ("evidence", "both")
+
+
+def targets_file(event_groups: str = "evidence") -> str:
+    """The cache's per-token targets file; the name changes whenever the rules above do."""
+    return {"evidence": "retrieval_v2.pt", "both": "retrieval_v3_both.pt"}[event_groups]
 _SENTENCE = re.compile(r"[^.]*(?:\.|$)")
 _COUNTS = re.compile(r"\b(" + "|".join(NUMBERS[1:]) + r")\b[^.]*\bshapes?\b")
 _EVENT = re.compile(r"\b(moves|appears|disappears|vanishes|grows|shrinks|turns|changes colour)\b")
@@ -48,8 +60,11 @@ def _named(text: str, objects) -> list[Obj]:
     return [o for o in objects if f"{o.colour} {o.shape}" in t]
 
 
-def _event_bits(clip: Clip) -> int:
+def _event_bits(clip: Clip, event_groups: str = "evidence") -> int:
     s, a = clip.subject, clip.after
+    if event_groups == "both":
+        cells = [s.cell] + ([a.cell] if a is not None else [])
+        return _bits(cells, 0) | _bits(cells, 1)
     if clip.event == "appear":
         return _bits([s.cell], 1)
     if clip.event == "disappear":
@@ -76,7 +91,7 @@ def near_misses(prompt: str, objects) -> list[Obj]:
     return [o for o in objects if re.search(rf"\b{o.colour}\b", t) or re.search(rf"\b{o.shape}\b", t)]
 
 
-def sentence_masks(ex: Example, media: Scene | Clip) -> list[tuple[int, int, int]]:
+def sentence_masks(ex: Example, media: Scene | Clip, event_groups: str = "evidence") -> list[tuple[int, int, int]]:
     """[(start, end, bits)]: character spans of the answer's sentences and their visual-token masks."""
     clip = media if isinstance(media, Clip) else None
     start_objs = list((clip.start if clip else media).objects)
@@ -87,7 +102,7 @@ def sentence_masks(ex: Example, media: Scene | Clip) -> list[tuple[int, int, int
             continue
         low, bits = s.lower(), 0
         if clip is not None and _EVENT.search(low) and _named(low, [clip.subject]):
-            bits = _event_bits(clip)
+            bits = _event_bits(clip, event_groups)
         elif clip is not None and ("at the end" in low or "ends with" in low):
             bits = _bits([o.cell for o in clip.end.objects], 1)
         else:
@@ -104,11 +119,11 @@ def sentence_masks(ex: Example, media: Scene | Clip) -> list[tuple[int, int, int
     return out
 
 
-def answer_targets(ex: Example, media: Scene | Clip, tok, answer_ids: list[int]) -> list[int]:
+def answer_targets(ex: Example, media: Scene | Clip, tok, answer_ids: list[int], event_groups: str = "evidence") -> list[int]:
     """One visual-token bit mask per answer token (answer_ids: the cache's tokens of answer + <|im_end|>)."""
     enc = tok(ex.answer + "<|im_end|>", add_special_tokens=False, return_offsets_mapping=True)
     assert enc["input_ids"] == answer_ids, "answer tokens differ from the cache's"
-    spans = sentence_masks(ex, media)
+    spans = sentence_masks(ex, media, event_groups)
     out = []
     for a, b in enc["offset_mapping"]:
         mid = (a + b) / 2 if b > a else a

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from . import models as M
 from .data import TrainSet, build_cache, build_retrieval_targets, check_against_processor, replay_image_labels
 from .evaluate import evaluate, make_items
-from .retrieval import TARGETS_FILE, RetrievalAux
+from .retrieval import RetrievalAux, targets_file
 from .vision_aux import PlaceAux, VisionAux, whiten_patch_embed
 from .tokenizer import build_tokenizer, world_corpus
 
@@ -61,6 +61,7 @@ class TrainConfig:
     place_weight: float = 0.1     # weight of the target's PlaceAux loss (row / column / group / change of each visual token)
     place_layer: int = 1          # the target decoder layer whose output PlaceAux reads
     place_rowcol_only: bool = False  # PlaceAux asks for row and column only (no temporal group / change)
+    place_before: bool = False    # PlaceAux also asks each second-group video token what its cell held before
     interleaved_rope: bool = True   # M-RoPE frequencies shared t/h/w in turn (models.mrope_section)
     content_weight: float = 1.0   # loss weight of answer tokens that name a fact (content_tokens) vs phrasing tokens
     tower_lr_scale: float = 0.3   # learning rate of the vision tower while the language model trains, x target_lr
@@ -69,6 +70,7 @@ class TrainConfig:
                                   # where descriptions carry most answer tokens (the long texts speculation pays on)
     retrieval_weight: float = 0.3  # weight of the retrieval loss (retrieval.py) on the target's retrieval_heads
     retrieval_heads: tuple[tuple[int, int], ...] = ((2, 0), (4, 0))   # (decoder layer, attention head) pairs it supervises
+    event_targets: str = "evidence"  # retrieval target of an event sentence (retrieval.EVENT_GROUPS; run U1: "both")
     target: M.PairMember = M.TARGET
     draft: M.PairMember = M.DRAFT
 
@@ -90,20 +92,20 @@ def prepare(cache: Path, cfg: TrainConfig, log=print):
             t0 = time.time()
             replay_image_labels(cache, cfg.seed, cfg.n_images, cfg.n_videos)
             log(f"[data] per-token vision labels replayed in {time.time() - t0:.0f}s")
-        if cfg.retrieval_weight > 0 and not (cache / TARGETS_FILE).exists():
+        if cfg.retrieval_weight > 0 and not (cache / targets_file(cfg.event_targets)).exists():
             t0 = time.time()
-            build_retrieval_targets(cache, tok, cfg.seed, cfg.n_images, cfg.n_videos)
+            build_retrieval_targets(cache, tok, cfg.seed, cfg.n_images, cfg.n_videos, event_groups=cfg.event_targets)
             log(f"[data] retrieval targets replayed in {time.time() - t0:.0f}s")
     else:
         t0 = time.time()
         tok = build_tokenizer(world_corpus(2000, cfg.seed))
         log(f"[data] tokenizer: {len(tok)} tokens")
-        build_cache(cache, tok, cfg.seed, cfg.n_images, cfg.n_videos, log=log)
+        build_cache(cache, tok, cfg.seed, cfg.n_images, cfg.n_videos, log=log, event_groups=cfg.event_targets)
         tok.save_pretrained(cache / "tokenizer")
         log(f"[data] cache built in {time.time() - t0:.0f}s")
     processor = M.build_processor(tok)
     check_against_processor(processor)
-    return tok, processor, TrainSet.load(cache, tok)
+    return tok, processor, TrainSet.load(cache, tok, cfg.event_targets)
 
 
 def _quick_eval(model, processor, items, tag: str, log) -> None:
@@ -206,7 +208,8 @@ def train_target(model, data: TrainSet, processor, cfg: TrainConfig, log=print, 
     content = content_tokens(processor.tokenizer) if cfg.content_weight != 1.0 else None
     pretrain_vision(model, aux, data, cfg, "target", log)
     layer = min(cfg.place_layer, model.config.text_config.num_hidden_layers - 1)
-    place = PlaceAux(model, layer, data.image_token, data.video_token, cfg.place_rowcol_only) if cfg.place_weight > 0 else None
+    place = (PlaceAux(model, layer, data.image_token, data.video_token, cfg.place_rowcol_only, cfg.place_before)
+             if cfg.place_weight > 0 else None)
     retrieval = None
     if cfg.retrieval_weight > 0 and data.retrieval is not None:
         tc = model.config.text_config   # a smaller config (tests) gets the nearest layer / head

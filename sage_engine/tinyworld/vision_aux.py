@@ -248,18 +248,24 @@ def cell_changes(video_labels: torch.Tensor) -> torch.Tensor:
 class PlaceAux(torch.nn.Module):
     """A training-only linear head on the language model's hidden state at the visual tokens after
     decoder layer `layer`: it must tell each token's row and column (and, in a video, its temporal
-    group, and for the second group whether that cell changed: CHANGES).
+    group, and for the second group whether that cell changed: CHANGES, and with before=True what
+    the cell held before: the first group's colour / shape / size / empty labels of the same cell).
 
     Why: neither the vision tower (2D RoPE, no absolute position) nor RoPE in the language model puts
     WHERE a token is into its value vector, so an answer can pick a token by content ("the star")
     but cannot read where it is ("... in the top left"). Asking an early layer to write the place
-    into the token's state makes the later layers' attention read it like any other attribute."""
+    into the token's state makes the later layers' attention read it like any other attribute.
+    The language model is causal, so a first-group token cannot know its cell changes later; the
+    second-group token can, and an answer about a vanished or recoloured object must read the
+    object's former look from there (retrieval.py points event sentences at both groups)."""
 
-    def __init__(self, model, layer: int, image_token: int, video_token: int, rowcol_only: bool = False):
+    def __init__(self, model, layer: int, image_token: int, video_token: int, rowcol_only: bool = False,
+                 before: bool = False):
         super().__init__()
         self.rowcol_only = rowcol_only   # True: row and column only (no temporal group, no change)
+        self.before = before             # True: the second group is also asked its cell's former labels
         hidden = model.config.text_config.hidden_size
-        self.head = torch.nn.Linear(hidden, 2 * GRID + 2 + len(CHANGES))
+        self.head = torch.nn.Linear(hidden, 2 * GRID + 2 + len(CHANGES) + (N_LABELS if before else 0))
         self.image_token, self.video_token = image_token, video_token
         self.input_ids: torch.Tensor | None = None
         self._h: torch.Tensor | None = None
@@ -289,8 +295,13 @@ class PlaceAux(torch.nn.Module):
                 total = total + F.cross_entropy(logits[..., 2 * GRID:2 * GRID + 2].reshape(-1, 2), group.repeat(m))
                 if video_labels is not None:
                     change = cell_changes(video_labels).long()                           # (items, n)
-                    total = total + 2 * F.cross_entropy(logits[:, n:, 2 * GRID + 2:].reshape(-1, len(CHANGES)),
+                    c0 = 2 * GRID + 2
+                    total = total + 2 * F.cross_entropy(logits[:, n:, c0:c0 + len(CHANGES)].reshape(-1, len(CHANGES)),
                                                         change.reshape(-1))
+                    if self.before:
+                        was = video_labels[:, :n].float()                                # (items, n, N_LABELS)
+                        total = total + F.binary_cross_entropy_with_logits(
+                            logits[:, n:, c0 + len(CHANGES):], was, reduction="sum") / was[..., 0].numel()
         return total
 
     def remove(self) -> None:
