@@ -10,6 +10,7 @@ from sage_engine import SpecEngine, prepare_input
 from sage_engine import families as fam
 from sage_engine import stack as stack_mod
 from sage_engine.runner import ModelRunner
+from sage_engine.tree import additive_mask
 from tiny_families import llava_ov_pair, qwen2vl_pair, smolvlm_pair
 from tiny_models import image, llava_pair, qwen25_pair
 
@@ -47,7 +48,6 @@ def test_layer_stack_equals_forward_under_a_tree_mask(name):
         start = runner.seq_len
         ids = torch.tensor([[5, 7, 9, 11, 13, 17, 19]])
         pos = torch.tensor([[start + d for d in DEPTH]]) + runner.rope_delta
-        from sage_engine.tree import additive_mask
         mask = additive_mask(TREE, start, runner.dtype, runner.device)
         with torch.inference_mode():
             ref = model(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=runner.cache,
@@ -92,7 +92,6 @@ def test_a_stack_that_differs_from_forward_is_dropped(monkeypatch):
     runner = ModelRunner(pair.target)
     runner.prefill(prep.target_inputs)
     s = runner.seq_len
-    from sage_engine.tree import additive_mask
     ids, pos = torch.tensor([[5]]), torch.tensor([[s]]) + runner.rope_delta
     mask = additive_mask(np.ones((1, 1), bool), s, runner.dtype, runner.device)
     with torch.inference_mode():
