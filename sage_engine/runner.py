@@ -89,23 +89,27 @@ class ModelRunner:
         if self.stack is not None and not self.stack_checked:
             self._check_stack(ids, pos, mask)
         t0 = time.perf_counter()
-        if self.stack is not None:
-            logits = self.stack(ids, pos, mask, self.cache)
-        else:
-            logits = self.model(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=self.cache,
-                                use_cache=True).logits
+        logits = self.stack(ids, pos, mask, self.cache) if self.stack is not None else self._forward(ids, pos, mask)
         _sync(self.device)
         self.elapsed_ms += (time.perf_counter() - t0) * 1e3
         self.forwards += 1
         return self._logits(logits[0])
+
+    @property
+    def tree_forward(self) -> str:
+        """How tree steps run: "layers" (stack.py) or "forward" (the model's forward())."""
+        return "layers" if self.stack is not None else "forward"
+
+    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=self.cache,
+                          use_cache=True).logits
 
     def _check_stack(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> None:
         """Run this forward both ways (dropping the appended cache columns after each); keep the stack
         only if its logits equal forward()'s bit for bit."""
         self.stack_checked = True
         start = self.seq_len
-        ref = self.model(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=self.cache,
-                         use_cache=True).logits
+        ref = self._forward(ids, pos, mask)
         compact(self.cache, start, [])
         try:
             got = self.stack(ids, pos, mask, self.cache)

@@ -2,6 +2,8 @@
 under a real tree mask on every family, kept by the runner only when its check passes, and refused where
 calling the layers in turn is not known to equal forward()."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -80,8 +82,7 @@ def test_a_stack_that_differs_from_forward_is_dropped(monkeypatch):
     real = stack_mod.DecoderStack.__call__
 
     def without_final_norm(self, ids, positions, mask, cache):   # a plausible slip: the final norm forgotten
-        return real(stack_mod.DecoderStack(self.embed, self.rotary, self.layers, torch.nn.Identity(), self.head,
-                                           self.mrope), ids, positions, mask, cache)
+        return real(dataclasses.replace(self, norm=torch.nn.Identity()), ids, positions, mask, cache)
 
     monkeypatch.setattr(stack_mod.DecoderStack, "__call__", without_final_norm)
     engine = SpecEngine(pair)
