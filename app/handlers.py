@@ -51,8 +51,8 @@ def sage_config(knobs: dict) -> SageConfig:
     cfg = SageConfig()
     ints = {k: int(v) for k, v in knobs.items() if k in ("d_min", "d_max", "w_min", "w_max", "k", "n_max")}
     floats = {k: float(v) for k, v in knobs.items() if k == "theta_scale"}
-    source = {k: str(v) for k, v in knobs.items() if k == "alpha_source" and v}
-    cfg = replace(cfg, **ints, **floats, **source)
+    choices = {k: str(v) for k, v in knobs.items() if k in ("alpha_source", "threshold") and v}
+    cfg = replace(cfg, **ints, **floats, **choices)
     if not (1 <= cfg.d_min <= cfg.d_max <= cfg.max_depth_cap):
         raise InputError(f"SAGE knobs: need 1 <= D_min <= D_max <= {cfg.max_depth_cap} (got {cfg.d_min}, {cfg.d_max})")
     if not (1 <= cfg.w_min <= cfg.w_max):
@@ -61,6 +61,8 @@ def sage_config(knobs: dict) -> SageConfig:
         raise InputError("SAGE knobs: need k >= 2, N_max >= 1 and 0 <= theta scale <= 1")
     if cfg.alpha_source not in ("prev_path", "prev_root", "current_root"):
         raise InputError(f"SAGE knobs: unknown alpha source {cfg.alpha_source!r}")
+    if cfg.threshold not in ("paper", "cost"):
+        raise InputError(f"SAGE knobs: unknown threshold {cfg.threshold!r}")
     return cfg
 
 

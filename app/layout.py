@@ -34,6 +34,7 @@ class Knobs:
     n_max: gr.Slider
     theta_scale: gr.Slider
     alpha_source: gr.Dropdown
+    threshold: gr.Dropdown
     draft_prune: gr.Checkbox  # not a SageConfig field: the engine's draft visual-token pruning
 
     def as_kwargs(self) -> dict[str, gr.components.Component]:
@@ -91,9 +92,13 @@ def _knobs(cfg: SageConfig) -> Knobs:
             theta = gr.Slider(0.0, 0.5, cfg.theta_scale, step=0.01, label="θ scale (θ_l = θ·l/D)")
             source = gr.Dropdown(["prev_path", "prev_root", "current_root"], value=cfg.alpha_source,
                                  label="α for the next tree comes from")
+        threshold = gr.Dropdown([("the paper's: θ_l and N_max", "paper"),
+                                 ("also this machine's measured costs: a node must pay for its verification, "
+                                  "a level for its draft forward (ours, not in the paper)", "cost")],
+                                value=cfg.threshold, label="Which nodes are worth drafting")
         prune = gr.Checkbox(False, label="Draft reads only 20% of the image tokens / 10% of the video tokens "
                                          "(the paper's draft-only pruning; every policy; the output is unchanged)")
-    return Knobs(d_min, d_max, w_min, w_max, k, n_max, theta, source, prune)
+    return Knobs(d_min, d_max, w_min, w_max, k, n_max, theta, source, threshold, prune)
 
 
 def _inputs(presets: Mapping[str, Preset], default_preset: str) -> dict:

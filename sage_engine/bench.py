@@ -80,10 +80,34 @@ def _run_record(inp: BenchInput, res: GenerationResult, ar_ids: list[int] | None
         "alpha_mean": statistics.fmean(alphas) if alphas else None,
         "alpha_std": statistics.pstdev(alphas) if len(alphas) > 1 else None,
         "tree_nodes_mean": statistics.fmean(len(e.tree.tokens) for e in decode) if decode else 0.0,
+        **_depth_counts(decode),
         "overhead_ms_per_step": 1e3 * s.other_seconds / len(decode) if decode else 0.0,
         "exact_match_vs_ar": None if ar_ids is None else res.token_ids == ar_ids,
         "token_ids": res.token_ids,
     }
+
+
+def _depth_counts(decode) -> dict:
+    """Per tree level l (index l - 1): steps whose verified tree reached depth l, and steps whose accepted
+    path did. Their ratio is the policy's acceptance-through rate by depth: how deep drafting still paid."""
+    drafted: list[int] = []
+    accepted: list[int] = []
+    for e in decode:
+        depth = max(e.tree.depths, default=0)
+        drafted += [0] * (depth - len(drafted))
+        accepted += [0] * (depth - len(accepted))
+        for level in range(depth):
+            drafted[level] += 1
+            accepted[level] += level < len(e.accepted_nodes)
+    return {"depth_drafted": drafted, "depth_accepted": accepted}
+
+
+def _sum_lists(lists: list[list[int]]) -> list[int]:
+    out = [0] * max(map(len, lists), default=0)
+    for xs in lists:
+        for i, x in enumerate(xs):
+            out[i] += x
+    return out
 
 
 def _aggregate(runs: list[dict], ar_tps: float | None) -> dict:
@@ -95,6 +119,8 @@ def _aggregate(runs: list[dict], ar_tps: float | None) -> dict:
     tps = tokens / seconds if seconds else 0.0
     alpha_std = [r["alpha_std"] for r in runs if r["alpha_std"] is not None]
     matches = [r["exact_match_vs_ar"] for r in runs if r["exact_match_vs_ar"] is not None]
+    drafted = _sum_lists([r["depth_drafted"] for r in runs])
+    accepted = _sum_lists([r["depth_accepted"] for r in runs])
     return {
         "mean_accepted": decode_tokens / steps if steps else 0.0,
         "tokens_per_second": tps,
@@ -111,6 +137,9 @@ def _aggregate(runs: list[dict], ar_tps: float | None) -> dict:
             "other": sum(r["other_seconds"] for r in runs) / seconds if seconds else 0.0,
         },
         "alpha_std_within_run": statistics.fmean(alpha_std) if alpha_std else None,
+        "tree_nodes_mean": sum(r["tree_nodes_mean"] * r["target_forwards"] for r in runs) / steps if steps else 0.0,
+        "tree_depth_mean": sum(drafted) / steps if steps else 0.0,  # levels verified per step
+        "accepted_by_depth": [a / d for a, d in zip(accepted, drafted)],  # P(accepted path reaches l | tree does)
         "new_tokens": tokens,
         "seconds": seconds,
     }
@@ -166,11 +195,19 @@ def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], ma
 
 
 def format_table(report: dict) -> str:
-    head = f"{'policy':8} {'tau':>6} {'tok/s':>8} {'speedup':>8} {'exact':>6} {'ovh%':>6} {'ovh ms/step':>11}"
+    """The report as text: one row per policy, then each tree policy's acceptance-through rate by depth."""
+    w = max(8, *map(len, report["policies"]))
+    head = (f"{'policy':{w}} {'tau':>6} {'tok/s':>8} {'speedup':>8} {'exact':>6} {'nodes':>6} {'depth':>6} "
+            f"{'ovh%':>6} {'ovh ms/step':>11}")
     lines = [head, "-" * len(head)]
     for name, p in report["policies"].items():
         lines.append(
-            f"{name:8} {p['mean_accepted']:6.2f} {p['tokens_per_second']:8.1f} {p['speedup_vs_ar'] or 0:7.2f}x "
-            f"{p['exact_match_vs_ar'] or 0:6.2f} {100 * p['overhead_fraction']:6.1f} {p['overhead_ms_per_step']:11.2f}"
+            f"{name:{w}} {p['mean_accepted']:6.2f} {p['tokens_per_second']:8.1f} {p['speedup_vs_ar'] or 0:7.2f}x "
+            f"{p['exact_match_vs_ar'] or 0:6.2f} {p['tree_nodes_mean']:6.1f} {p['tree_depth_mean']:6.2f} "
+            f"{100 * p['overhead_fraction']:6.1f} {p['overhead_ms_per_step']:11.2f}"
         )
+    profiles = [(n, p["accepted_by_depth"]) for n, p in report["policies"].items() if p["accepted_by_depth"]]
+    if profiles:
+        lines += ["", "accepted path reaches depth l, given the tree does (l = 1, 2, ...):"]
+        lines += [f"{name:{w}} " + " ".join(f"{r:.2f}" for r in rates) for name, rates in profiles]
     return "\n".join(lines)

@@ -44,6 +44,7 @@ class Eagle2Config:
 
 
 AlphaSource = Literal["prev_path", "prev_root", "current_root"]
+Threshold = Literal["paper", "cost"]
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,11 @@ class SageConfig:
     history_step: int = 1  # open in the paper: D_max change per adjustment
     d_max_bounds: tuple[int, int] = (4, 12)  # open in the paper: D_max stays within these
     history_cooldown: int = 0  # open: steps to wait after an adjustment before the next one (0 = every step)
+    # Not in the paper (ours): "cost" also prices every node and draft level with this machine's measured
+    # costs (costs.py): a node needs cumulative probability >= rate x per-node verify ms (on top of theta_l),
+    # and another draft level needs its frontier's cumulative probabilities to sum >= rate x level ms.
+    # "paper": the paper's theta_l and N_max alone.
+    threshold: Threshold = "paper"
     max_depth_cap: int = field(default=16, repr=False)  # hard ceiling on any tree depth
 
 

@@ -7,7 +7,8 @@ Contract: `stream()` is the one generator every consumer reads (CLI, benchmark, 
   2. verify    one target forward over [root, tree]                     (verify.py)
   3. accept    longest agreeing path + the target's bonus token         (verify.py)
   4. compact   both KV caches keep only the accepted path               (cache.py via runner.py)
-  5. observe   the policy learns from the outcome (alpha, D_max)        (policy.py)
+  5. observe   the policy learns from the outcome (alpha, D_max), the
+               engine's cost meter from the step's timings             (policy.py, costs.py)
 The output equals the target's own greedy decoding: every emitted token is a target argmax.
 """
 
@@ -17,6 +18,7 @@ import time
 from itertools import takewhile
 from typing import Iterator
 
+from .costs import CostMeter, StepTiming
 from .draft import Drafter
 from .errors import InputError
 from .events import GenerationResult, StepEvent, TreeView, summarize
@@ -107,6 +109,7 @@ class SpecEngine:
                                      layer_stack=layer_stack)
         self.drafter = Drafter(self.draft) if self.draft is not None else None
         self.accept = acceptance or GreedyAcceptance()
+        self.costs = CostMeter()  # step timings of every run on this engine (cost-aware policies read them)
         self._texts: dict[int, str] = {}
 
     # ------------------------------------------------------------------ helpers
@@ -153,6 +156,7 @@ class SpecEngine:
         ignore_eos: keep decoding past end-of-sequence tokens (fixed-length benchmarks and tests).
         """
         policy = make_policy(policy) if isinstance(policy, str) else policy
+        policy.costs = self.costs
         drafting = policy.uses_draft
         if drafting and self.draft is None:
             raise InputError(f"policy {policy.name!r} needs a draft model")
@@ -193,7 +197,11 @@ class SpecEngine:
                 p = len(pending)
                 self.draft.keep(start_d, list(range(p)) + [p + tree.draft_slots[n] for n in fed])
                 pending = [tree.tokens[n] for n in verdict.accepted[len(fed) :]] + [verdict.bonus]
-            # 5. the policy learns from the outcome.
+            # 5. the policy learns from the outcome (and the meter from what the step cost).
+            self.costs.record(StepTiming(
+                policy.key, len(verdict.accepted) + 1, len(tree), (time.perf_counter() - t0) * 1e3,
+                self.target.elapsed_ms, self.draft.elapsed_ms if drafting else 0.0,
+                self.draft.forwards if drafting else 0))
             policy.observe(StepOutcome(tree, verdict.accepted, len(verdict.accepted) + 1))
             ids, text = out.extend(verdict.accepted_tokens + [verdict.bonus])
             view = self._tree_view(root, tree, drafted)

@@ -18,6 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from .config import ChainConfig, Eagle2Config, SageConfig, StaticConfig
+from .costs import BreakEven, CostMeter
 from .tree import DraftTree
 
 
@@ -66,6 +67,13 @@ class Policy:
     name = "base"
     uses_draft = True
     top_k = 1
+    costs: CostMeter | None = None  # the engine's measured costs (set by the engine; cost-aware policies read it)
+
+    @property
+    def key(self) -> str:
+        """The policy with its settings: step timings are kept per key."""
+        cfg = getattr(self, "cfg", None)
+        return self.name if cfg is None else f"{self.name}{cfg!r}"
 
     def shape(self, root_alpha: float | None) -> TreeShape:
         raise NotImplementedError
@@ -202,6 +210,9 @@ class SagePolicy(Policy):
         self.d_max = cfg.d_max  # moved by the history controller
         self.history: list[int] = []
         self._cooldown = 0
+        if cfg.threshold not in ("paper", "cost"):
+            raise ValueError(f"unknown SAGE threshold {cfg.threshold!r}; choose paper or cost")
+        self.price: BreakEven | None = None  # this step's node and level prices (threshold "cost", once measured)
 
     # Eq. 10-11, rounding half up (open in the paper).
     def depth_for(self, alpha: float) -> int:
@@ -214,6 +225,8 @@ class SagePolicy(Policy):
 
     def shape(self, root_alpha):
         alpha = root_alpha if (self.cfg.alpha_source == "current_root" and root_alpha is not None) else self.alpha
+        priced = self.cfg.threshold == "cost" and self.costs is not None
+        self.price = self.costs.break_even(self.key) if priced else None
         return TreeShape(self.depth_for(alpha), self.width_for(alpha), self.cfg.n_max, alpha, self.d_max)
 
     def expand(self, shape, level, tree, frontier):
@@ -224,11 +237,15 @@ class SagePolicy(Policy):
             per_row = [math.ceil(shape.width / level * (cfg.width_parent_bias + (tree.probs[n] if n >= 0 else 1.0)))
                        for n in frontier.nodes]
         theta = cfg.theta_scale * level / shape.depth
+        if self.price is not None:  # threshold "cost": a node must also pay for its verification
+            theta = max(theta, self.price.node)
         best = _best_candidates(frontier, tree, per_row, shape.max_nodes - len(tree), theta)
         added = [
             tree.add(int(frontier.top_tokens[r, c]), frontier.nodes[r], float(frontier.top_probs[r, c]))
             for r, c, _ in best
         ]
+        if self.price is not None and sum(c for *_, c in best) < self.price.level:
+            return []  # the next level could not add the tokens one more draft forward costs
         return added if level < shape.depth else []
 
     def observe(self, outcome):
@@ -256,7 +273,8 @@ class SagePolicy(Policy):
             self._cooldown = cfg.history_cooldown
 
     def state(self):
-        return {"alpha_next": self.alpha, "d_max": self.d_max, "history": list(self.history)}
+        price = None if self.price is None else {"node": self.price.node, "level": self.price.level}
+        return {"alpha_next": self.alpha, "d_max": self.d_max, "history": list(self.history), "price": price}
 
 
 _POLICIES = {

@@ -208,7 +208,8 @@ def test_tree_layout_centres_parents():
 
 
 @pytest.mark.parametrize("knobs,ok", [({}, True), ({"d_min": 3, "d_max": 8}, True), ({"d_min": 9, "d_max": 8}, False),
-                                      ({"w_min": 5, "w_max": 2}, False), ({"k": 1}, False)])
+                                      ({"w_min": 5, "w_max": 2}, False), ({"k": 1}, False),
+                                      ({"threshold": "cost"}, True), ({"threshold": "cheap"}, False)])
 def test_sage_knobs_validated(knobs, ok):
     from app.handlers import sage_config
     from sage_engine import InputError, SageConfig

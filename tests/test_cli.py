@@ -82,6 +82,17 @@ def test_bench_writes_the_report(saved_qwen_pair, media, tmp_path, capsys):
         assert p["exact_match_vs_ar"] == 1.0
     assert len(report["runs"]) == 2 * 4
     assert {r["input"] for r in report["runs"]} == {"a.png", "b.mp4"}
+    # depth profile: level l counts steps whose tree / accepted path reached l
+    assert report["policies"]["ar"]["accepted_by_depth"] == [] and report["policies"]["ar"]["tree_depth_mean"] == 0
+    for r in report["runs"]:
+        drafted, accepted = r["depth_drafted"], r["depth_accepted"]
+        assert len(drafted) == len(accepted) and all(0 <= a <= d for a, d in zip(accepted, drafted))
+        assert drafted == sorted(drafted, reverse=True) and accepted == sorted(accepted, reverse=True)
+        assert len(drafted) <= {"ar": 0, "chain": 5, "sage:n_max=8:d_max=4": 8}.get(r["policy"], 16)
+        assert sum(accepted) + r["target_forwards"] >= sum(r["tokens_per_step"])  # equal unless cut at EOS
+    chain = report["policies"]["chain"]
+    assert chain["tree_depth_mean"] <= 5 and chain["tree_nodes_mean"] == pytest.approx(chain["tree_depth_mean"])
+    assert "reaches depth" in stdout and all(0 <= x <= 1 for x in report["policies"]["sage"]["accepted_by_depth"])
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -58,6 +58,25 @@ def test_sage_reports_its_tree_shape_and_controller(setup):
     assert all(len(s.tree.tokens) <= 64 for s in decode)
 
 
+def test_engine_meters_every_step_and_the_cost_threshold_prices_from_it(setup):
+    from sage_engine import SageConfig, make_policy
+    _, engine, prep = setup
+    engine.costs.steps.clear()
+    engine.costs.by_policy.clear()
+    ar = engine.generate(prep, "ar", max_new_tokens=30, ignore_eos=True)
+    timings = list(engine.costs.steps)
+    assert len(timings) == ar.stats.target_forwards and {t.policy for t in timings} == {"ar"}
+    assert all(t.nodes == 0 and t.tokens == 1 and t.draft_forwards == 0 and 0 < t.verify_ms <= t.wall_ms
+               for t in timings)
+    policy = make_policy("sage", SageConfig(threshold="cost"))
+    res = engine.generate(prep, policy, max_new_tokens=30, ignore_eos=True)
+    assert res.token_ids == ar.token_ids  # prices shape the tree, never the output
+    mine = engine.costs.by_policy[policy.key]
+    assert [t.tokens for t in mine] == [len(s.accepted_tokens) + 1 for s in res.steps[1:]][-len(mine):]
+    assert [t.nodes for t in mine] == [len(s.tree.tokens) for s in res.steps[1:]][-len(mine):]
+    assert policy.price is not None and policy.price.rate == pytest.approx(engine.costs.rate(policy.key), rel=0.5)
+
+
 def test_bad_requests_raise_input_errors(setup):
     pair, engine, prep = setup
     with pytest.raises(InputError, match="empty"):

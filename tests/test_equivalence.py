@@ -23,6 +23,7 @@ POLICIES = {
     "static": lambda: make_policy("static"),
     "eagle2": lambda: make_policy("eagle2"),
     "sage": lambda: make_policy("sage"),
+    "sage-cost": lambda: make_policy("sage", SageConfig(threshold="cost")),
     "sage-current-root-small": lambda: make_policy("sage", SageConfig(alpha_source="current_root", n_max=12)),
     "eagle2-narrow": lambda: make_policy("eagle2", Eagle2Config(depth=4, top_k=3, total_nodes=10)),
 }

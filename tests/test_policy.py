@@ -176,3 +176,57 @@ def test_policy_specs_change_scalar_knobs():
     for bad in ("sage:n_max", "sage:nope=1", "sage:n_max=lots", "sage:d_max_bounds=3", "ar:k=2", "tree:k=1"):
         with pytest.raises(ValueError):
             parse_spec(bad)
+
+
+def primed_meter(key="sage"):
+    """A meter whose steps cost 4 ms + 0.2 ms per node + 1.1 ms per draft forward, and on which `key`
+    decodes 5 tokens per 20 ms step (25 nodes, 10 draft forwards)."""
+    from sage_engine.costs import CostMeter, StepTiming
+    meter = CostMeter()
+    for name, nodes, forwards in [("ar", 0, 0), ("chain", 5, 6), ("eagle2", 64, 7), ("static", 25, 6),
+                                  ("other", 8, 3), (key, 25, 10), (key, 25, 10), (key, 25, 10)]:
+        wall = 4 + 0.2 * nodes + 1.1 * forwards
+        meter.record(StepTiming(name, 5 if name == key else 2, nodes, wall, 3 + 0.1 * nodes, 1.0 * forwards, forwards))
+    return meter
+
+
+def test_cost_meter_measures_rate_node_and_level_prices():
+    from sage_engine.costs import CostMeter, StepTiming
+    meter = CostMeter(min_steps=3)
+    assert meter.break_even("sage") is None  # nothing measured: the paper's thresholds alone
+    for _ in range(3):
+        meter.record(StepTiming("sage", 1, 4, 6.0, 5.0, 1.0, 2))
+    assert meter.break_even("sage") is None  # every step the same size: the prices cannot be told apart
+    price = primed_meter().break_even("sage")
+    assert price.rate == pytest.approx(5 / 20) and price.node_ms == pytest.approx(0.2)
+    assert price.level_ms == pytest.approx(1.1)
+    assert price.node == pytest.approx(0.05) and price.level == pytest.approx(0.275)
+    assert primed_meter().break_even("sage:other") is None  # rates are kept per policy setting
+
+
+def test_cost_threshold_prices_nodes_and_levels():
+    probs = [[0.5, 0.2, 0.1, 0.04, 0.03, 0.02, 0.016, 0.01, 0.005, 0.004]]
+    paper = SagePolicy(SageConfig())
+    paper.costs = primed_meter(key=paper.key)  # a meter does nothing under the paper's threshold
+    tree = DraftTree()
+    assert len(paper.expand(paper.shape(None), 1, tree, frontier([-1], probs))) == 6 and paper.price is None
+
+    cost = SagePolicy(SageConfig(threshold="cost"))
+    cost.costs = primed_meter(key=cost.key)  # node price 0.25 tok/ms * 0.2 ms = 0.05, level price 0.275
+    shape = cost.shape(None)
+    assert cost.price is not None and cost.price.node == pytest.approx(0.05)
+    tree = DraftTree()
+    grow = cost.expand(shape, 1, tree, frontier([-1], probs))
+    assert tree.probs == [0.5, 0.2, 0.1] and grow == [0, 1, 2]  # 0.04 and below do not pay for themselves
+    # level 2 under a parent of cum 0.5: both children pay for themselves (0.2, 0.06 > 0.05) but together
+    # (0.26) not for another draft forward (0.275): kept, not expanded
+    two = [[0.4, 0.12] + [0.01] * 8]
+    tree = DraftTree()
+    parent = tree.add(7, -1, 0.5)
+    assert cost.expand(shape, 2, tree, frontier([parent], two)) == []
+    assert tree.cum_probs[1:] == pytest.approx([0.2, 0.06])
+    tree = DraftTree()
+    parent = tree.add(7, -1, 0.5)
+    assert len(paper.expand(paper.shape(None), 2, tree, frontier([parent], two))) == 2  # the paper expands both
+    with pytest.raises(ValueError, match="threshold"):
+        SagePolicy(SageConfig(threshold="fast"))
