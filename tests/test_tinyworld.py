@@ -349,16 +349,16 @@ def test_retrieval_loss_rewards_attention_on_the_target_tokens():
                                       "--content-weight", "4", "--kind-weight", "describe=0.4",
                                       "--kind-weight", "motion=1.5", "--draft-kind-weight", "describe=2"],
                                      ["--retrieval-weight", "0.3", "--interleaved-rope"],
-                                     ["--place-before", "--event-targets", "both"]])
+                                     ["--no-place-before", "--event-targets", "evidence"]])
 def test_training_script_runs_a_few_steps(tmp_path, options, capsys):
     from transformers import AutoModelForImageTextToText, AutoProcessor
     from sage_engine.tinyworld.__main__ import main
     main(["train", "--tiny", "--steps", "2", *options, "--out", str(tmp_path / "m"), "--cache", str(tmp_path / "cache")])
     config = json.loads(re.search(r"\[train\] config (\{.*\})", capsys.readouterr().out).group(1))
     assert config["draft_kind_weights"] == ([["describe", 2.0]] if "--draft-kind-weight" in options else [])
-    u1 = "--place-before" in options
-    assert config["place_before"] == u1 and config["event_targets"] == ("both" if u1 else "evidence")
-    assert (tmp_path / "cache" / ("retrieval_v3_both.pt" if u1 else "retrieval_v2.pt")).exists()
+    t1 = "--no-place-before" in options   # run T1's recipe; the defaults are the shipped pair's (U2)
+    assert config["place_before"] == (not t1) and config["event_targets"] == ("evidence" if t1 else "both")
+    assert (tmp_path / "cache" / ("retrieval_v2.pt" if t1 else "retrieval_v3_both.pt")).exists()
     for role in ("target", "draft"):
         path = tmp_path / "m" / f"tinyworld-{role}"
         model = AutoModelForImageTextToText.from_pretrained(path)
@@ -395,10 +395,9 @@ def test_shipped_pair_answers_from_the_picture(monkeypatch):
 
 
 @pytest.mark.skipif(not SHIPPED, reason="the pair is not in assets/models yet")
-@pytest.mark.xfail(strict=True, reason="known gap (issue 5): the shipped target is at 91% on fresh scenes and below 95% "
-                   "on motion (85%: the wrong object named for a disappearance) and, by seed, shape (the model card "
-                   "has the table); remove this mark when a pair meets the bar")
 def test_shipped_pair_meets_the_accuracy_bar(monkeypatch):
+    """Every attribute >= 95% on the scenes of one fresh seed (T1 failed it: motion 0.85). One seed of 20 per
+    kind is a regression check, not the whole claim: RUNS.md and the model card pool larger evaluations."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     by_kind = _shipped_scores(n=20, seed=321, roles=("target",))["target"]["by_kind"]
     assert all(v >= 0.95 for v in by_kind.values()), by_kind

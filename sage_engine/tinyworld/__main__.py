@@ -40,7 +40,7 @@ def cmd_train(a) -> None:
     if a.retrieval_weight is not None:
         cfg = dataclasses.replace(cfg, retrieval_weight=a.retrieval_weight)
     cfg = dataclasses.replace(cfg, place_rowcol_only=a.place_rowcol_only or cfg.place_rowcol_only,
-                              place_before=a.place_before or cfg.place_before)
+                              place_before=cfg.place_before if a.place_before is None else a.place_before)
     if a.event_targets is not None:
         cfg = dataclasses.replace(cfg, event_targets=a.event_targets)
     if a.interleaved_rope is not None:
@@ -139,11 +139,12 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--place-weight", type=float, default=None,
                    help="weight of the target's PlaceAux loss (default: TrainConfig's; 0 = off)")
     t.add_argument("--place-rowcol-only", action="store_true", help="PlaceAux asks for row and column only")
-    t.add_argument("--place-before", action="store_true",
-                   help="PlaceAux also asks each second-group video token what its cell held before (run U1)")
+    t.add_argument("--place-before", action=argparse.BooleanOptionalAction, default=None,
+                   help="PlaceAux also asks each second-group video token what its cell held before "
+                        "(default: TrainConfig's, on; run T1: off)")
     t.add_argument("--event-targets", choices=["evidence", "both"], default=None,
-                   help="retrieval target of an event sentence: the group showing the evidence (default) or "
-                        "both temporal groups (run U1; retrieval.py)")
+                   help="retrieval target of an event sentence: both temporal groups (default) or the group "
+                        "showing the evidence (run T1; retrieval.py)")
     t.add_argument("--kind-weight", action="append", default=[], metavar="KIND=W", type=_kind_weight,
                    help="drawing weight of the training examples of a question kind (repeatable; 1 if absent)")
     t.add_argument("--draft-kind-weight", action="append", default=[], metavar="KIND=W", type=_kind_weight,

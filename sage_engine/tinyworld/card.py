@@ -41,7 +41,8 @@ def _aux_text(tc: dict) -> str:
                 f"patches. While the target's language model trains, a second training-only head (weight "
                 f"{tc['place_weight']}) on its layer-{tc.get('place_layer', 1)} state at\n"
                 + ("each visual token predicts the token's row and column\n" if tc.get("place_rowcol_only") else
-                   "each visual token predicts the token's row, column, temporal group and whether its cell changed\n")
+                   "each visual token predicts the token's row, column, temporal group and whether its cell changed\n"
+                   + ("and, for a clip's second temporal group, what its cell held before\n" if tc.get("place_before") else ""))
                 + "(vision_aux.PlaceAux), so that later layers can read WHERE an attended object is")
     if tc.get("shape_ce"):
         return ("which colours / sizes, or nothing, fill each 28x28 block and the shape of the object covering most\n"
@@ -60,7 +61,8 @@ def _mix_text(tc: dict) -> str:
         out += "; M-RoPE frequencies interleaved over t / h / w"
     if tc.get("retrieval_weight", 0.0) > 0:
         heads = ", ".join(f"layer {l} head {h}" for l, h in tc.get("retrieval_heads", ()))
-        out += f"; retrieval loss {tc['retrieval_weight']:g} on the attention of {heads} (retrieval.py)"
+        out += f"; retrieval loss {tc['retrieval_weight']:g} on the attention of {heads} (retrieval.py"
+        out += "; an event sentence's target: its cells in both temporal groups)" if tc.get("event_targets") == "both" else ")"
     return out
 
 
@@ -117,8 +119,9 @@ def _bench_text(bench: dict | None) -> str:
     if not bench:
         return ""
     fp = bench["float32"]
+    names = [k for k in POLICIES if k in fp["policies"]] + [k for k in fp["policies"] if k not in POLICIES]  # then specs
     rows = "\n".join(f"| {k} | {p['mean_accepted']:.2f} | {p['tokens_per_second']:.1f} | {p['speedup_vs_ar'] or 1:.2f}x | "
-                     f"{p['exact_match_vs_ar']:.2f} |" for k in POLICIES if (p := fp["policies"].get(k)))
+                     f"{p['exact_match_vs_ar']:.2f} |" for k, p in ((k, fp["policies"][k]) for k in names))
     sage, static = fp["policies"].get("sage"), fp["policies"].get("static")
     out = f"""
 ## Speculative decoding with this pair (the engine's benchmark)

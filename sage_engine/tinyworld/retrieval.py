@@ -11,14 +11,14 @@ visual token j: an image's 9 cells, a clip's 9 cells of the first temporal group
 second), sentence by sentence:
 - a sentence that names objects ("a small red star", "the red star") -> their cells (a clip: the
   first group);
-- an event sentence -> where its evidence is. event_groups="evidence" (the shipped pair): the
+- an event sentence -> where its evidence is. event_groups="evidence" (run T1 in RUNS.md): the
   subject's cell in the group that shows it (a move: the start cell before and the end cell after; a
-  disappearance: before only). event_groups="both" (run U1 in RUNS.md): the subject's (and a move's
-  end) cell in BOTH groups. The language model is causal: a first-group token never sees the second
+  disappearance: before only). event_groups="both" (the shipped pair, run U2; first tried in U1): the
+  subject's (and a move's end) cell in BOTH groups. The language model is causal: a first-group token never sees the second
   group, so only a second-group token can know that its cell changed (PlaceAux asks layer 1 to write
   that, and with place_before what the cell held before, into it); "evidence" asks the head to find a
-  vanished object by a token that cannot know it vanished. U1 answered every motion question right
-  (T1: 0.85);
+  vanished object by a token that cannot know it vanished. U1 and U2 answered (almost) every motion
+  question right (T1: 0.85-0.89);
 - a sentence that names none but counts shapes ("There are three shapes.") -> every object's cell;
 - a short answer that names nothing ("It is red.") -> the object the question names (by colour and
   shape, by shape alone, or by place);

@@ -61,7 +61,7 @@ class TrainConfig:
     place_weight: float = 0.1     # weight of the target's PlaceAux loss (row / column / group / change of each visual token)
     place_layer: int = 1          # the target decoder layer whose output PlaceAux reads
     place_rowcol_only: bool = False  # PlaceAux asks for row and column only (no temporal group / change)
-    place_before: bool = False    # PlaceAux also asks each second-group video token what its cell held before
+    place_before: bool = True     # PlaceAux also asks each second-group video token what its cell held before (U2; T1: off)
     interleaved_rope: bool = True   # M-RoPE frequencies shared t/h/w in turn (models.mrope_section)
     content_weight: float = 1.0   # loss weight of answer tokens that name a fact (content_tokens) vs phrasing tokens
     tower_lr_scale: float = 0.3   # learning rate of the vision tower while the language model trains, x target_lr
@@ -70,7 +70,7 @@ class TrainConfig:
                                   # where descriptions carry most answer tokens (the long texts speculation pays on)
     retrieval_weight: float = 0.3  # weight of the retrieval loss (retrieval.py) on the target's retrieval_heads
     retrieval_heads: tuple[tuple[int, int], ...] = ((2, 0), (4, 0))   # (decoder layer, attention head) pairs it supervises
-    event_targets: str = "evidence"  # retrieval target of an event sentence (retrieval.EVENT_GROUPS; run U1: "both")
+    event_targets: str = "both"   # retrieval target of an event sentence (retrieval.EVENT_GROUPS; T1: "evidence")
     target: M.PairMember = M.TARGET
     draft: M.PairMember = M.DRAFT
 
