@@ -75,8 +75,8 @@ class SageConfig:
     d_max_bounds: tuple[int, int] = (4, 12)  # open in the paper: D_max stays within these
     history_cooldown: int = 0  # open: steps to wait after an adjustment before the next one (0 = every step)
     # Not in the paper (ours): "cost" also prices every node and draft level with this machine's measured
-    # costs (costs.py): a node needs cumulative probability >= rate x per-node verify ms (on top of theta_l),
-    # and another draft level needs its frontier's cumulative probabilities to sum >= rate x level ms.
+    # costs (costs.py): a node needs cumulative probability >= rate x ms per node (on top of theta_l), and
+    # another draft level needs its frontier's cumulative probabilities to sum >= rate x ms per draft level.
     # "paper": the paper's theta_l and N_max alone.
     threshold: Threshold = "paper"
     max_depth_cap: int = field(default=16, repr=False)  # hard ceiling on any tree depth

@@ -156,7 +156,7 @@ class SpecEngine:
         ignore_eos: keep decoding past end-of-sequence tokens (fixed-length benchmarks and tests).
         """
         policy = make_policy(policy) if isinstance(policy, str) else policy
-        policy.costs = self.costs
+        policy.costs, key = self.costs, policy.key
         drafting = policy.uses_draft
         if drafting and self.draft is None:
             raise InputError(f"policy {policy.name!r} needs a draft model")
@@ -199,7 +199,7 @@ class SpecEngine:
                 pending = [tree.tokens[n] for n in verdict.accepted[len(fed) :]] + [verdict.bonus]
             # 5. the policy learns from the outcome (and the meter from what the step cost).
             self.costs.record(StepTiming(
-                policy.key, len(verdict.accepted) + 1, len(tree), (time.perf_counter() - t0) * 1e3,
+                key, len(verdict.accepted) + 1, len(tree), (time.perf_counter() - t0) * 1e3,
                 self.target.elapsed_ms, self.draft.elapsed_ms if drafting else 0.0,
                 self.draft.forwards if drafting else 0))
             policy.observe(StepOutcome(tree, verdict.accepted, len(verdict.accepted) + 1))
