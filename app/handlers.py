@@ -17,6 +17,7 @@ import gradio as gr
 from gradio.components.plot import PlotData
 
 from sage_engine import InputError, PreparedInput, SageConfig, SageError, StepEvent, make_policy, prepare_input
+from sage_engine.config import THRESHOLDS
 from sage_engine.inputs import DEFAULT_NUM_FRAMES, video_frames_for
 from sage_engine.media import sample_video
 from sage_engine.pruning import VisualPruning
@@ -61,7 +62,7 @@ def sage_config(knobs: dict) -> SageConfig:
         raise InputError("SAGE knobs: need k >= 2, N_max >= 1 and 0 <= theta scale <= 1")
     if cfg.alpha_source not in ("prev_path", "prev_root", "current_root"):
         raise InputError(f"SAGE knobs: unknown alpha source {cfg.alpha_source!r}")
-    if cfg.threshold not in ("paper", "cost"):
+    if cfg.threshold not in THRESHOLDS:
         raise InputError(f"SAGE knobs: unknown threshold {cfg.threshold!r}")
     return cfg
 

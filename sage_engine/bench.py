@@ -11,6 +11,7 @@ import json
 import os
 import resource
 import statistics
+from itertools import zip_longest
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,11 +104,7 @@ def _depth_counts(decode) -> dict:
 
 
 def _sum_lists(lists: list[list[int]]) -> list[int]:
-    out = [0] * max(map(len, lists), default=0)
-    for xs in lists:
-        for i, x in enumerate(xs):
-            out[i] += x
-    return out
+    return [sum(col) for col in zip_longest(*lists, fillvalue=0)]
 
 
 def _aggregate(runs: list[dict], ar_tps: float | None) -> dict:

@@ -7,7 +7,7 @@ what we chose and why; every such choice is configurable.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 # The 25-node, depth-5 static tree of SpecVLM / Medusa (nodes per level 4/8/8/3/2).
 # Each path lists the rank of the chosen child among the draft's top-k at every level.
@@ -45,6 +45,7 @@ class Eagle2Config:
 
 AlphaSource = Literal["prev_path", "prev_root", "current_root"]
 Threshold = Literal["paper", "cost"]
+THRESHOLDS: tuple[str, ...] = get_args(Threshold)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .config import ChainConfig, Eagle2Config, SageConfig, StaticConfig
+from .config import THRESHOLDS, ChainConfig, Eagle2Config, SageConfig, StaticConfig
 from .costs import BreakEven, CostMeter
 from .tree import DraftTree
 
@@ -210,8 +210,8 @@ class SagePolicy(Policy):
         self.d_max = cfg.d_max  # moved by the history controller
         self.history: list[int] = []
         self._cooldown = 0
-        if cfg.threshold not in ("paper", "cost"):
-            raise ValueError(f"unknown SAGE threshold {cfg.threshold!r}; choose paper or cost")
+        if cfg.threshold not in THRESHOLDS:
+            raise ValueError(f"unknown SAGE threshold {cfg.threshold!r}; choose one of {', '.join(THRESHOLDS)}")
         self.price: BreakEven | None = None  # this step's node and level prices (threshold "cost", once measured)
 
     # Eq. 10-11, rounding half up (open in the paper).
