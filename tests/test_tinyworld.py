@@ -321,6 +321,56 @@ def test_retrieval_targets_point_at_the_object_each_sentence_is_about(tok, tmp_p
     assert sum(len(x[-1]) for x in scene_stream(0, 20, 6)) == len(data)
 
 
+def test_mirrored_examples_are_true_of_the_mirrored_scene(tok, tmp_path):
+    """collate(flips=[True]) must give exactly the example of the mirrored scene: the picture flipped,
+    "left" / "right" swapped in prompt and answer, and every per-token target (vision labels, retrieval
+    bits) equal to what the mirrored scene itself gives, so that mirroring teaches the other column
+    and nothing false."""
+    import dataclasses
+    from sage_engine.tinyworld.data import TrainSet, build_cache, patchify, scene_stream
+    from sage_engine.tinyworld.retrieval import answer_targets
+    from sage_engine.tinyworld.vision_aux import clip_targets, image_targets
+    build_cache(tmp_path, tok, seed=0, n_images=24, n_videos=10, log=lambda *a: None, event_groups="both")
+    data = TrainSet.load(tmp_path, tok, "both")
+    assert data.swap is not None
+
+    def swapped(text):
+        return text.replace("left", "\0").replace("right", "left").replace("\0", "right")
+
+    k, sided = 0, 0
+    for m, i, media, noise, exs in scene_stream(0, 24, 10):
+        mirrored = W.mirror_scene(media) if m == "image" else W.mirror_clip(media)
+        for e in exs:
+            plain, flip = data.collate([k]), data.collate([k], [True])
+            p = int(data.ex["prompt_len"][k])
+            ids = flip["input_ids"][0]
+            assert tok.decode(ids) == swapped(tok.decode(plain["input_ids"][0]))
+            me = dataclasses.replace(e, prompt=swapped(e.prompt), answer=swapped(e.answer))
+            assert flip["retrieval_targets"][0, p:].tolist() == answer_targets(me, mirrored, tok, ids[p:].tolist(), "both")
+            labels, dom = (image_targets if m == "image" else clip_targets)(mirrored)
+            got = flip["vision_targets"][m]
+            assert np.array_equal(got[0][0].numpy(), labels) and np.array_equal(got[1][0].numpy(), dom), e
+            if m == "image":   # the flipped picture is the mirrored scene's (the background noise is +-6)
+                drawn = W.render_image(mirrored, noise_seed=noise).astype(int)
+                assert (np.abs(drawn - data.images[i][:, ::-1].astype(int)) > 13).mean() < 0.002
+                flipped = torch.from_numpy(np.ascontiguousarray(data.images[i][:, ::-1]))
+                assert torch.equal(flip["pixel_values"], patchify(flipped.unsqueeze(0).expand(2, -1, -1, -1)))
+            sided += "left" in e.prompt + e.answer or "right" in e.prompt + e.answer
+            k += 1
+    assert k == len(data) and sided > 10
+    seen = []   # batches(mirror=p) flips about that share of the examples, and none at 0
+    collate, data.collate = data.collate, lambda ids, flips=None: seen.append(flips)
+    batches = data.batches(4, random.Random(0), pool=2, mirror=0.5)
+    for _ in range(50):
+        next(batches)
+    flags = [f for fl in seen for f in fl]
+    assert 0.35 < sum(flags) / len(flags) < 0.65
+    seen.clear()
+    next(data.batches(4, random.Random(0), pool=2))
+    assert seen == [None]
+    data.collate = collate
+
+
 def test_retrieval_loss_rewards_attention_on_the_target_tokens():
     from sage_engine.tinyworld.retrieval import RetrievalAux
     img = 7
@@ -348,14 +398,16 @@ def test_retrieval_loss_rewards_attention_on_the_target_tokens():
                                      ["--place-weight", "0.1", "--place-rowcol-only", "--interleaved-rope",
                                       "--content-weight", "4", "--kind-weight", "describe=0.4",
                                       "--kind-weight", "motion=1.5", "--draft-kind-weight", "describe=2"],
-                                     ["--retrieval-weight", "0.3", "--interleaved-rope"],
+                                     ["--retrieval-weight", "0.3", "--interleaved-rope", "--mirror", "0.5"],
                                      ["--no-place-before", "--event-targets", "evidence"]])
 def test_training_script_runs_a_few_steps(tmp_path, options, capsys):
     from transformers import AutoModelForImageTextToText, AutoProcessor
     from sage_engine.tinyworld.__main__ import main
+    from sage_engine.tinyworld.train import TrainConfig
     main(["train", "--tiny", "--steps", "2", *options, "--out", str(tmp_path / "m"), "--cache", str(tmp_path / "cache")])
     config = json.loads(re.search(r"\[train\] config (\{.*\})", capsys.readouterr().out).group(1))
     assert config["draft_kind_weights"] == ([["describe", 2.0]] if "--draft-kind-weight" in options else [])
+    assert config["mirror"] == (0.5 if "--mirror" in options else TrainConfig().mirror)
     t1 = "--no-place-before" in options   # run T1's recipe; the defaults are the shipped pair's (U2)
     assert config["place_before"] == (not t1) and config["event_targets"] == ("evidence" if t1 else "both")
     assert (tmp_path / "cache" / ("retrieval_v2.pt" if t1 else "retrieval_v3_both.pt")).exists()

@@ -45,6 +45,8 @@ def cmd_train(a) -> None:
         cfg = dataclasses.replace(cfg, event_targets=a.event_targets)
     if a.interleaved_rope is not None:
         cfg = dataclasses.replace(cfg, interleaved_rope=a.interleaved_rope)
+    if a.mirror is not None:
+        cfg = dataclasses.replace(cfg, mirror=a.mirror)
     if a.tiny:   # smoke test: a few steps of the real script on a tiny config
         cfg = dataclasses.replace(cfg, n_images=32, n_videos=8, batch_size=4, target_steps=a.steps or 3,
                                   draft_steps=a.steps or 3, warmup=1, eval_every=0,
@@ -155,6 +157,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="loss weight of answer tokens that name a fact (default: TrainConfig's, 1 = plain)")
     t.add_argument("--retrieval-weight", type=float, default=None,
                    help="weight of the retrieval loss on the target's attention (retrieval.py; default: TrainConfig's)")
+    t.add_argument("--mirror", type=float, default=None,
+                   help="share of training examples shown left-right mirrored, 'left' and 'right' swapped "
+                        "(default: TrainConfig's)")
     t.set_defaults(fn=cmd_train)
     e = sub.add_parser("eval", help="score target and draft on fresh scenes")
     e.add_argument("--seed", type=int, default=1)

@@ -28,7 +28,8 @@ from .language import IMAGE_KINDS, VIDEO_KINDS, image_example, video_example
 from .retrieval import answer_targets, targets_file
 from .tokenizer import user_turn
 from .vision_aux import N_LABELS, clip_targets, image_targets
-from .world import MODEL_FRAMES, SIZE, read_video, render_clip, render_image, sample_clip, sample_scene, write_mp4
+from .world import (MODEL_FRAMES, SIZE, mirror_cell, read_video, render_clip, render_image, sample_clip, sample_scene,
+                    write_mp4)
 
 MEAN = torch.tensor([0.48145466, 0.4578275, 0.40821073])
 STD = torch.tensor([0.26862954, 0.26130258, 0.27577711])
@@ -39,6 +40,36 @@ VIDEO_TOKENS = IMAGE_TOKENS * MODEL_FRAMES // TEMPORAL                  # 18
 KINDS = IMAGE_KINDS + tuple(k for k in VIDEO_KINDS if k not in IMAGE_KINDS)
 IMAGE_WEIGHTS = {"describe": 0.25, "count": 0.08, "colour": 0.2, "shape": 0.15, "size": 0.1, "position": 0.12, "yesno": 0.1}
 VIDEO_WEIGHTS = {"describe_video": 0.45, "motion": 0.4, "count": 0.15}
+
+
+# left-right mirroring of a cached example (TrainSet.batches(mirror=p)): the picture flips, the words "left"
+# and "right" swap, and every per-visual-token target follows its token to the mirrored cell
+MIRROR_WORDS = ("left", "right")
+MIRROR_TOKENS = torch.tensor([g * IMAGE_TOKENS + mirror_cell(c)
+                              for g in range(VIDEO_TOKENS // IMAGE_TOKENS) for c in range(IMAGE_TOKENS)])
+
+
+def mirror_vocab(tok) -> torch.Tensor:
+    """(vocab,) token id -> the id that spells the mirrored word (identity except " left" <-> " right").
+    Raises if the tokenizer spells either word in any other token: the swap would then miss it."""
+    a, b = (tok(" " + w, add_special_tokens=False)["input_ids"] for w in MIRROR_WORDS)
+    if len(a) != 1 or len(b) != 1:
+        raise ValueError(f"mirroring needs ' left' and ' right' to be single tokens, got {a} {b}")
+    others = [t for t, i in tok.get_vocab().items() if i not in (a[0], b[0])
+              and any(w in tok.convert_tokens_to_string([t]).lower() for w in MIRROR_WORDS)]
+    if others:
+        raise ValueError(f"tokens {others} also spell 'left' / 'right': mirroring would not swap them")
+    swap = torch.arange(len(tok))
+    swap[a[0]], swap[b[0]] = b[0], a[0]
+    return swap
+
+
+def mirror_bits(bits: torch.Tensor) -> torch.Tensor:
+    """Visual-token bit masks (retrieval targets, any shape, int64) with each bit moved to its mirrored token."""
+    out = torch.zeros_like(bits)
+    for j, m in enumerate(MIRROR_TOKENS.tolist()):
+        out |= ((bits >> j) & 1) << m
+    return out
 
 
 def expand_pads(text: str) -> str:
@@ -183,6 +214,7 @@ class TrainSet:
     labels: np.ndarray | None = None   # (N_img, IMAGE_TOKENS, N_LABELS) per-token vision targets
     targets: dict | None = None        # vision_targets.npz: image_dom, video_labels, video_dom
     retrieval: torch.Tensor | None = None   # retrieval.targets_file(): per cached token, a visual-token bit mask (retrieval.py)
+    swap: torch.Tensor | None = None        # mirror_vocab(tok): the left / right swap of a mirrored example
 
     @classmethod
     def load(cls, path: Path, tok, event_groups: str = "evidence") -> "TrainSet":
@@ -190,9 +222,13 @@ class TrainSet:
         tg = dict(np.load(path / "vision_targets.npz")) if (path / "vision_targets.npz").exists() else None
         ret_file = path / targets_file(event_groups)
         ret = torch.load(ret_file) if ret_file.exists() else None
+        try:
+            swap = mirror_vocab(tok)
+        except ValueError:   # a tokenizer that cannot mirror (tests' small corpora): collate refuses flips
+            swap = None
         return cls(np.load(path / "images.npy", mmap_mode="r"), np.load(path / "videos.npy", mmap_mode="r"),
                    torch.load(path / "examples.pt"), tok.convert_tokens_to_ids("<|image_pad|>"),
-                   tok.convert_tokens_to_ids("<|video_pad|>"), tok.pad_token_id, lab, tg, ret)
+                   tok.convert_tokens_to_ids("<|video_pad|>"), tok.pad_token_id, lab, tg, ret, swap)
 
     def vision_targets(self, img_ids: list[int], vid_ids: list[int]) -> dict:
         """Aux targets of a batch: {"image": (labels, dom) or None, "video": (labels, dom) or None}."""
@@ -203,6 +239,18 @@ class TrainSet:
                             torch.from_numpy(tg["image_dom"][img_ids]) if tg is not None else None)
         if vid_ids and tg is not None:
             out["video"] = (torch.from_numpy(tg["video_labels"][vid_ids]), torch.from_numpy(tg["video_dom"][vid_ids]))
+        return out
+
+    @staticmethod
+    def _mirrored(targets: dict, flips: list[list[bool]]) -> dict:
+        """vision_targets with the rows of flipped items permuted to the mirrored tokens; flips = [image flags, video flags]."""
+        out = dict(targets)
+        for key, f in zip(("image", "video"), flips):
+            if targets[key] is None or not any(f):
+                continue
+            f = torch.tensor(f)
+            out[key] = tuple(None if t is None else torch.where(
+                f.view(-1, *[1] * (t.dim() - 1)), t[:, MIRROR_TOKENS[:t.shape[1]]], t) for t in targets[key])
         return out
 
     def image_pixels(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -235,10 +283,12 @@ class TrainSet:
     def __len__(self) -> int:
         return len(self.ex["media"])
 
-    def batches(self, batch_size: int, rng: random.Random, pool: int = 64, kind_weights: dict[str, float] | None = None):
+    def batches(self, batch_size: int, rng: random.Random, pool: int = 64, kind_weights: dict[str, float] | None = None,
+                mirror: float = 0.0):
         """Endless length-bucketed batches: draw pool * batch_size examples, sort by length,
         cut into batches, shuffle those. kind_weights: relative drawing weight of the examples of a kind
-        (KINDS; missing kinds weigh 1), e.g. {"describe": 0.4}: fewer descriptions per step."""
+        (KINDS; missing kinds weigh 1), e.g. {"describe": 0.4}: fewer descriptions per step.
+        mirror: each example is shown left-right mirrored with this probability (collate)."""
         lens = (self.ex["offsets"][1:] - self.ex["offsets"][:-1]).tolist()
         n = len(self)
         w = None
@@ -257,12 +307,19 @@ class TrainSet:
             chunks = [idx[k:k + batch_size] for k in range(0, len(idx), batch_size)]
             rng.shuffle(chunks)
             for c in chunks:
-                yield self.collate(c)
+                yield self.collate(c, [rng.random() < mirror for _ in c] if mirror > 0 else None)
 
-    def collate(self, ids: list[int]) -> dict[str, torch.Tensor]:
-        """Right-padded batch with labels on the answer only (-100 elsewhere)."""
+    def collate(self, ids: list[int], flips: list[bool] | None = None) -> dict[str, torch.Tensor]:
+        """Right-padded batch with labels on the answer only (-100 elsewhere). flips[b]: example b is the
+        mirror image of the cached one (picture flipped left-right, "left" and "right" swapped in the text,
+        the per-token targets moved with their tokens): the same facts with the other column, so that a
+        question about one column cannot be answered from the other."""
         ex = self.ex
+        flips = flips or [False] * len(ids)
+        if any(flips) and self.swap is None:
+            raise ValueError("this tokenizer cannot mirror examples (data.mirror_vocab)")
         seqs = [ex["tokens"][ex["offsets"][i]:ex["offsets"][i + 1]].long() for i in ids]
+        seqs = [self.swap[s] if f else s for s, f in zip(seqs, flips)]
         L = max(len(s) for s in seqs)
         input_ids = torch.full((len(ids), L), self.pad, dtype=torch.long)
         attn = torch.zeros((len(ids), L), dtype=torch.long)
@@ -275,14 +332,17 @@ class TrainSet:
             p = int(ex["prompt_len"][i])
             labels[b, p:len(s)] = s[p:]
             if self.retrieval is not None:
-                retrieval[b, :len(s)] = self.retrieval[ex["offsets"][i]:ex["offsets"][i + 1]]
+                bits = self.retrieval[ex["offsets"][i]:ex["offsets"][i + 1]]
+                retrieval[b, :len(s)] = mirror_bits(bits) if flips[b] else bits
             j = int(ex["index"][i])
             if int(ex["media"][i]) == 0:
                 img = torch.from_numpy(np.array(self.images[j]))
+                img = img.flip(1) if flips[b] else img
                 img_pix.append(patchify(img.unsqueeze(0).expand(TEMPORAL, -1, -1, -1))); n_img += 1
                 img_ids.append(j)
             else:
-                vid_pix.append(patchify(torch.from_numpy(np.array(self.videos[j])))); n_vid += 1
+                vid = torch.from_numpy(np.array(self.videos[j]))
+                vid_pix.append(patchify(vid.flip(2) if flips[b] else vid)); n_vid += 1
                 vid_ids.append(j)
         mm = torch.zeros_like(input_ids)
         mm[input_ids == self.image_token] = 1
@@ -297,7 +357,8 @@ class TrainSet:
             batch["video_grid_thw"] = torch.tensor([[MODEL_FRAMES // TEMPORAL, g, g]] * n_vid)
             batch["second_per_grid_ts"] = torch.ones(n_vid)   # TEMPORAL / sampled fps (2 fps): see world.clip_metadata
         if self.labels is not None:   # not a model input: train.py pops it for the auxiliary loss
-            batch["vision_targets"] = self.vision_targets(img_ids, vid_ids)
+            batch["vision_targets"] = self._mirrored(self.vision_targets(img_ids, vid_ids), [
+                [f for f, i in zip(flips, ids) if int(ex["media"][i]) == m] for m in (0, 1)])
         if self.retrieval is not None:   # not a model input either: retrieval.RetrievalAux's targets
             batch["retrieval_targets"] = retrieval
         return batch

@@ -71,6 +71,7 @@ class TrainConfig:
     retrieval_weight: float = 0.3  # weight of the retrieval loss (retrieval.py) on the target's retrieval_heads
     retrieval_heads: tuple[tuple[int, int], ...] = ((2, 0), (4, 0))   # (decoder layer, attention head) pairs it supervises
     event_targets: str = "both"   # retrieval target of an event sentence (retrieval.EVENT_GROUPS; T1: "evidence")
+    mirror: float = 0.0           # share of training examples shown left-right mirrored (data.TrainSet.collate)
     target: M.PairMember = M.TARGET
     draft: M.PairMember = M.DRAFT
 
@@ -222,7 +223,8 @@ def train_target(model, data: TrainSet, processor, cfg: TrainConfig, log=print, 
     params = rest + tower
     opt = torch.optim.AdamW([{"params": rest, "scale": 1.0}, {"params": tower, "scale": cfg.tower_lr_scale}],
                             lr=cfg.target_lr, betas=(0.9, 0.98), weight_decay=0.05)
-    batches = data.batches(cfg.batch_size, random.Random(cfg.seed + 1), kind_weights=dict(cfg.kind_weights))
+    batches = data.batches(cfg.batch_size, random.Random(cfg.seed + 1), kind_weights=dict(cfg.kind_weights),
+                           mirror=cfg.mirror)
     model.train()
     t0, run, run_aux, run_place, run_ret, run_share = time.time(), 0.0, 0.0, 0.0, 0.0, 0.0
     for step in range(cfg.target_steps):
@@ -279,7 +281,8 @@ def distil_draft(draft, target, data: TrainSet, processor, cfg: TrainConfig, log
     pretrain_vision(draft, aux, data, cfg, "draft", log, steps=cfg.draft_vision_steps)
     params = list(draft.parameters()) + (list(aux.parameters()) if aux else [])
     opt = torch.optim.AdamW(params, lr=cfg.draft_lr, betas=(0.9, 0.98), weight_decay=0.01)
-    batches = data.batches(cfg.batch_size, random.Random(cfg.seed + 2), kind_weights=dict(cfg.draft_kind_weights))
+    batches = data.batches(cfg.batch_size, random.Random(cfg.seed + 2), kind_weights=dict(cfg.draft_kind_weights),
+                           mirror=cfg.mirror)
     target.eval(); draft.train()
     t0, run, agree_run = time.time(), 0.0, 0.0
     for step in range(cfg.draft_steps):

@@ -160,6 +160,30 @@ def sample_clip(rng: random.Random) -> Clip:
     return Clip(start, end, event, subj, after)
 
 
+def mirror_cell(cell: int) -> int:
+    """The cell seen in a mirror: same row, column 2 - col."""
+    row, col = divmod(cell, 3)
+    return 3 * row + 2 - col
+
+
+def mirror_object(o: Obj) -> Obj:
+    """The object in the left-right mirrored picture: render_image of the mirrored scene is the original
+    picture flipped left-right (up to antialiasing and the background noise). OpenCV puts pixel centres
+    on integer coordinates, so the flip maps x to SIZE - 1 - x while the cell centres mirror to SIZE - x:
+    hence dx -> -dx - 1."""
+    return dataclasses.replace(o, cell=mirror_cell(o.cell), dx=-o.dx - 1)
+
+
+def mirror_scene(scene: Scene) -> Scene:
+    return dataclasses.replace(scene, objects=tuple(mirror_object(o) for o in scene.objects))
+
+
+def mirror_clip(clip: Clip) -> Clip:
+    return dataclasses.replace(clip, start=mirror_scene(clip.start), end=mirror_scene(clip.end),
+                               subject=mirror_object(clip.subject),
+                               after=None if clip.after is None else mirror_object(clip.after))
+
+
 # ---------------------------------------------------------------- drawing
 
 def _centre(cell: int) -> tuple[float, float]:
