@@ -49,6 +49,11 @@ def alpha_figure(lane: Lane):
         dict(type="scatter", x=x, y=[s.root_alpha for s in steps], name="α of this step's root", mode="lines",
              line=dict(color=PALE, width=1, dash="dot")),
     ]
+    if any(s.node_price is not None for s in steps):  # threshold "cost": what a node had to be worth this step
+        data.append(dict(type="scatter", x=x, y=[s.node_price for s in steps], name="node price (least cum. p)",
+                         mode="lines", line=dict(color=ORANGE, width=1.5, dash="dash", shape="hv"),
+                         customdata=[s.level_price for s in steps],
+                         hovertemplate="node price %{y:.3f}<br>level price %{customdata:.2f} tokens<extra></extra>"))
     return figure(data, layout(title, barmode="group", bargap=0.15,
                                xaxis=dict(title=dict(text="step (one target forward each)")),
                                yaxis=dict(title=dict(text="confidence α = 1 − H/log k"), range=[0, 1.02]),

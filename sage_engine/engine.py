@@ -228,6 +228,7 @@ class SpecEngine:
         _, t_ms = self.target.reset_counters()
         d_fw, d_ms = self.draft.reset_counters() if self.draft is not None else (0, 0.0)
         alpha = shape.alpha if shape is not None else None
+        price = shape.price if shape is not None else None
         wall_ms = (time.perf_counter() - t0) * 1e3
         return StepEvent(
             step=step,
@@ -252,4 +253,6 @@ class SpecEngine:
             total_tokens=len(out.ids),
             finished=out.finished,
             finish_reason=out.finish_reason,
+            node_price=None if price is None else price.node,
+            level_price=None if price is None else price.level,
         )

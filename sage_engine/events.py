@@ -51,6 +51,10 @@ class StepEvent:
     total_tokens: int  # output tokens so far
     finished: bool = False
     finish_reason: str | None = None  # "eos" | "length" | "stop_string"
+    # SAGE with threshold "cost" (costs.py), once measured: the least cumulative draft probability a node needed
+    # this step, and the least expected tokens (sum of cumulative probabilities) a further draft level needed
+    node_price: float | None = None
+    level_price: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)

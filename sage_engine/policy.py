@@ -31,6 +31,7 @@ class TreeShape:
     max_nodes: int  # node budget N_max (root excluded)
     alpha: float | None = None  # confidence the shape was planned from
     d_max: int | None = None  # current D_max of the history controller (SAGE only)
+    price: BreakEven | None = None  # threshold "cost": this step's node and level prices (SAGE only)
 
 
 @dataclass
@@ -227,7 +228,7 @@ class SagePolicy(Policy):
         alpha = root_alpha if (self.cfg.alpha_source == "current_root" and root_alpha is not None) else self.alpha
         priced = self.cfg.threshold == "cost" and self.costs is not None
         self.price = self.costs.break_even(self.key) if priced else None
-        return TreeShape(self.depth_for(alpha), self.width_for(alpha), self.cfg.n_max, alpha, self.d_max)
+        return TreeShape(self.depth_for(alpha), self.width_for(alpha), self.cfg.n_max, alpha, self.d_max, self.price)
 
     def expand(self, shape, level, tree, frontier):
         cfg = self.cfg

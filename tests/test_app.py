@@ -275,6 +275,19 @@ def _event(step: int, alpha: float, depth: int, width: int, d_max: int):
                      draft_forwards=1, total_tokens=step + 1)
 
 
+def test_alpha_figure_draws_the_node_price_only_when_the_steps_carry_one():
+    from dataclasses import replace
+    from app.plots import alpha_figure
+    from app.record import Lane
+
+    plain = [_event(i + 1, 0.5, 5, 6, 8) for i in range(3)]
+    priced = [replace(e, node_price=0.02 * (i + 1), level_price=0.5) for i, e in enumerate(plain)]
+    names = [t.name for t in go.Figure(alpha_figure(Lane("spec", "sage", steps=plain)).to_dict()).data]
+    fig = go.Figure(alpha_figure(Lane("spec", "sage", steps=priced)).to_dict())  # validated
+    price, = [t for t in fig.data if t.name not in names]
+    assert list(price.y) == [0.02, 0.04, 0.06] and list(price.customdata) == [0.5] * 3
+
+
 @pytest.mark.parametrize("d_maxes", [(8, 8, 8), (8, 9, 10), (8, 7, 6)])
 def test_mapping_figure_whether_or_not_d_max_moved(d_maxes):
     from app.plots import mapping_figure

@@ -75,6 +75,12 @@ def test_engine_meters_every_step_and_the_cost_threshold_prices_from_it(setup):
     assert [t.tokens for t in mine] == [len(s.accepted_tokens) + 1 for s in res.steps[1:]][-len(mine):]
     assert [t.nodes for t in mine] == [len(s.tree.tokens) for s in res.steps[1:]][-len(mine):]
     assert policy.price is not None and policy.price.rate == pytest.approx(engine.costs.rate(policy.key), rel=0.5)
+    # each step's event carries the prices its tree was shaped with (the app draws them); ar's carry none
+    priced = [s for s in res.steps[1:] if s.node_price is not None]
+    assert priced and res.steps[-1].node_price == policy.price.node and res.steps[-1].level_price == policy.price.level
+    for s in priced:   # no node of a priced tree is below its step's node price (cumulative draft probability)
+        assert all(c >= s.node_price - 1e-9 for c in s.tree.cum_probs) and s.level_price > 0
+    assert all(s.node_price is None and s.level_price is None for s in ar.steps)
 
 
 def test_bad_requests_raise_input_errors(setup):
