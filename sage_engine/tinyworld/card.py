@@ -57,6 +57,9 @@ def _mix_text(tc: dict) -> str:
         out += f"; answer tokens that name a fact weigh {tc['content_weight']:g}x the phrasing"
     if tc.get("kind_weights"):
         out += "; examples" + _weights_text(tc["kind_weights"])
+    if tc.get("mirror"):
+        out += (f"; {tc['mirror']:.0%} of the examples shown left-right mirrored (picture flipped, 'left' / 'right'"
+                " swapped, per-token targets moved with their tokens)")
     if tc.get("interleaved_rope"):
         out += "; M-RoPE frequencies interleaved over t / h / w"
     if tc.get("retrieval_weight", 0.0) > 0:
