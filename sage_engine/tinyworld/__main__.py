@@ -102,7 +102,7 @@ def cmd_card(a) -> None:
         if a.bench_bf16_json:
             bench["bfloat16"] = json.loads(Path(a.bench_bf16_json).read_text())
     write_cards(models, json.loads(Path(a.eval_json).read_text()), Path(a.train_log).read_text(), timing, a.eval_cmd,
-                bench, a.train_threads, a.train_note)
+                bench, a.train_threads, a.train_note, a.eval_note)
 
 
 def _kind_weight(value: str) -> tuple[str, float]:
@@ -180,6 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--threads", type=int, default=2)
     c.add_argument("--train-threads", type=int, default=1, help="the --threads of the training run in --train-log")
     c.add_argument("--train-note", default="shared with other work", help="how busy the machine was during training")
+    c.add_argument("--eval-note", default="", help="appended to the status line (e.g. single seeds vs the pooled table)")
     c.set_defaults(fn=cmd_card)
     a = p.parse_args(argv)
     a.fn(a)

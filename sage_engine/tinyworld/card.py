@@ -79,14 +79,16 @@ def _draft_draw(tc: dict) -> str:
     return "," + _weights_text(weights) if weights else ", drawn in their natural mix (descriptions carry most answer tokens)"
 
 
-def _status(eval_result: dict) -> str:
+def _status(eval_result: dict, note: str = "") -> str:
+    """The card's status line; `note` (e.g. how single seeds compare with the pooled table) is appended."""
     t = eval_result["target"]["by_kind"]
     below = [f"{k} {t[k]:.2f}" for k in ATTRIBUTES if k in t and t[k] < BAR]
+    note = f" {note}" if note else ""
     if not below:
         return (f"> **Status: meets the project's accuracy bar** (>= {BAR:.0%} on every attribute for the target, "
-                f"fresh scenes, table below).\n")
+                f"fresh scenes, table below).{note}\n")
     return (f"> **Status: does not meet the project's accuracy bar yet** (>= {BAR:.0%} on every attribute; the target "
-            f"is below it on: {', '.join(below)}; table below).\n")
+            f"is below it on: {', '.join(below)}; table below).{note}\n")
 
 
 def store_bf16(src, dst) -> None:
@@ -151,7 +153,8 @@ def _bench_text(bench: dict | None) -> str:
 
 
 def write_cards(models_dir: Path, eval_result: dict, train_log: str, timing: dict, eval_cmd: str,
-                bench: dict | None = None, train_threads: int = 1, train_note: str = "shared with other work") -> None:
+                bench: dict | None = None, train_threads: int = 1, train_note: str = "shared with other work",
+                eval_note: str = "") -> None:
     from transformers import AutoModelForImageTextToText
     pair = {r: AutoModelForImageTextToText.from_pretrained(models_dir / f"tinyworld-{r}") for r in ("target", "draft")}
     n = {r: sum(p.numel() for p in m.parameters()) for r, m in pair.items()}
@@ -167,7 +170,7 @@ def write_cards(models_dir: Path, eval_result: dict, train_log: str, timing: dic
         other = "draft" if role == "target" else "target"
         text = f"""# tinyworld-{role}
 
-{_status(eval_result)}
+{_status(eval_result, eval_note)}
 The {role} of SAGE's embedded default VLM pair (its {other}: `tinyworld-{other}`), trained from scratch
 on the procedurally generated tinyworld (`sage_engine/tinyworld/`): coloured shapes on plain
 backgrounds, and short clips in which one thing happens. Not a general-purpose model: it knows

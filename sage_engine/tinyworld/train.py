@@ -13,9 +13,11 @@ Each cell of the world is exactly one merged visual token (world.py), so the tow
 exact per token. `--place-weight` adds PlaceAux to the target (vision_aux.py): a training-only head
 that makes an early language-model layer write each visual token's row / column / temporal group / change into
 its state, because nothing in the architecture puts WHERE into a value vector. The vision tower
-learns at tower_lr_scale x the language model's rate once its pre-training is done.
+learns at tower_lr_scale x the language model's rate once its pre-training is done. Half the examples are
+shown left-right mirrored (`mirror`, data.TrainSet.collate): the same facts in the other column, so that a
+question asked by place cannot be answered from the mirrored cell.
 
-TrainConfig's defaults reproduce the shipped pair (run T1 in RUNS.md, which lists the recipes measured on
+TrainConfig's defaults reproduce the shipped pair (run M1 in RUNS.md, which lists the recipes measured on
 the way with their figures; the model cards carry the command, the measured minutes and the evaluation).
 """
 from __future__ import annotations
@@ -71,7 +73,7 @@ class TrainConfig:
     retrieval_weight: float = 0.3  # weight of the retrieval loss (retrieval.py) on the target's retrieval_heads
     retrieval_heads: tuple[tuple[int, int], ...] = ((2, 0), (4, 0))   # (decoder layer, attention head) pairs it supervises
     event_targets: str = "both"   # retrieval target of an event sentence (retrieval.EVENT_GROUPS; T1: "evidence")
-    mirror: float = 0.0           # share of training examples shown left-right mirrored (data.TrainSet.collate)
+    mirror: float = 0.5           # share of training examples shown left-right mirrored (data.TrainSet.collate; M1; U2: 0)
     target: M.PairMember = M.TARGET
     draft: M.PairMember = M.DRAFT
 
