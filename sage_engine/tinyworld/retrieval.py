@@ -13,7 +13,7 @@ second), sentence by sentence:
   first group);
 - an event sentence -> where its evidence is. event_groups="evidence" (run T1 in RUNS.md): the
   subject's cell in the group that shows it (a move: the start cell before and the end cell after; a
-  disappearance: before only). event_groups="both" (the shipped pair, run U2; first tried in U1): the
+  disappearance: before only). event_groups="both" (runs U2 and M1, the shipped pair; first tried in U1): the
   subject's (and a move's end) cell in BOTH groups. The language model is causal: a first-group token never sees the second
   group, so only a second-group token can know that its cell changed (PlaceAux asks layer 1 to write
   that, and with place_before what the cell held before, into it); "evidence" asks the head to find a
