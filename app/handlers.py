@@ -17,7 +17,7 @@ import gradio as gr
 from gradio.components.plot import PlotData
 
 from sage_engine import InputError, PreparedInput, SageConfig, SageError, StepEvent, make_policy, prepare_input
-from sage_engine.config import THRESHOLDS
+from sage_engine.config import ALPHA_SOURCES, THRESHOLDS
 from sage_engine.inputs import DEFAULT_NUM_FRAMES, video_frames_for
 from sage_engine.media import sample_video
 from sage_engine.pruning import VisualPruning
@@ -60,7 +60,7 @@ def sage_config(knobs: dict) -> SageConfig:
         raise InputError(f"SAGE knobs: need 1 <= W_min <= W_max (got {cfg.w_min}, {cfg.w_max})")
     if cfg.k < 2 or cfg.n_max < 1 or not (0.0 <= cfg.theta_scale <= 1.0):
         raise InputError("SAGE knobs: need k >= 2, N_max >= 1 and 0 <= theta scale <= 1")
-    if cfg.alpha_source not in ("prev_path", "prev_root", "current_root"):
+    if cfg.alpha_source not in ALPHA_SOURCES:
         raise InputError(f"SAGE knobs: unknown alpha source {cfg.alpha_source!r}")
     if cfg.threshold not in THRESHOLDS:
         raise InputError(f"SAGE knobs: unknown threshold {cfg.threshold!r}")

@@ -9,6 +9,7 @@ from typing import Mapping
 import gradio as gr
 
 from sage_engine import SageConfig
+from sage_engine.config import ALPHA_SOURCES
 
 from . import plots, replay, text
 from .components import UploadedImage
@@ -90,7 +91,7 @@ def _knobs(cfg: SageConfig) -> Knobs:
             n_max = gr.Slider(1, 128, cfg.n_max, step=1, label="N_max (nodes per tree)")
         with gr.Row():
             theta = gr.Slider(0.0, 0.5, cfg.theta_scale, step=0.01, label="θ scale (θ_l = θ·l/D)")
-            source = gr.Dropdown(["prev_path", "prev_root", "current_root"], value=cfg.alpha_source,
+            source = gr.Dropdown(list(ALPHA_SOURCES), value=cfg.alpha_source,
                                  label="α for the next tree comes from")
         threshold = gr.Dropdown([("the paper's: θ_l and N_max", "paper"),
                                  ("also this machine's measured costs: a node must pay for its verification, "

@@ -44,6 +44,7 @@ class Eagle2Config:
 
 
 AlphaSource = Literal["prev_path", "prev_root", "current_root"]
+ALPHA_SOURCES: tuple[str, ...] = get_args(AlphaSource)
 Threshold = Literal["paper", "cost"]
 THRESHOLDS: tuple[str, ...] = get_args(Threshold)
 

@@ -213,7 +213,7 @@ class SagePolicy(Policy):
         self._cooldown = 0
         if cfg.threshold not in THRESHOLDS:
             raise ValueError(f"unknown SAGE threshold {cfg.threshold!r}; choose one of {', '.join(THRESHOLDS)}")
-        self.price: BreakEven | None = None  # this step's node and level prices (threshold "cost", once measured)
+        self.price: BreakEven | None = None  # the last shape's prices (threshold "cost", once measured; state())
 
     # Eq. 10-11, rounding half up (open in the paper).
     def depth_for(self, alpha: float) -> int:
@@ -238,14 +238,14 @@ class SagePolicy(Policy):
             per_row = [math.ceil(shape.width / level * (cfg.width_parent_bias + (tree.probs[n] if n >= 0 else 1.0)))
                        for n in frontier.nodes]
         theta = cfg.theta_scale * level / shape.depth
-        if self.price is not None:  # threshold "cost": a node must also pay for its verification
-            theta = max(theta, self.price.node)
+        if shape.price is not None:  # threshold "cost": a node must also pay for its verification
+            theta = max(theta, shape.price.node)
         best = _best_candidates(frontier, tree, per_row, shape.max_nodes - len(tree), theta)
         added = [
             tree.add(int(frontier.top_tokens[r, c]), frontier.nodes[r], float(frontier.top_probs[r, c]))
             for r, c, _ in best
         ]
-        if self.price is not None and sum(c for *_, c in best) < self.price.level:
+        if shape.price is not None and sum(c for *_, c in best) < shape.price.level:
             return []  # the next level could not add the tokens one more draft forward costs
         return added if level < shape.depth else []
 
