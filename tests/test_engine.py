@@ -74,7 +74,10 @@ def test_engine_meters_every_step_and_the_cost_threshold_prices_from_it(setup):
     mine = engine.costs.by_policy[policy.key]
     assert [t.tokens for t in mine] == [len(s.accepted_tokens) + 1 for s in res.steps[1:]][-len(mine):]
     assert [t.nodes for t in mine] == [len(s.tree.tokens) for s in res.steps[1:]][-len(mine):]
-    assert policy.price is not None and policy.price.rate == pytest.approx(engine.costs.rate(policy.key), rel=0.5)
+    # the last step was priced from the policy's rate over its window of steps before that one
+    before = [t for t in engine.costs.steps if t.policy == policy.key][:-1][-engine.costs.policy_window:]
+    assert policy.price is not None
+    assert policy.price.rate == pytest.approx(sum(t.tokens for t in before) / sum(t.wall_ms for t in before))
     # each step's event carries the prices its tree was shaped with (the app draws them); ar's carry none
     priced = [s for s in res.steps[1:] if s.node_price is not None]
     assert priced and res.steps[-1].node_price == policy.price.node and res.steps[-1].level_price == policy.price.level
