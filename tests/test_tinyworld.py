@@ -256,6 +256,47 @@ def test_kind_weights_change_the_drawn_mix(tok, tmp_path):
     assert not (tmp_path / "never").exists()
 
 
+def test_confusable_questions_are_the_ones_a_partial_match_gets_wrong():
+    from sage_engine.tinyworld.retrieval import confusable
+    red_sq, green_sq, red_star, blue_circle = (W.Obj(s, c, "small", cell) for s, c, cell in
+                                               (("square", "red", 0), ("square", "green", 2),
+                                                ("star", "red", 6), ("circle", "blue", 8)))
+    where = L.Example("position", "Where is the red square?", "", {"position": "top left"})
+    assert confusable(where, [red_sq, green_sq])             # another square: a shape-only match picks it
+    assert confusable(where, [red_sq, red_star])             # another red shape: a colour-only match picks it
+    assert not confusable(where, [red_sq, blue_circle])
+    yes = L.Example("yesno", "Is there a red square?", "", {"yes": True})
+    no = L.Example("yesno", "Is there a blue square?", "", {"yes": False})
+    assert not confusable(yes, [red_sq, blue_circle]) and confusable(yes, [red_sq, green_sq])
+    assert confusable(no, [red_sq]) and not confusable(no, [red_star])   # a square (the asked shape) vs nothing
+    by_place = L.Example("shape", "What shape is in the top left?", "", {"shape": "square"})
+    assert not confusable(by_place, [red_sq, green_sq, red_star])
+
+
+def test_hard_weights_draw_confusable_examples_more_and_keep_each_kind_s_share(tok, tmp_path):
+    from sage_engine.tinyworld.data import HARD_FILE, KINDS, TrainSet, build_cache, build_hard_flags, scene_stream
+    from sage_engine.tinyworld.retrieval import confusable
+    build_cache(tmp_path, tok, seed=0, n_images=200, n_videos=10, log=lambda *a: None)
+    with pytest.raises(ValueError, match="hard_weights need"):
+        TrainSet.load(tmp_path, tok).draw_weights(None, {"position": 3.0})
+    build_hard_flags(tmp_path, seed=0, n_images=200, n_videos=10)
+    data = TrainSet.load(tmp_path, tok)
+    replayed = [confusable(e, (sc.start if m == "video" else sc).objects) for m, _, sc, _, exs in scene_stream(0, 200, 10)
+                for e in exs]
+    assert data.hard.tolist() == replayed and (tmp_path / HARD_FILE).exists()
+    kinds = data.ex["kind"].long()
+    pos = kinds == KINDS.index("position")
+    assert 0 < int((data.hard & pos).sum()) < int(pos.sum())   # both kinds of position question are in the cache
+    plain = data.draw_weights({"position": 1.5, "colour": 2.0})
+    hard = data.draw_weights({"position": 1.5, "colour": 2.0}, {"position": 3.0})
+    for k in range(len(KINDS)):   # no kind gains or loses draws
+        assert torch.isclose(plain[kinds == k].sum(), hard[kinds == k].sum()), KINDS[k]
+    assert not torch.equal(plain, hard) and torch.equal(plain[~pos], hard[~pos])
+    easy, hardest = hard[pos & ~data.hard].unique(), hard[pos & data.hard].unique()
+    assert len(easy) == len(hardest) == 1 and torch.isclose(hardest / easy, torch.tensor(3.0, dtype=hard.dtype)).all()
+    assert data.draw_weights(None, None) is None
+
+
 def test_retrieval_targets_point_at_the_object_each_sentence_is_about(tok, tmp_path):
     from sage_engine.tinyworld.data import TrainSet, build_cache, scene_stream
     from sage_engine.tinyworld.retrieval import answer_targets, sentence_masks
@@ -398,7 +439,8 @@ def test_retrieval_loss_rewards_attention_on_the_target_tokens():
                                      ["--place-weight", "0.1", "--place-rowcol-only", "--interleaved-rope",
                                       "--content-weight", "4", "--kind-weight", "describe=0.4",
                                       "--kind-weight", "motion=1.5", "--draft-kind-weight", "describe=2"],
-                                     ["--retrieval-weight", "0.3", "--interleaved-rope", "--mirror", "0.5"],
+                                     ["--retrieval-weight", "0.3", "--interleaved-rope", "--mirror", "0.5",
+                                      "--hard-weight", "position=3"],
                                      ["--no-place-before", "--event-targets", "evidence"]])
 def test_training_script_runs_a_few_steps(tmp_path, options, capsys):
     from transformers import AutoModelForImageTextToText, AutoProcessor
@@ -408,6 +450,8 @@ def test_training_script_runs_a_few_steps(tmp_path, options, capsys):
     config = json.loads(re.search(r"\[train\] config (\{.*\})", capsys.readouterr().out).group(1))
     assert config["draft_kind_weights"] == ([["describe", 2.0]] if "--draft-kind-weight" in options else [])
     assert config["mirror"] == (0.5 if "--mirror" in options else TrainConfig().mirror)
+    assert config["hard_weights"] == ([["position", 3.0]] if "--hard-weight" in options else
+                                      [list(x) for x in TrainConfig().hard_weights])
     t1 = "--no-place-before" in options   # run T1's recipe; the defaults are the shipped pair's (U2)
     assert config["place_before"] == (not t1) and config["event_targets"] == ("evidence" if t1 else "both")
     assert (tmp_path / "cache" / ("retrieval_v2.pt" if t1 else "retrieval_v3_both.pt")).exists()

@@ -37,6 +37,8 @@ def cmd_train(a) -> None:
         cfg = dataclasses.replace(cfg, kind_weights=tuple(a.kind_weight))
     if a.draft_kind_weight:
         cfg = dataclasses.replace(cfg, draft_kind_weights=tuple(a.draft_kind_weight))
+    if a.hard_weight:
+        cfg = dataclasses.replace(cfg, hard_weights=tuple(a.hard_weight))
     if a.retrieval_weight is not None:
         cfg = dataclasses.replace(cfg, retrieval_weight=a.retrieval_weight)
     cfg = dataclasses.replace(cfg, place_rowcol_only=a.place_rowcol_only or cfg.place_rowcol_only,
@@ -151,6 +153,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="drawing weight of the training examples of a question kind (repeatable; 1 if absent)")
     t.add_argument("--draft-kind-weight", action="append", default=[], metavar="KIND=W", type=_kind_weight,
                    help="the same for the draft's distillation (default: the natural draw)")
+    t.add_argument("--hard-weight", action="append", default=[], metavar="KIND=F", type=_kind_weight,
+                   help="within a kind, draw confusable examples (retrieval.confusable) F x as often, the kind's "
+                        "total unchanged (repeatable; default: TrainConfig's)")
     t.add_argument("--interleaved-rope", action=argparse.BooleanOptionalAction, default=None,
                    help="interleave the M-RoPE t/h/w frequencies (default: TrainConfig's, on)")
     t.add_argument("--content-weight", type=float, default=None,

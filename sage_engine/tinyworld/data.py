@@ -6,6 +6,8 @@ Layout of a cache directory:
   examples.pt  dict of tensors: tokens (flat), offsets, prompt_len, media (0 image / 1 video), index, kind
   image_labels.npy uint8 (N_img, IMAGE_TOKENS, vision_aux.N_LABELS) per-visual-token ground truth (training-only
                auxiliary loss); added to an older cache by replaying its seeded scene stream
+  hard_v1.pt   bool per example: retrieval.confusable (a partial match of the named object answers it wrongly);
+               replayed from the scene stream when missing (build_hard_flags)
   vision_targets.npz  image_dom int8 (N_img, IMAGE_TOKENS), video_labels uint8 (N_vid, VIDEO_TOKENS, N_LABELS),
                video_dom int8 (N_vid, VIDEO_TOKENS): vision_aux.token_targets for images and videos (replayed
                the same way when missing)
@@ -25,7 +27,7 @@ import numpy as np
 import torch
 
 from .language import IMAGE_KINDS, VIDEO_KINDS, image_example, video_example
-from .retrieval import answer_targets, targets_file
+from .retrieval import answer_targets, confusable, targets_file
 from .tokenizer import user_turn
 from .vision_aux import N_LABELS, clip_targets, image_targets
 from .world import (MODEL_FRAMES, SIZE, mirror_cell, read_video, render_clip, render_image, sample_clip, sample_scene,
@@ -175,6 +177,19 @@ def build_retrieval_targets(out: Path, tok, seed: int, n_images: int, n_videos: 
     torch.save(bits, out / targets_file(event_groups))
 
 
+HARD_FILE = "hard_v1.pt"
+
+
+def build_hard_flags(out: Path, seed: int, n_images: int, n_videos: int, per_image: int = 3, per_video: int = 2) -> None:
+    """HARD_FILE: for each cached example, whether it is retrieval.confusable in its scene (replayed from the
+    scene stream, like build_retrieval_targets)."""
+    flags = [confusable(e, (sc.start if m == "video" else sc).objects)
+             for m, _, sc, _, exs in scene_stream(seed, n_images, n_videos, per_image, per_video) for e in exs]
+    n = len(torch.load(out / "examples.pt")["kind"])
+    assert len(flags) == n, (len(flags), n)
+    torch.save(torch.tensor(flags), out / HARD_FILE)
+
+
 def replay_image_labels(out: Path, seed: int, n_images: int, n_videos: int | None = None, per_image: int = 3,
                         per_video: int = 2, check: int = 16) -> None:
     """Write image_labels.npy and vision_targets.npz for a cache built before they existed: replay
@@ -215,6 +230,7 @@ class TrainSet:
     targets: dict | None = None        # vision_targets.npz: image_dom, video_labels, video_dom
     retrieval: torch.Tensor | None = None   # retrieval.targets_file(): per cached token, a visual-token bit mask (retrieval.py)
     swap: torch.Tensor | None = None        # mirror_vocab(tok): the left / right swap of a mirrored example
+    hard: torch.Tensor | None = None        # HARD_FILE: bool per example (retrieval.confusable)
 
     @classmethod
     def load(cls, path: Path, tok, event_groups: str = "evidence") -> "TrainSet":
@@ -226,9 +242,10 @@ class TrainSet:
             swap = mirror_vocab(tok)
         except ValueError:   # a tokenizer that cannot mirror (tests' small corpora): collate refuses flips
             swap = None
+        hard = torch.load(path / HARD_FILE) if (path / HARD_FILE).exists() else None
         return cls(np.load(path / "images.npy", mmap_mode="r"), np.load(path / "videos.npy", mmap_mode="r"),
                    torch.load(path / "examples.pt"), tok.convert_tokens_to_ids("<|image_pad|>"),
-                   tok.convert_tokens_to_ids("<|video_pad|>"), tok.pad_token_id, lab, tg, ret, swap)
+                   tok.convert_tokens_to_ids("<|video_pad|>"), tok.pad_token_id, lab, tg, ret, swap, hard)
 
     def vision_targets(self, img_ids: list[int], vid_ids: list[int]) -> dict:
         """Aux targets of a batch: {"image": (labels, dom) or None, "video": (labels, dom) or None}."""
@@ -283,19 +300,39 @@ class TrainSet:
     def __len__(self) -> int:
         return len(self.ex["media"])
 
+    def draw_weights(self, kind_weights: dict[str, float] | None = None,
+                     hard_weights: dict[str, float] | None = None) -> torch.Tensor | None:
+        """Per-example drawing weights (None: uniform). kind_weights: relative weight of the examples of a kind
+        (KINDS; missing kinds weigh 1), e.g. {"describe": 0.4}: fewer descriptions per step. hard_weights:
+        within a kind, a confusable example (self.hard) is drawn this many times as often as another one of
+        its kind, the kind's total weight unchanged (so no other kind loses draws to it)."""
+        if not kind_weights and not hard_weights:
+            return None
+        unknown = (set(kind_weights or {}) | set(hard_weights or {})) - set(KINDS)
+        assert not unknown, f"unknown kinds {unknown}"
+        kinds = self.ex["kind"].long()
+        per_kind = torch.tensor([float((kind_weights or {}).get(k, 1.0)) for k in KINDS], dtype=torch.float64)
+        w = per_kind[kinds]
+        for k, f in (hard_weights or {}).items():
+            if self.hard is None:
+                raise ValueError(f"hard_weights need the cache's {HARD_FILE} (data.build_hard_flags)")
+            of_kind = kinds == KINDS.index(k)
+            hard = of_kind & self.hard
+            if not bool(hard.any()):
+                continue
+            share = float(hard.sum()) / float(of_kind.sum())
+            w = torch.where(of_kind, w * torch.where(hard, f, 1.0) / (share * f + 1 - share), w)
+        return w
+
     def batches(self, batch_size: int, rng: random.Random, pool: int = 64, kind_weights: dict[str, float] | None = None,
-                mirror: float = 0.0):
-        """Endless length-bucketed batches: draw pool * batch_size examples, sort by length,
-        cut into batches, shuffle those. kind_weights: relative drawing weight of the examples of a kind
-        (KINDS; missing kinds weigh 1), e.g. {"describe": 0.4}: fewer descriptions per step.
-        mirror: each example is shown left-right mirrored with this probability (collate)."""
+                mirror: float = 0.0, hard_weights: dict[str, float] | None = None):
+        """Endless length-bucketed batches: draw pool * batch_size examples (draw_weights), sort by length,
+        cut into batches, shuffle those. mirror: each example is shown left-right mirrored with this
+        probability (collate)."""
         lens = (self.ex["offsets"][1:] - self.ex["offsets"][:-1]).tolist()
         n = len(self)
-        w = None
-        if kind_weights:
-            assert set(kind_weights) <= set(KINDS), f"unknown kinds {set(kind_weights) - set(KINDS)}"
-            per_kind = torch.tensor([float(kind_weights.get(k, 1.0)) for k in KINDS], dtype=torch.float64)
-            w = per_kind[self.ex["kind"].long()]
+        w = self.draw_weights(kind_weights, hard_weights)
+        if w is not None:
             gen = torch.Generator().manual_seed(rng.randrange(1 << 62))
         while True:
             if w is None:

@@ -91,6 +91,18 @@ def near_misses(prompt: str, objects) -> list[Obj]:
     return [o for o in objects if re.search(rf"\b{o.colour}\b", t) or re.search(rf"\b{o.shape}\b", t)]
 
 
+def confusable(ex: Example, objects) -> bool:
+    """A question a partial match gets wrong: "Where is the blue square?" with a green square or a blue star
+    beside it (another object shares the named object's colour or shape), or "Is there a blue circle?" with
+    a near miss that is not the asked object itself. Questions asked by place or by shape alone: False.
+    data.build_hard_flags marks the cached examples; TrainConfig.hard_weights draws these more often."""
+    if ex.kind == "yesno":
+        return len(near_misses(ex.prompt, objects)) > (1 if ex.facts.get("yes") else 0)
+    named = _named(ex.prompt, objects)
+    return bool(named) and any(x is not named[0] and (x.colour == named[0].colour or x.shape == named[0].shape)
+                               for x in objects)
+
+
 def sentence_masks(ex: Example, media: Scene | Clip, event_groups: str = "evidence") -> list[tuple[int, int, int]]:
     """[(start, end, bits)]: character spans of the answer's sentences and their visual-token masks."""
     clip = media if isinstance(media, Clip) else None

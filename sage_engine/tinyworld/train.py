@@ -33,7 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from . import models as M
-from .data import TrainSet, build_cache, build_retrieval_targets, check_against_processor, replay_image_labels
+from .data import (HARD_FILE, TrainSet, build_cache, build_hard_flags, build_retrieval_targets, check_against_processor,
+                   replay_image_labels)
 from .evaluate import evaluate, make_items
 from .retrieval import RetrievalAux, targets_file
 from .vision_aux import PlaceAux, VisionAux, whiten_patch_embed
@@ -68,6 +69,8 @@ class TrainConfig:
     content_weight: float = 1.0   # loss weight of answer tokens that name a fact (content_tokens) vs phrasing tokens
     tower_lr_scale: float = 0.3   # learning rate of the vision tower while the language model trains, x target_lr
     kind_weights: tuple[tuple[str, float], ...] = (("motion", 2.0), ("colour", 2.0), ("yesno", 2.5), ("shape", 1.5), ("position", 1.5))   # (kind, weight) drawing weights of training examples (data.KINDS; 1 if absent)
+    hard_weights: tuple[tuple[str, float], ...] = ()   # (kind, factor): within the kind, confusable examples
+                                  # (retrieval.confusable) drawn factor x as often, the kind's total unchanged
     draft_kind_weights: tuple[tuple[str, float], ...] = ()   # the same for the draft's distillation; none: the natural draw,
                                   # where descriptions carry most answer tokens (the long texts speculation pays on)
     retrieval_weight: float = 0.3  # weight of the retrieval loss (retrieval.py) on the target's retrieval_heads
@@ -95,6 +98,9 @@ def prepare(cache: Path, cfg: TrainConfig, log=print):
             t0 = time.time()
             replay_image_labels(cache, cfg.seed, cfg.n_images, cfg.n_videos)
             log(f"[data] per-token vision labels replayed in {time.time() - t0:.0f}s")
+        if cfg.hard_weights and not (cache / HARD_FILE).exists():
+            build_hard_flags(cache, cfg.seed, cfg.n_images, cfg.n_videos)
+            log("[data] confusable-example flags replayed")
         if cfg.retrieval_weight > 0 and not (cache / targets_file(cfg.event_targets)).exists():
             t0 = time.time()
             build_retrieval_targets(cache, tok, cfg.seed, cfg.n_images, cfg.n_videos, event_groups=cfg.event_targets)
@@ -104,6 +110,7 @@ def prepare(cache: Path, cfg: TrainConfig, log=print):
         tok = build_tokenizer(world_corpus(2000, cfg.seed))
         log(f"[data] tokenizer: {len(tok)} tokens")
         build_cache(cache, tok, cfg.seed, cfg.n_images, cfg.n_videos, log=log, event_groups=cfg.event_targets)
+        build_hard_flags(cache, cfg.seed, cfg.n_images, cfg.n_videos)
         tok.save_pretrained(cache / "tokenizer")
         log(f"[data] cache built in {time.time() - t0:.0f}s")
     processor = M.build_processor(tok)
@@ -226,7 +233,7 @@ def train_target(model, data: TrainSet, processor, cfg: TrainConfig, log=print, 
     opt = torch.optim.AdamW([{"params": rest, "scale": 1.0}, {"params": tower, "scale": cfg.tower_lr_scale}],
                             lr=cfg.target_lr, betas=(0.9, 0.98), weight_decay=0.05)
     batches = data.batches(cfg.batch_size, random.Random(cfg.seed + 1), kind_weights=dict(cfg.kind_weights),
-                           mirror=cfg.mirror)
+                           mirror=cfg.mirror, hard_weights=dict(cfg.hard_weights))
     model.train()
     t0, run, run_aux, run_place, run_ret, run_share = time.time(), 0.0, 0.0, 0.0, 0.0, 0.0
     for step in range(cfg.target_steps):
