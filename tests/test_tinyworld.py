@@ -297,6 +297,37 @@ def test_hard_weights_draw_confusable_examples_more_and_keep_each_kind_s_share(t
     assert data.draw_weights(None, None) is None
 
 
+def test_prompt_targets_start_where_the_question_has_named_its_object(tok, tmp_path):
+    from sage_engine.tinyworld.data import TrainSet, build_cache, build_prompt_targets, expand_pads
+    from sage_engine.tinyworld.retrieval import addressed_at, prompt_targets
+    q = "Is the triangle in the bottom right small or large?"
+    assert q[:addressed_at(q)].endswith("bottom right")
+    assert "Where is the red square?"[:addressed_at("Where is the red square?")].endswith("red square")
+    assert addressed_at("How many shapes are there?") == len("How many shapes are there?")
+    sq, star = W.Obj("square", "red", "small", 5), W.Obj("star", "blue", "large", 3)
+    scene = W.Scene("white", (sq, star))
+    for ex, want in ((L.Example("shape", "What shape is on the right?", "It is a square.", {"shape": "square"}), 1 << 5),
+                     (L.Example("position", "Where is the blue star?", "It is on the left.", {"position": "left"}), 1 << 3),
+                     (L.Example("describe", "Describe this image.", "Two shapes.", {}), 0)):
+        text = expand_pads(user_turn("image", ex.prompt))
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        bits = prompt_targets(ex, scene, tok, text, ids)
+        words = [tok.decode([t]) for t in ids]
+        assert len(bits) == len(ids) and set(bits) == ({0, want} if want else {0}), (ex.prompt, bits)
+        if want:   # the first marked token follows the addressing word: the word's position is supervised
+            first = bits.index(want)
+            assert words[first - 1].strip() in ("right", "star") and all(bits[first:]), words[first - 1:]
+    build_cache(tmp_path, tok, seed=0, n_images=20, n_videos=6, log=lambda *a: None)
+    build_prompt_targets(tmp_path, tok, seed=0, n_images=20, n_videos=6)
+    plain, both = TrainSet.load(tmp_path, tok), TrainSet.load(tmp_path, tok, prompt_targets=True)
+    ex = plain.ex
+    prompt = torch.zeros(len(ex["tokens"]), dtype=torch.bool)
+    for i, n in enumerate(ex["prompt_len"]):
+        prompt[int(ex["offsets"][i]):int(ex["offsets"][i]) + int(n)] = True
+    assert torch.equal(both.retrieval[~prompt], plain.retrieval[~prompt]) and not plain.retrieval[prompt].any()
+    assert both.retrieval[prompt].any()
+
+
 def test_retrieval_targets_point_at_the_object_each_sentence_is_about(tok, tmp_path):
     from sage_engine.tinyworld.data import TrainSet, build_cache, scene_stream
     from sage_engine.tinyworld.retrieval import answer_targets, sentence_masks
@@ -440,7 +471,7 @@ def test_retrieval_loss_rewards_attention_on_the_target_tokens():
                                       "--content-weight", "4", "--kind-weight", "describe=0.4",
                                       "--kind-weight", "motion=1.5", "--draft-kind-weight", "describe=2"],
                                      ["--retrieval-weight", "0.3", "--interleaved-rope", "--mirror", "0.5",
-                                      "--hard-weight", "position=3"],
+                                      "--hard-weight", "position=3", "--prompt-targets"],
                                      ["--no-place-before", "--event-targets", "evidence"]])
 def test_training_script_runs_a_few_steps(tmp_path, options, capsys):
     from transformers import AutoModelForImageTextToText, AutoProcessor
@@ -450,6 +481,8 @@ def test_training_script_runs_a_few_steps(tmp_path, options, capsys):
     config = json.loads(re.search(r"\[train\] config (\{.*\})", capsys.readouterr().out).group(1))
     assert config["draft_kind_weights"] == ([["describe", 2.0]] if "--draft-kind-weight" in options else [])
     assert config["mirror"] == (0.5 if "--mirror" in options else TrainConfig().mirror)
+    assert config["prompt_targets"] == ("--prompt-targets" in options or TrainConfig().prompt_targets)
+    assert (tmp_path / "cache" / "retrieval_prompt_v1.pt").exists()   # built with the cache, used when asked
     assert config["hard_weights"] == ([["position", 3.0]] if "--hard-weight" in options else
                                       [list(x) for x in TrainConfig().hard_weights])
     t1 = "--no-place-before" in options   # run T1's recipe; the defaults are the shipped pair's (U2)

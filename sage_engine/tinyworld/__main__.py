@@ -37,6 +37,8 @@ def cmd_train(a) -> None:
         cfg = dataclasses.replace(cfg, kind_weights=tuple(a.kind_weight))
     if a.draft_kind_weight:
         cfg = dataclasses.replace(cfg, draft_kind_weights=tuple(a.draft_kind_weight))
+    if a.prompt_targets is not None:
+        cfg = dataclasses.replace(cfg, prompt_targets=a.prompt_targets)
     if a.hard_weight:
         cfg = dataclasses.replace(cfg, hard_weights=tuple(a.hard_weight))
     if a.retrieval_weight is not None:
@@ -153,6 +155,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="drawing weight of the training examples of a question kind (repeatable; 1 if absent)")
     t.add_argument("--draft-kind-weight", action="append", default=[], metavar="KIND=W", type=_kind_weight,
                    help="the same for the draft's distillation (default: the natural draw)")
+    t.add_argument("--prompt-targets", action=argparse.BooleanOptionalAction, default=None,
+                   help="the retrieval loss also supervises a question's tokens once it has named its object "
+                        "(retrieval.prompt_targets; default: TrainConfig's)")
     t.add_argument("--hard-weight", action="append", default=[], metavar="KIND=F", type=_kind_weight,
                    help="within a kind, draw confusable examples (retrieval.confusable) F x as often, the kind's "
                         "total unchanged (repeatable; default: TrainConfig's)")

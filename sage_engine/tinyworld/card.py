@@ -57,6 +57,10 @@ def _mix_text(tc: dict) -> str:
         out += f"; answer tokens that name a fact weigh {tc['content_weight']:g}x the phrasing"
     if tc.get("kind_weights"):
         out += "; examples" + _weights_text(tc["kind_weights"])
+    if tc.get("hard_weights"):
+        out += ("; within a kind, questions a partial match answers wrongly (another object shares the named one's "
+                "colour or shape) drawn " + ", ".join(f"{k} {w:g}x" for k, w in tc["hard_weights"])
+                + " as often, each kind's share unchanged")
     if tc.get("mirror"):
         out += (f"; {tc['mirror']:.0%} of the examples shown left-right mirrored (picture flipped, 'left' / 'right'"
                 " swapped, per-token targets moved with their tokens)")

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from .language import IMAGE_KINDS, VIDEO_KINDS, image_example, video_example
-from .retrieval import answer_targets, confusable, targets_file
+from .retrieval import PROMPT_TARGETS_FILE, answer_targets, confusable, prompt_targets, targets_file
 from .tokenizer import user_turn
 from .vision_aux import N_LABELS, clip_targets, image_targets
 from .world import (MODEL_FRAMES, SIZE, mirror_cell, read_video, render_clip, render_image, sample_clip, sample_scene,
@@ -177,6 +177,25 @@ def build_retrieval_targets(out: Path, tok, seed: int, n_images: int, n_videos: 
     torch.save(bits, out / targets_file(event_groups))
 
 
+def build_prompt_targets(out: Path, tok, seed: int, n_images: int, n_videos: int, per_image: int = 3,
+                         per_video: int = 2, event_groups: str = "evidence") -> None:
+    """retrieval.PROMPT_TARGETS_FILE: int64 per cached token, retrieval.prompt_targets on the prompt tokens
+    (0 on answer tokens); replayed from the scene stream."""
+    ex = torch.load(out / "examples.pt")
+    tokens, offsets, plen = ex["tokens"], ex["offsets"], ex["prompt_len"]
+    bits = torch.zeros(len(tokens), dtype=torch.long)
+    k = 0
+    for m, _, sc, _, exs in scene_stream(seed, n_images, n_videos, per_image, per_video):
+        for e in exs:
+            a = int(offsets[k])
+            text = expand_pads(user_turn(m, e.prompt))
+            bits[a:a + int(plen[k])] = torch.tensor(prompt_targets(e, sc, tok, text, tokens[a:a + int(plen[k])].tolist(),
+                                                                   event_groups), dtype=torch.long)
+            k += 1
+    assert k == len(plen), (k, len(plen))
+    torch.save(bits, out / PROMPT_TARGETS_FILE)
+
+
 HARD_FILE = "hard_v1.pt"
 
 
@@ -233,11 +252,15 @@ class TrainSet:
     hard: torch.Tensor | None = None        # HARD_FILE: bool per example (retrieval.confusable)
 
     @classmethod
-    def load(cls, path: Path, tok, event_groups: str = "evidence") -> "TrainSet":
+    def load(cls, path: Path, tok, event_groups: str = "evidence", prompt_targets: bool = False) -> "TrainSet":
+        """prompt_targets: the retrieval targets also cover the question (retrieval.prompt_targets; needs
+        PROMPT_TARGETS_FILE, build_prompt_targets)."""
         lab = np.load(path / "image_labels.npy") if (path / "image_labels.npy").exists() else None
         tg = dict(np.load(path / "vision_targets.npz")) if (path / "vision_targets.npz").exists() else None
         ret_file = path / targets_file(event_groups)
         ret = torch.load(ret_file) if ret_file.exists() else None
+        if ret is not None and prompt_targets:
+            ret = ret | torch.load(path / PROMPT_TARGETS_FILE)
         try:
             swap = mirror_vocab(tok)
         except ValueError:   # a tokenizer that cannot mirror (tests' small corpora): collate refuses flips

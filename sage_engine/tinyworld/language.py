@@ -240,7 +240,7 @@ VIDEO_KINDS = ("describe_video", "motion", "count")
 
 # ---------------------------------------------------------------- scoring
 
-_POS_RE = re.compile(r"\b(top left|top right|bottom left|bottom right|top|bottom|left|right|centre|middle)\b")
+POSITION_RE = re.compile(r"\b(top left|top right|bottom left|bottom right|top|bottom|left|right|centre|middle)\b")
 _OBJ_RE = re.compile(r"\b(small|large) (" + "|".join(COLOURS) + r") (" + "|".join(SHAPES) + r")\b")
 
 
@@ -249,7 +249,7 @@ def _words(text: str, vocab) -> list[str]:
 
 
 def parse_position(text: str) -> str | None:
-    found = _POS_RE.findall(text.lower())
+    found = POSITION_RE.findall(text.lower())
     if not found:
         return None
     p = found[-1]

@@ -36,8 +36,8 @@ import re
 
 import torch
 
-from .language import NUMBERS, Example, parse_position
-from .world import POSITIONS, Clip, Obj, Scene
+from .language import POSITION_RE, NUMBERS, Example, parse_position
+from .world import POSITIONS, SHAPES, Clip, Obj, Scene
 
 N_CELLS = len(POSITIONS)
 EVENT_GROUPS = ("evidence", "both")
@@ -129,6 +129,40 @@ def sentence_masks(ex: Example, media: Scene | Clip, event_groups: str = "eviden
                 bits = _bits([o.cell for o in near_misses(ex.prompt, start_objs)])
         out.append((m.start(), m.end(), bits))
     return out
+
+
+PROMPT_TARGETS_FILE = "retrieval_prompt_v1.pt"
+PROMPT_KINDS = ("colour", "shape", "size", "position", "yesno", "count")
+_SHAPE_WORDS = re.compile(r"\b(" + "|".join(SHAPES) + r")\b")
+
+
+def addressed_at(question: str) -> int:
+    """Where a question has said which object it asks about: the end of its last place phrase, colour-and-shape
+    name or shape word ("Is the triangle in the bottom right small or large?" -> after "bottom right");
+    the question's length when it names none ("How many shapes are there?")."""
+    ends = [m.end() for rx in (POSITION_RE, _SHAPE_WORDS) for m in rx.finditer(question.lower())]
+    return max(ends, default=len(question))
+
+
+def prompt_targets(ex: Example, media: Scene | Clip, tok, prompt_text: str, prompt_ids: list[int],
+                   event_groups: str = "evidence") -> list[int]:
+    """One visual-token bit mask per prompt token (prompt_text: the whole user turn as cached, pads expanded):
+    for a short question (PROMPT_KINDS), every token after the point where the question has said which object
+    it asks about gets the first answer sentence's mask, so that the supervised heads find the object while the
+    question is read (the token after "right" makes the position of "right" look at the right-hand object);
+    0 elsewhere and for descriptions and events."""
+    out = [0] * len(prompt_ids)
+    if ex.kind not in PROMPT_KINDS:
+        return out
+    spans = sentence_masks(ex, media, event_groups)
+    bits = spans[0][2] if spans else 0
+    q = prompt_text.rfind(ex.prompt)
+    if not bits or q < 0:
+        return out
+    enc = tok(prompt_text, add_special_tokens=False, return_offsets_mapping=True)
+    assert enc["input_ids"] == prompt_ids, "prompt tokens differ from the cache's"
+    start = q + addressed_at(ex.prompt)
+    return [bits if a >= start else 0 for a, _ in enc["offset_mapping"]]
 
 
 def answer_targets(ex: Example, media: Scene | Clip, tok, answer_ids: list[int], event_groups: str = "evidence") -> list[int]:

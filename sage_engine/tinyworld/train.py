@@ -33,10 +33,10 @@ import torch
 import torch.nn.functional as F
 
 from . import models as M
-from .data import (HARD_FILE, TrainSet, build_cache, build_hard_flags, build_retrieval_targets, check_against_processor,
-                   replay_image_labels)
+from .data import (HARD_FILE, TrainSet, build_cache, build_hard_flags, build_prompt_targets, build_retrieval_targets,
+                   check_against_processor, replay_image_labels)
 from .evaluate import evaluate, make_items
-from .retrieval import RetrievalAux, targets_file
+from .retrieval import PROMPT_TARGETS_FILE, RetrievalAux, targets_file
 from .vision_aux import PlaceAux, VisionAux, whiten_patch_embed
 from .tokenizer import build_tokenizer, world_corpus
 
@@ -75,6 +75,7 @@ class TrainConfig:
                                   # where descriptions carry most answer tokens (the long texts speculation pays on)
     retrieval_weight: float = 0.3  # weight of the retrieval loss (retrieval.py) on the target's retrieval_heads
     retrieval_heads: tuple[tuple[int, int], ...] = ((2, 0), (4, 0))   # (decoder layer, attention head) pairs it supervises
+    prompt_targets: bool = False  # the retrieval loss also supervises the question's tokens once it has named its object
     event_targets: str = "both"   # retrieval target of an event sentence (retrieval.EVENT_GROUPS; T1: "evidence")
     mirror: float = 0.5           # share of training examples shown left-right mirrored (data.TrainSet.collate; M1; U2: 0)
     target: M.PairMember = M.TARGET
@@ -101,6 +102,9 @@ def prepare(cache: Path, cfg: TrainConfig, log=print):
         if cfg.hard_weights and not (cache / HARD_FILE).exists():
             build_hard_flags(cache, cfg.seed, cfg.n_images, cfg.n_videos)
             log("[data] confusable-example flags replayed")
+        if cfg.retrieval_weight > 0 and cfg.prompt_targets and not (cache / PROMPT_TARGETS_FILE).exists():
+            build_prompt_targets(cache, tok, cfg.seed, cfg.n_images, cfg.n_videos, event_groups=cfg.event_targets)
+            log("[data] prompt retrieval targets replayed")
         if cfg.retrieval_weight > 0 and not (cache / targets_file(cfg.event_targets)).exists():
             t0 = time.time()
             build_retrieval_targets(cache, tok, cfg.seed, cfg.n_images, cfg.n_videos, event_groups=cfg.event_targets)
@@ -111,11 +115,12 @@ def prepare(cache: Path, cfg: TrainConfig, log=print):
         log(f"[data] tokenizer: {len(tok)} tokens")
         build_cache(cache, tok, cfg.seed, cfg.n_images, cfg.n_videos, log=log, event_groups=cfg.event_targets)
         build_hard_flags(cache, cfg.seed, cfg.n_images, cfg.n_videos)
+        build_prompt_targets(cache, tok, cfg.seed, cfg.n_images, cfg.n_videos, event_groups=cfg.event_targets)
         tok.save_pretrained(cache / "tokenizer")
         log(f"[data] cache built in {time.time() - t0:.0f}s")
     processor = M.build_processor(tok)
     check_against_processor(processor)
-    return tok, processor, TrainSet.load(cache, tok, cfg.event_targets)
+    return tok, processor, TrainSet.load(cache, tok, cfg.event_targets, cfg.prompt_targets and cfg.retrieval_weight > 0)
 
 
 def _quick_eval(model, processor, items, tag: str, log) -> None:
