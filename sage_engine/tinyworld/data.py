@@ -159,40 +159,39 @@ def build_cache(out: Path, tok, seed: int, n_images: int, n_videos: int, per_ima
     build_retrieval_targets(out, tok, seed, n_images, n_videos, per_image, per_video, event_groups)
 
 
-def build_retrieval_targets(out: Path, tok, seed: int, n_images: int, n_videos: int, per_image: int = 3,
-                            per_video: int = 2, event_groups: str = "evidence") -> None:
-    """retrieval.targets_file(event_groups): int64 per cached token, the visual-token bit mask
-    retrieval.answer_targets gives (0 on prompt tokens and on answer tokens without a target); replayed
-    from the scene stream."""
-    ex = torch.load(out / "examples.pt")
-    tokens, offsets, plen = ex["tokens"], ex["offsets"], ex["prompt_len"]
-    bits = torch.zeros(len(tokens), dtype=torch.long)
-    k = 0
-    for _, _, sc, _, exs in scene_stream(seed, n_images, n_videos, per_image, per_video):
-        for e in exs:
-            a, b = int(offsets[k]) + int(plen[k]), int(offsets[k + 1])
-            bits[a:b] = torch.tensor(answer_targets(e, sc, tok, tokens[a:b].tolist(), event_groups), dtype=torch.long)
-            k += 1
-    assert k == len(plen), (k, len(plen))
-    torch.save(bits, out / targets_file(event_groups))
-
-
-def build_prompt_targets(out: Path, tok, seed: int, n_images: int, n_videos: int, per_image: int = 3,
-                         per_video: int = 2, event_groups: str = "evidence") -> None:
-    """retrieval.PROMPT_TARGETS_FILE: int64 per cached token, retrieval.prompt_targets on the prompt tokens
-    (0 on answer tokens); replayed from the scene stream."""
+def _replay_token_targets(out: Path, seed: int, n_images: int, n_videos: int, per_image: int, per_video: int,
+                          targets) -> torch.Tensor:
+    """int64 per cached token: targets(media, scene, example, prompt_ids, answer_ids) -> one bit mask per token of
+    the example, replayed from the scene stream."""
     ex = torch.load(out / "examples.pt")
     tokens, offsets, plen = ex["tokens"], ex["offsets"], ex["prompt_len"]
     bits = torch.zeros(len(tokens), dtype=torch.long)
     k = 0
     for m, _, sc, _, exs in scene_stream(seed, n_images, n_videos, per_image, per_video):
         for e in exs:
-            a = int(offsets[k])
-            text = expand_pads(user_turn(m, e.prompt))
-            bits[a:a + int(plen[k])] = torch.tensor(prompt_targets(e, sc, tok, text, tokens[a:a + int(plen[k])].tolist(),
-                                                                   event_groups), dtype=torch.long)
+            a, p, b = int(offsets[k]), int(offsets[k]) + int(plen[k]), int(offsets[k + 1])
+            bits[a:b] = torch.tensor(targets(m, sc, e, tokens[a:p].tolist(), tokens[p:b].tolist()), dtype=torch.long)
             k += 1
     assert k == len(plen), (k, len(plen))
+    return bits
+
+
+def build_retrieval_targets(out: Path, tok, seed: int, n_images: int, n_videos: int, per_image: int = 3,
+                            per_video: int = 2, event_groups: str = "evidence") -> None:
+    """retrieval.targets_file(event_groups): int64 per cached token, the visual-token bit mask
+    retrieval.answer_targets gives (0 on prompt tokens and on answer tokens without a target)."""
+    bits = _replay_token_targets(out, seed, n_images, n_videos, per_image, per_video, lambda m, sc, e, p_ids, a_ids:
+                                 [0] * len(p_ids) + answer_targets(e, sc, tok, a_ids, event_groups))
+    torch.save(bits, out / targets_file(event_groups))
+
+
+def build_prompt_targets(out: Path, tok, seed: int, n_images: int, n_videos: int, per_image: int = 3,
+                         per_video: int = 2, event_groups: str = "evidence") -> None:
+    """retrieval.PROMPT_TARGETS_FILE: int64 per cached token, retrieval.prompt_targets on the prompt tokens
+    (0 on answer tokens)."""
+    bits = _replay_token_targets(out, seed, n_images, n_videos, per_image, per_video, lambda m, sc, e, p_ids, a_ids:
+                                 prompt_targets(e, sc, tok, expand_pads(user_turn(m, e.prompt)), p_ids, event_groups)
+                                 + [0] * len(a_ids))
     torch.save(bits, out / PROMPT_TARGETS_FILE)
 
 
