@@ -250,9 +250,10 @@ def test_kind_weights_change_the_drawn_mix(tok, tmp_path):
     with pytest.raises(AssertionError, match="unknown kinds"):
         next(data.batches(4, random.Random(0), kind_weights={"colours": 2.0}))
     from sage_engine.tinyworld.__main__ import main
-    for bad in ("colours=2", "describe", "describe=-1"):
+    for flag, bad in (("--kind-weight", "colours=2"), ("--kind-weight", "describe"), ("--kind-weight", "describe=-1"),
+                      ("--hard-weight", "colours=2"), ("--prompt-targets", "describe")):
         with pytest.raises(SystemExit):
-            main(["train", "--kind-weight", bad, "--out", str(tmp_path / "never")])
+            main(["train", flag, bad, "--out", str(tmp_path / "never")])
     assert not (tmp_path / "never").exists()
 
 
@@ -298,8 +299,8 @@ def test_hard_weights_draw_confusable_examples_more_and_keep_each_kind_s_share(t
 
 
 def test_prompt_targets_start_where_the_question_has_named_its_object(tok, tmp_path):
-    from sage_engine.tinyworld.data import TrainSet, build_cache, build_prompt_targets, expand_pads
-    from sage_engine.tinyworld.retrieval import addressed_at, prompt_targets
+    from sage_engine.tinyworld.data import KINDS, TrainSet, build_cache, build_prompt_targets, expand_pads
+    from sage_engine.tinyworld.retrieval import addressed_at, prompt_targets, sentence_masks
     q = "Is the triangle in the bottom right small or large?"
     assert q[:addressed_at(q)].endswith("bottom right")
     assert "Where is the red square?"[:addressed_at("Where is the red square?")].endswith("red square")
@@ -308,7 +309,7 @@ def test_prompt_targets_start_where_the_question_has_named_its_object(tok, tmp_p
     scene = W.Scene("white", (sq, star))
     for ex, want in ((L.Example("shape", "What shape is on the right?", "It is a square.", {"shape": "square"}), 1 << 5),
                      (L.Example("position", "Where is the blue star?", "It is on the left.", {"position": "left"}), 1 << 3),
-                     (L.Example("describe", "Describe this image.", "Two shapes.", {}), 0)):
+                     (L.Example("describe", "Describe this image.", "Two shapes.", {}), 0)):   # (motion: below)
         text = expand_pads(user_turn("image", ex.prompt))
         ids = tok(text, add_special_tokens=False)["input_ids"]
         bits = prompt_targets(ex, scene, tok, text, ids)
@@ -317,15 +318,27 @@ def test_prompt_targets_start_where_the_question_has_named_its_object(tok, tmp_p
         if want:   # the first marked token follows the addressing word: the word's position is supervised
             first = bits.index(want)
             assert words[first - 1].strip() in ("right", "star") and all(bits[first:]), words[first - 1:]
+    clip = W.sample_clip(random.Random(3))   # "What happens?" names no object: the tokens after it look at the event
+    ex = L.video_example(clip, random.Random(3), "motion")
+    text = expand_pads(user_turn("video", ex.prompt))
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    bits = prompt_targets(ex, clip, tok, text, ids)
+    (_, _, event), = sentence_masks(ex, clip)
+    first = bits.index(event)
+    assert event and tok.decode(ids[first - 1:first + 1]).startswith("?") and set(bits[first:]) == {event}
+    assert not any(bits[:first])
     build_cache(tmp_path, tok, seed=0, n_images=20, n_videos=6, log=lambda *a: None)
     build_prompt_targets(tmp_path, tok, seed=0, n_images=20, n_videos=6)
-    plain, both = TrainSet.load(tmp_path, tok), TrainSet.load(tmp_path, tok, prompt_targets=True)
+    plain, both = TrainSet.load(tmp_path, tok), TrainSet.load(tmp_path, tok, prompt_kinds=("shape", "motion"))
     ex = plain.ex
     prompt = torch.zeros(len(ex["tokens"]), dtype=torch.bool)
+    kind = torch.zeros(len(ex["tokens"]), dtype=torch.long)
     for i, n in enumerate(ex["prompt_len"]):
         prompt[int(ex["offsets"][i]):int(ex["offsets"][i]) + int(n)] = True
+        kind[int(ex["offsets"][i]):int(ex["offsets"][i + 1])] = ex["kind"][i]
     assert torch.equal(both.retrieval[~prompt], plain.retrieval[~prompt]) and not plain.retrieval[prompt].any()
-    assert both.retrieval[prompt].any()
+    marked = set(kind[prompt & (both.retrieval != 0)].tolist())   # only the chosen kinds' questions, both of them
+    assert marked == {KINDS.index("shape"), KINDS.index("motion")}, marked
 
 
 def test_retrieval_targets_point_at_the_object_each_sentence_is_about(tok, tmp_path):
@@ -471,7 +484,7 @@ def test_retrieval_loss_rewards_attention_on_the_target_tokens():
                                       "--content-weight", "4", "--kind-weight", "describe=0.4",
                                       "--kind-weight", "motion=1.5", "--draft-kind-weight", "describe=2"],
                                      ["--retrieval-weight", "0.3", "--interleaved-rope", "--mirror", "0.5",
-                                      "--hard-weight", "position=3", "--prompt-targets"],
+                                      "--hard-weight", "position=3", "--prompt-targets", "shape,motion"],
                                      ["--no-place-before", "--event-targets", "evidence"]])
 def test_training_script_runs_a_few_steps(tmp_path, options, capsys):
     from transformers import AutoModelForImageTextToText, AutoProcessor
@@ -481,8 +494,9 @@ def test_training_script_runs_a_few_steps(tmp_path, options, capsys):
     config = json.loads(re.search(r"\[train\] config (\{.*\})", capsys.readouterr().out).group(1))
     assert config["draft_kind_weights"] == ([["describe", 2.0]] if "--draft-kind-weight" in options else [])
     assert config["mirror"] == (0.5 if "--mirror" in options else TrainConfig().mirror)
-    assert config["prompt_targets"] == ("--prompt-targets" in options or TrainConfig().prompt_targets)
-    assert (tmp_path / "cache" / "retrieval_prompt_v1.pt").exists()   # built with the cache, used when asked
+    assert config["prompt_targets"] == (["shape", "motion"] if "--prompt-targets" in options
+                                        else list(TrainConfig().prompt_targets))
+    assert (tmp_path / "cache" / "retrieval_prompt_v2.pt").exists()   # built with the cache, used when asked
     assert config["hard_weights"] == ([["position", 3.0]] if "--hard-weight" in options else
                                       [list(x) for x in TrainConfig().hard_weights])
     t1 = "--no-place-before" in options   # run T1's recipe; the defaults are the shipped pair's (U2)

@@ -122,6 +122,15 @@ def _kind_weight(value: str) -> tuple[str, float]:
     return kind, weight
 
 
+def _prompt_kinds(value: str) -> tuple[str, ...]:
+    """KIND,KIND (or none) for `train --prompt-targets`, checked before any work starts."""
+    from .retrieval import PROMPT_KINDS
+    kinds = tuple(k for k in value.split(",") if k and k != "none")
+    if any(k not in PROMPT_KINDS for k in kinds):
+        raise argparse.ArgumentTypeError(f"use none or a comma-separated list of {', '.join(PROMPT_KINDS)}")
+    return kinds
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m sage_engine.tinyworld", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -155,9 +164,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="drawing weight of the training examples of a question kind (repeatable; 1 if absent)")
     t.add_argument("--draft-kind-weight", action="append", default=[], metavar="KIND=W", type=_kind_weight,
                    help="the same for the draft's distillation (default: the natural draw)")
-    t.add_argument("--prompt-targets", action=argparse.BooleanOptionalAction, default=None,
-                   help="the retrieval loss also supervises a question's tokens once it has named its object "
-                        "(retrieval.prompt_targets; default: TrainConfig's)")
+    t.add_argument("--prompt-targets", default=None, metavar="KIND,KIND|none", type=_prompt_kinds,
+                   help="kinds whose questions' tokens the retrieval loss also supervises once the question has "
+                        "named its object (retrieval.prompt_targets; default: TrainConfig's)")
     t.add_argument("--hard-weight", action="append", default=[], metavar="KIND=F", type=_kind_weight,
                    help="within a kind, draw confusable examples (retrieval.confusable) F x as often, the kind's "
                         "total unchanged (repeatable; default: TrainConfig's)")

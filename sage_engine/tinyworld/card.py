@@ -70,7 +70,8 @@ def _mix_text(tc: dict) -> str:
         heads = ", ".join(f"layer {l} head {h}" for l, h in tc.get("retrieval_heads", ()))
         out += f"; retrieval loss {tc['retrieval_weight']:g} on the attention of {heads} (retrieval.py"
         if tc.get("prompt_targets"):
-            out += "; also on a question's tokens once it has named its object"
+            out += ("; also on a question's tokens once it has named its object, for "
+                    + ", ".join(tc["prompt_targets"]) + " questions")
         out += "; an event sentence's target: its cells in both temporal groups)" if tc.get("event_targets") == "both" else ")"
     return out
 

@@ -251,15 +251,18 @@ class TrainSet:
     hard: torch.Tensor | None = None        # HARD_FILE: bool per example (retrieval.confusable)
 
     @classmethod
-    def load(cls, path: Path, tok, event_groups: str = "evidence", prompt_targets: bool = False) -> "TrainSet":
-        """prompt_targets: the retrieval targets also cover the question (retrieval.prompt_targets; needs
-        PROMPT_TARGETS_FILE, build_prompt_targets)."""
+    def load(cls, path: Path, tok, event_groups: str = "evidence", prompt_kinds: tuple[str, ...] = ()) -> "TrainSet":
+        """prompt_kinds: for the examples of these kinds the retrieval targets also cover the question
+        (retrieval.prompt_targets; needs PROMPT_TARGETS_FILE, build_prompt_targets)."""
         lab = np.load(path / "image_labels.npy") if (path / "image_labels.npy").exists() else None
         tg = dict(np.load(path / "vision_targets.npz")) if (path / "vision_targets.npz").exists() else None
         ret_file = path / targets_file(event_groups)
         ret = torch.load(ret_file) if ret_file.exists() else None
-        if ret is not None and prompt_targets:
-            ret = ret | torch.load(path / PROMPT_TARGETS_FILE)
+        if ret is not None and prompt_kinds:
+            ex = torch.load(path / "examples.pt")
+            lens = ex["offsets"][1:] - ex["offsets"][:-1]
+            chosen = torch.isin(ex["kind"], torch.tensor([KINDS.index(k) for k in prompt_kinds]))
+            ret = ret | torch.load(path / PROMPT_TARGETS_FILE) * chosen.repeat_interleave(lens)
         try:
             swap = mirror_vocab(tok)
         except ValueError:   # a tokenizer that cannot mirror (tests' small corpora): collate refuses flips

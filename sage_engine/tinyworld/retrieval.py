@@ -131,8 +131,8 @@ def sentence_masks(ex: Example, media: Scene | Clip, event_groups: str = "eviden
     return out
 
 
-PROMPT_TARGETS_FILE = "retrieval_prompt_v1.pt"
-PROMPT_KINDS = ("colour", "shape", "size", "position", "yesno", "count")
+PROMPT_TARGETS_FILE = "retrieval_prompt_v2.pt"
+PROMPT_KINDS = ("colour", "shape", "size", "position", "yesno", "count", "motion")   # the kinds with question targets
 _SHAPE_WORDS = re.compile(r"\b(" + "|".join(SHAPES) + r")\b")
 
 
@@ -149,8 +149,9 @@ def prompt_targets(ex: Example, media: Scene | Clip, tok, prompt_text: str, prom
     """One visual-token bit mask per prompt token (prompt_text: the whole user turn as cached, pads expanded):
     for a short question (PROMPT_KINDS), every token after the point where the question has said which object
     it asks about gets the first answer sentence's mask, so that the supervised heads find the object while the
-    question is read (the token after "right" makes the position of "right" look at the right-hand object);
-    0 elsewhere and for descriptions and events."""
+    question is read (the token after "right" makes the position of "right" look at the right-hand object; a
+    "What happens?" names none, so the tokens after it look at the event's cells); 0 elsewhere and for
+    descriptions. TrainConfig.prompt_targets chooses the kinds that use them."""
     out = [0] * len(prompt_ids)
     if ex.kind not in PROMPT_KINDS:
         return out

@@ -75,7 +75,9 @@ class TrainConfig:
                                   # where descriptions carry most answer tokens (the long texts speculation pays on)
     retrieval_weight: float = 0.3  # weight of the retrieval loss (retrieval.py) on the target's retrieval_heads
     retrieval_heads: tuple[tuple[int, int], ...] = ((2, 0), (4, 0))   # (decoder layer, attention head) pairs it supervises
-    prompt_targets: bool = False  # the retrieval loss also supervises the question's tokens once it has named its object
+    prompt_targets: tuple[str, ...] = ()   # kinds whose questions' tokens the retrieval loss also supervises once
+                                  # the question has named its object (retrieval.prompt_targets; run H2: the
+                                  # image questions and count)
     event_targets: str = "both"   # retrieval target of an event sentence (retrieval.EVENT_GROUPS; T1: "evidence")
     mirror: float = 0.5           # share of training examples shown left-right mirrored (data.TrainSet.collate; M1; U2: 0)
     target: M.PairMember = M.TARGET
@@ -120,7 +122,8 @@ def prepare(cache: Path, cfg: TrainConfig, log=print):
         log(f"[data] cache built in {time.time() - t0:.0f}s")
     processor = M.build_processor(tok)
     check_against_processor(processor)
-    return tok, processor, TrainSet.load(cache, tok, cfg.event_targets, cfg.prompt_targets and cfg.retrieval_weight > 0)
+    return tok, processor, TrainSet.load(cache, tok, cfg.event_targets,
+                                             cfg.prompt_targets if cfg.retrieval_weight > 0 else ())
 
 
 def _quick_eval(model, processor, items, tag: str, log) -> None:
