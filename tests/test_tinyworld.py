@@ -549,6 +549,30 @@ def test_shipped_pair_meets_the_accuracy_bar(monkeypatch):
 
 
 @pytest.mark.skipif(not SHIPPED, reason="the pair is not in assets/models yet")
+def test_eval_pools_seeds_and_scores_each_seed_as_its_own_eval_would(monkeypatch, capsys):
+    """`eval --seeds S:N,...` pools the seeds into one table and keeps each seed's own: a seed's entry equals what
+    `eval --seed S --n N` reports, and the pooled accuracy per kind is the n-weighted mean of the seeds'."""
+    from sage_engine.tinyworld.__main__ import main
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+    def run(*args):
+        main(["eval", "--threads", "1", "--json", *args])
+        return json.loads(capsys.readouterr().out)
+
+    pooled = run("--seeds", "41:1,42:2")
+    single = run("--seed", "42", "--n", "2")
+    assert pooled["n"] == 3 and pooled["seed"] == [41, 42] and set(pooled["per_seed"]) == {"41", "42"}
+    for role in ("target", "draft"):
+        assert pooled["per_seed"]["42"][role] == single[role]
+        for kind, acc in pooled[role]["by_kind"].items():
+            seeds = pooled["per_seed"]
+            assert acc == pytest.approx((seeds["41"][role]["by_kind"][kind] + 2 * seeds["42"][role]["by_kind"][kind]) / 3)
+    for bad in ("1:0", "1:2,1:3", "x"):
+        with pytest.raises(SystemExit):
+            main(["eval", "--seeds", bad])
+
+
+@pytest.mark.skipif(not SHIPPED, reason="the pair is not in assets/models yet")
 def test_shipped_pair_loads_through_the_engine_and_speculation_is_lossless():
     from sage_engine import SpecEngine, load_pair, prepare_input
 
@@ -581,3 +605,23 @@ def test_attention_probe_finds_the_asked_object_and_measures_each_head(tok):
     for a, o in zip(res.asked, res.other):
         assert a.shape == o.shape == heads and bool(((a >= 0) & (a <= 1) & (o >= 0) & (o <= 1)).all())
     assert len(res.wrong) == res.right.count(False) and "layer 0" in res.table()
+
+
+def test_card_status_reads_the_pooled_table_and_names_each_seed_below_the_bar():
+    from sage_engine.tinyworld.card import _status
+    kinds = ("colour", "shape", "size", "position", "count", "yesno", "motion", "describe")
+
+    def res(**low):
+        return {"accuracy": 0.9, "by_kind": {k: low.get(k, 1.0) for k in kinds}}
+
+    pooled = {"n": 140, "target": res(position=0.96, describe=0.5), "draft": res(),
+              "per_seed": {"1": {"n": 40, "target": res(position=0.925, describe=0.4), "draft": res()},
+                           "2": {"n": 100, "target": res(position=0.97), "draft": res()}}}
+    status = _status(pooled)
+    assert "meets the project's accuracy bar" in status and "not meet" not in status   # descriptions are no attribute
+    assert "position 0.925 on seed 1 (n 40)" in status and "seed 2" not in status
+    pooled["per_seed"]["1"]["target"]["by_kind"]["position"] = 0.95
+    assert "every seed alone also meets it" in _status(pooled)
+    pooled["target"]["by_kind"]["motion"] = 0.94
+    assert "does not meet" in _status(pooled) and "motion 0.94" in _status(pooled)
+    assert "seed" not in _status({"n": 20, "target": res(), "draft": res()})   # one seed's result: no seed notes

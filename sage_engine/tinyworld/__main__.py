@@ -1,4 +1,4 @@
-"""python -m sage_engine.tinyworld {render, train, eval} ..."""
+"""python -m sage_engine.tinyworld {render, examples, train, eval, ship, card} ..."""
 from __future__ import annotations
 
 import argparse
@@ -68,25 +68,42 @@ def cmd_train(a) -> None:
 def cmd_eval(a) -> None:
     import torch
     from transformers import AutoModelForImageTextToText, AutoProcessor
-    from .evaluate import evaluate, make_items
+    from .evaluate import generate, make_items, score_all
     torch.set_num_threads(a.threads)
-    items = make_items(a.seed, a.n)
-    out = {"n": a.n, "seed": a.seed}
+    runs = a.seeds or [(a.seed, a.n)]
+    items = {seed: make_items(seed, n) for seed, n in runs}
+    flat = [it for seed, _ in runs for it in items[seed]]
+    out = {"n": sum(n for _, n in runs), "seed": a.seed if not a.seeds else [seed for seed, _ in runs]}
+    if a.seeds:
+        out["per_seed"] = {str(seed): {"n": n} for seed, n in runs}
     for role in ("target", "draft"):
         path = Path(a.models) / f"tinyworld-{role}"
-        model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32)
+        model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
         processor = AutoProcessor.from_pretrained(path)
-        res, answers = evaluate(model, processor, a.seed, a.n, items=items)
-        out[role] = res
+        by_seed = {seed: generate(model, processor, items[seed]) for seed, _ in runs}   # as a one-seed eval would
+        answers = [ans for seed, _ in runs for ans in by_seed[seed]]
+        out[role] = score_all(flat, answers)
+        for seed, _ in runs if a.seeds else ():
+            out["per_seed"][str(seed)][role] = score_all(items[seed], by_seed[seed])
         if not a.json:
-            print(f"{role}: accuracy {res['accuracy']:.3f}")
-            for k, v in res["by_kind"].items():
-                print(f"  {k:15s} {v:.3f}")
+            print(f"{role}: accuracy {out[role]['accuracy']:.3f}")
+            for k, v in out[role]["by_kind"].items():
+                per = "  ".join(f"s{seed} {out['per_seed'][str(seed)][role]['by_kind'][k]:.3f}"
+                                for seed, _ in runs) if a.seeds else ""
+                print(f"  {k:15s} {v:.3f}  {per}")
             if a.show:
-                for it, ans in zip(items[:a.show], answers):
+                for it, ans in zip(flat[:a.show], answers):
                     print(f"    [{it.example.kind}] {it.example.prompt} -> {ans!r}  (truth: {it.example.answer!r})")
     if a.json:
         print(json.dumps(out))
+
+
+def cmd_ship(a) -> None:
+    """Copy a trained pair (train --out) to the models folder with bfloat16 weights: what assets/models holds."""
+    from .card import store_bf16
+    for role in ("target", "draft"):
+        store_bf16(Path(a.src) / f"tinyworld-{role}", Path(a.to) / f"tinyworld-{role}")
+        print(f"stored tinyworld-{role} in bfloat16 in {a.to}")
 
 
 def cmd_card(a) -> None:
@@ -120,6 +137,17 @@ def _kind_weight(value: str) -> tuple[str, float]:
     if kind not in KINDS or weight < 0:
         raise argparse.ArgumentTypeError(f"use KIND=W with W >= 0 and KIND one of {', '.join(KINDS)}")
     return kind, weight
+
+
+def _seed_runs(value: str) -> list[tuple[int, int]]:
+    """S:N,S:N for `eval --seeds`: one pooled evaluation over several fresh seeds, N scenes of each."""
+    try:
+        runs = [tuple(int(x) for x in part.split(":")) for part in value.split(",") if part]
+    except ValueError:
+        runs = []
+    if not runs or any(len(r) != 2 or r[1] < 1 for r in runs) or len({r[0] for r in runs}) != len(runs):
+        raise argparse.ArgumentTypeError("use S:N,S:N,... (distinct seeds, N >= 1), e.g. 1:20,2:40")
+    return runs
 
 
 def _prompt_kinds(value: str) -> tuple[str, ...]:
@@ -187,7 +215,14 @@ def main(argv: list[str] | None = None) -> None:
     e.add_argument("--threads", type=int, default=2)
     e.add_argument("--json", action="store_true")
     e.add_argument("--show", type=int, default=0, help="print the first SHOW answers")
+    e.add_argument("--seeds", type=_seed_runs, default=None,
+                   help="S:N,S:N,...: pool several fresh seeds (N scenes each) into one table, with each seed's "
+                        "own in the JSON's per_seed (overrides --seed / --n)")
     e.set_defaults(fn=cmd_eval)
+    s = sub.add_parser("ship", help="store a trained pair in bfloat16 (assets/models by default); then write its cards")
+    s.add_argument("src", help="the --out folder of a training run")
+    s.add_argument("--to", default=str(ASSETS))
+    s.set_defaults(fn=cmd_ship)
     c = sub.add_parser("card", help="write the model cards from an eval --json file and the training log")
     c.add_argument("--models", default=str(ASSETS))
     c.add_argument("--eval-json", required=True)
