@@ -226,7 +226,8 @@ def test_content_weighted_loss(tok):
 
 
 def test_kind_weights_change_the_drawn_mix(tok, tmp_path):
-    from sage_engine.tinyworld.data import KINDS, TrainSet, build_cache
+    from sage_engine.tinyworld.data import KINDS, build_cache
+    from sage_engine.tinyworld.trainset import TrainSet
     build_cache(tmp_path, tok, seed=0, n_images=40, n_videos=10, log=lambda *a: None)
     data = TrainSet.load(tmp_path, tok)
     kinds = data.ex["kind"]
@@ -275,7 +276,8 @@ def test_confusable_questions_are_the_ones_a_partial_match_gets_wrong():
 
 
 def test_hard_weights_draw_confusable_examples_more_and_keep_each_kind_s_share(tok, tmp_path):
-    from sage_engine.tinyworld.data import HARD_FILE, KINDS, TrainSet, build_cache, build_hard_flags, scene_stream
+    from sage_engine.tinyworld.data import HARD_FILE, KINDS, build_cache, build_hard_flags, scene_stream
+    from sage_engine.tinyworld.trainset import TrainSet
     from sage_engine.tinyworld.retrieval import confusable
     build_cache(tmp_path, tok, seed=0, n_images=200, n_videos=10, log=lambda *a: None)
     with pytest.raises(ValueError, match="hard_weights need"):
@@ -299,7 +301,8 @@ def test_hard_weights_draw_confusable_examples_more_and_keep_each_kind_s_share(t
 
 
 def test_prompt_targets_start_where_the_question_has_named_its_object(tok, tmp_path):
-    from sage_engine.tinyworld.data import KINDS, TrainSet, build_cache, build_prompt_targets, expand_pads
+    from sage_engine.tinyworld.data import KINDS, build_cache, build_prompt_targets, expand_pads
+    from sage_engine.tinyworld.trainset import TrainSet
     from sage_engine.tinyworld.retrieval import addressed_at, prompt_targets, sentence_masks
     q = "Is the triangle in the bottom right small or large?"
     assert q[:addressed_at(q)].endswith("bottom right")
@@ -342,7 +345,8 @@ def test_prompt_targets_start_where_the_question_has_named_its_object(tok, tmp_p
 
 
 def test_retrieval_targets_point_at_the_object_each_sentence_is_about(tok, tmp_path):
-    from sage_engine.tinyworld.data import TrainSet, build_cache, scene_stream
+    from sage_engine.tinyworld.data import build_cache, scene_stream
+    from sage_engine.tinyworld.trainset import TrainSet
     from sage_engine.tinyworld.retrieval import answer_targets, sentence_masks
     rng = random.Random(4)
     checked = set()
@@ -412,7 +416,8 @@ def test_mirrored_examples_are_true_of_the_mirrored_scene(tok, tmp_path):
     bits) equal to what the mirrored scene itself gives, so that mirroring teaches the other column
     and nothing false."""
     import dataclasses
-    from sage_engine.tinyworld.data import TrainSet, build_cache, patchify, scene_stream
+    from sage_engine.tinyworld.data import build_cache, patchify, scene_stream
+    from sage_engine.tinyworld.trainset import TrainSet
     from sage_engine.tinyworld.retrieval import answer_targets
     from sage_engine.tinyworld.vision_aux import clip_targets, image_targets
     build_cache(tmp_path, tok, seed=0, n_images=24, n_videos=10, log=lambda *a: None, event_groups="both")

@@ -28,29 +28,12 @@ def cmd_train(a) -> None:
     from . import models as M
     from .train import TrainConfig, run
     torch.set_num_threads(a.threads)
-    cfg = TrainConfig(seed=a.seed)
-    if a.place_weight is not None:
-        cfg = dataclasses.replace(cfg, place_weight=a.place_weight)
-    if a.content_weight is not None:
-        cfg = dataclasses.replace(cfg, content_weight=a.content_weight)
-    if a.kind_weight:
-        cfg = dataclasses.replace(cfg, kind_weights=tuple(a.kind_weight))
-    if a.draft_kind_weight:
-        cfg = dataclasses.replace(cfg, draft_kind_weights=tuple(a.draft_kind_weight))
-    if a.prompt_targets is not None:
-        cfg = dataclasses.replace(cfg, prompt_targets=a.prompt_targets)
-    if a.hard_weight:
-        cfg = dataclasses.replace(cfg, hard_weights=tuple(a.hard_weight))
-    if a.retrieval_weight is not None:
-        cfg = dataclasses.replace(cfg, retrieval_weight=a.retrieval_weight)
-    cfg = dataclasses.replace(cfg, place_rowcol_only=a.place_rowcol_only or cfg.place_rowcol_only,
-                              place_before=cfg.place_before if a.place_before is None else a.place_before)
-    if a.event_targets is not None:
-        cfg = dataclasses.replace(cfg, event_targets=a.event_targets)
-    if a.interleaved_rope is not None:
-        cfg = dataclasses.replace(cfg, interleaved_rope=a.interleaved_rope)
-    if a.mirror is not None:
-        cfg = dataclasses.replace(cfg, mirror=a.mirror)
+    options = {"place_weight": a.place_weight, "content_weight": a.content_weight, "prompt_targets": a.prompt_targets,
+               "retrieval_weight": a.retrieval_weight, "place_before": a.place_before, "event_targets": a.event_targets,
+               "interleaved_rope": a.interleaved_rope, "mirror": a.mirror,
+               "kind_weights": tuple(a.kind_weight) or None, "draft_kind_weights": tuple(a.draft_kind_weight) or None,
+               "hard_weights": tuple(a.hard_weight) or None, "place_rowcol_only": a.place_rowcol_only or None}
+    cfg = TrainConfig(seed=a.seed, **{k: v for k, v in options.items() if v is not None})   # unset: TrainConfig's
     if a.tiny:   # smoke test: a few steps of the real script on a tiny config
         cfg = dataclasses.replace(cfg, n_images=32, n_videos=8, batch_size=4, target_steps=a.steps or 3,
                                   draft_steps=a.steps or 3, warmup=1, eval_every=0,
@@ -159,18 +142,8 @@ def _prompt_kinds(value: str) -> tuple[str, ...]:
     return kinds
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m sage_engine.tinyworld", description=__doc__)
-    sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("render", help="write N images + N MP4 videos with truth.jsonl and prompts.jsonl")
-    r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--n", type=int, default=10)
-    r.add_argument("--out", required=True)
-    r.set_defaults(fn=cmd_render)
-    x = sub.add_parser("examples", help="write the demo inputs (assets/examples)")
-    x.add_argument("--out", default=str(ASSETS.parent / "examples"))
-    x.set_defaults(fn=cmd_examples)
-    t = sub.add_parser("train", help="train the target/draft pair from scratch")
+def _train_parser(t: argparse.ArgumentParser) -> None:
+    """`train`'s options: each recipe option defaults to None, which leaves TrainConfig's default."""
     t.add_argument("--out", default=str(ASSETS))
     t.add_argument("--cache", default=None, help="where the rendered training set is cached")
     t.add_argument("--threads", type=int, default=1)
@@ -208,6 +181,20 @@ def main(argv: list[str] | None = None) -> None:
                    help="share of training examples shown left-right mirrored, 'left' and 'right' swapped "
                         "(default: TrainConfig's)")
     t.set_defaults(fn=cmd_train)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m sage_engine.tinyworld", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("render", help="write N images + N MP4 videos with truth.jsonl and prompts.jsonl")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--n", type=int, default=10)
+    r.add_argument("--out", required=True)
+    r.set_defaults(fn=cmd_render)
+    x = sub.add_parser("examples", help="write the demo inputs (assets/examples)")
+    x.add_argument("--out", default=str(ASSETS.parent / "examples"))
+    x.set_defaults(fn=cmd_examples)
+    _train_parser(sub.add_parser("train", help="train the target/draft pair from scratch"))
     e = sub.add_parser("eval", help="score target and draft on fresh scenes")
     e.add_argument("--seed", type=int, default=1)
     e.add_argument("--n", type=int, default=30)

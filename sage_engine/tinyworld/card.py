@@ -178,6 +178,23 @@ def _bench_text(bench: dict | None) -> str:
     return out
 
 
+def _training_text(tc: dict, mins: dict, train_threads: int, train_note: str) -> str:
+    """The card's training section, from the logged TrainConfig and the logged minutes."""
+    return f"""## Training
+
+`python -m sage_engine.tinyworld train --threads {train_threads}` (seeded; writes both models). Data: 24,000
+rendered images x 3 questions and 8,000 clips (through an MP4 round trip) x 2 questions: detailed
+descriptions, count, colour, shape, size, position, yes/no, "what happens". Each model's vision tower
+first trains alone for {tc.get('vision_steps', '?')} steps (draft: {tc.get('draft_vision_steps', tc.get('vision_steps', '?'))}) on a dense auxiliary loss (a training-only linear head on the merged
+visual tokens predicts {_aux_text(tc)}: scene ground truth), which then stays
+on (weight {tc.get('aux_weight', '?')}; the tower then learns at {tc.get('tower_lr_scale', 1.0)}x the language model's rate); the head is not saved.
+Each of the world's 3x3 cells is exactly one merged visual token, so these targets are exact per token. The target is trained with
+cross-entropy on the answers ({tc.get('target_steps', 0):,} steps of batch {tc.get('batch_size', '?')}, AdamW, cosine{_mix_text(tc)}); the draft is distilled from
+the target, teacher-forced KL(p_target || q_draft) on the same answers{_draft_draw(tc)} ({tc.get('draft_steps', 0):,} steps).
+Measured on this 2-core CPU, {train_threads} thread(s), {train_note}: cache {str(mins['cache_s']) + ' s' if 'cache_s' in mins else 'reused from an earlier run of the same seed'},
+target {mins.get('target', '?')} min, draft {mins.get('draft', '?')} min, total {mins.get('total', '?')} min."""
+
+
 def write_cards(models_dir: Path, eval_result: dict, train_log: str, timing: dict, eval_cmd: str,
                 bench: dict | None = None, train_threads: int = 1, train_note: str = "shared with other work",
                 eval_note: str = "") -> None:
@@ -220,20 +237,7 @@ backgrounds, and short clips in which one thing happens. Not a general-purpose m
 - Tokenizer: byte-level BPE (any text encodes) trained on the world's corpus, Qwen chat template and
   special tokens, shared by target and draft.
 
-## Training
-
-`python -m sage_engine.tinyworld train --threads {train_threads}` (seeded; writes both models). Data: 24,000
-rendered images x 3 questions and 8,000 clips (through an MP4 round trip) x 2 questions: detailed
-descriptions, count, colour, shape, size, position, yes/no, "what happens". Each model's vision tower
-first trains alone for {tc.get('vision_steps', '?')} steps (draft: {tc.get('draft_vision_steps', tc.get('vision_steps', '?'))}) on a dense auxiliary loss (a training-only linear head on the merged
-visual tokens predicts {_aux_text(tc)}: scene ground truth), which then stays
-on (weight {tc.get('aux_weight', '?')}; the tower then learns at {tc.get('tower_lr_scale', 1.0)}x the language model's rate); the head is not saved.
-Each of the world's 3x3 cells is exactly one merged visual token, so these targets are exact per token. The target is trained with
-cross-entropy on the answers ({tc.get('target_steps', 0):,} steps of batch {tc.get('batch_size', '?')}, AdamW, cosine{_mix_text(tc)}); the draft is distilled from
-the target, teacher-forced KL(p_target || q_draft) on the same answers{_draft_draw(tc)} ({tc.get('draft_steps', 0):,} steps).
-Measured on this 2-core CPU, {train_threads} thread(s), {train_note}: cache {str(mins['cache_s']) + ' s' if 'cache_s' in mins else 'reused from an earlier run of the same seed'},
-target {mins.get('target', '?')} min, draft {mins.get('draft', '?')} min, total {mins.get('total', '?')} min.
-
+{_training_text(tc, mins, train_threads, train_note)}
 ## Evaluation (fresh scenes, never seen in training)
 
 `{eval_cmd}`: greedy answers scored against the ground truth

@@ -326,7 +326,7 @@ def vision_only(a) -> None:
     six shape logits against the block's dominant shape (vision_aux.token_targets; chance 1/6)."""
     from pathlib import Path
     from transformers import PreTrainedTokenizerFast
-    from .data import TrainSet
+    from .trainset import TrainSet
     from .train import aux_loss
     from .vision_aux import whiten_patch_embed
     cache = Path(a.vision_only)

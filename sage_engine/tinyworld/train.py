@@ -14,7 +14,7 @@ exact per token. `--place-weight` adds PlaceAux to the target (vision_aux.py): a
 that makes an early language-model layer write each visual token's row / column / temporal group / change into
 its state, because nothing in the architecture puts WHERE into a value vector. The vision tower
 learns at tower_lr_scale x the language model's rate once its pre-training is done. Half the examples are
-shown left-right mirrored (`mirror`, data.TrainSet.collate): the same facts in the other column, so that a
+shown left-right mirrored (`mirror`, trainset.TrainSet.collate): the same facts in the other column, so that a
 question asked by place cannot be answered from the mirrored cell.
 
 TrainConfig's defaults reproduce the shipped pair (run M1 in RUNS.md, which lists the recipes measured on
@@ -33,12 +33,13 @@ import torch
 import torch.nn.functional as F
 
 from . import models as M
-from .data import (HARD_FILE, TrainSet, build_cache, build_hard_flags, build_prompt_targets, build_retrieval_targets,
+from .data import (HARD_FILE, build_cache, build_hard_flags, build_prompt_targets, build_retrieval_targets,
                    check_against_processor, replay_image_labels)
 from .evaluate import evaluate, make_items
 from .retrieval import PROMPT_TARGETS_FILE, RetrievalAux, targets_file
 from .vision_aux import PlaceAux, VisionAux, whiten_patch_embed
 from .tokenizer import build_tokenizer, world_corpus
+from .trainset import TrainSet
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +80,7 @@ class TrainConfig:
                                   # the question has named its object (retrieval.prompt_targets; run H2: the
                                   # image questions and count)
     event_targets: str = "both"   # retrieval target of an event sentence (retrieval.EVENT_GROUPS; T1: "evidence")
-    mirror: float = 0.5           # share of training examples shown left-right mirrored (data.TrainSet.collate; M1; U2: 0)
+    mirror: float = 0.5           # share of training examples shown left-right mirrored (trainset.TrainSet.collate; M1; U2: 0)
     target: M.PairMember = M.TARGET
     draft: M.PairMember = M.DRAFT
 
