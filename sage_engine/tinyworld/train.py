@@ -17,7 +17,11 @@ learns at tower_lr_scale x the language model's rate once its pre-training is do
 shown left-right mirrored (`mirror`, trainset.TrainSet.collate): the same facts in the other column, so that a
 question asked by place cannot be answered from the mirrored cell.
 
-TrainConfig's defaults reproduce the shipped pair (run M1 in RUNS.md, which lists the recipes measured on
+The retrieval loss also supervises each short question's tokens once the question has named its object
+(`prompt_targets`), and within a kind the questions a partial match gets wrong are drawn more often
+(`hard_weights`).
+
+TrainConfig's defaults reproduce the shipped pair (run H3 in RUNS.md, which lists the recipes measured on
 the way with their figures; the model cards carry the command, the measured minutes and the evaluation).
 """
 from __future__ import annotations
@@ -70,15 +74,17 @@ class TrainConfig:
     content_weight: float = 1.0   # loss weight of answer tokens that name a fact (content_tokens) vs phrasing tokens
     tower_lr_scale: float = 0.3   # learning rate of the vision tower while the language model trains, x target_lr
     kind_weights: tuple[tuple[str, float], ...] = (("motion", 2.0), ("colour", 2.0), ("yesno", 2.5), ("shape", 1.5), ("position", 1.5))   # (kind, weight) drawing weights of training examples (data.KINDS; 1 if absent)
-    hard_weights: tuple[tuple[str, float], ...] = ()   # (kind, factor): within the kind, confusable examples
-                                  # (retrieval.confusable) drawn factor x as often, the kind's total unchanged
+    hard_weights: tuple[tuple[str, float], ...] = (("position", 3.0), ("yesno", 2.0), ("size", 2.0))   # (kind, factor):
+                                  # within the kind, confusable examples (retrieval.confusable) drawn factor x as
+                                  # often, the kind's total unchanged (H1; M1: none)
     draft_kind_weights: tuple[tuple[str, float], ...] = ()   # the same for the draft's distillation; none: the natural draw,
                                   # where descriptions carry most answer tokens (the long texts speculation pays on)
     retrieval_weight: float = 0.3  # weight of the retrieval loss (retrieval.py) on the target's retrieval_heads
     retrieval_heads: tuple[tuple[int, int], ...] = ((2, 0), (4, 0))   # (decoder layer, attention head) pairs it supervises
-    prompt_targets: tuple[str, ...] = ()   # kinds whose questions' tokens the retrieval loss also supervises once
-                                  # the question has named its object (retrieval.prompt_targets; run H2: the
-                                  # image questions and count)
+    prompt_targets: tuple[str, ...] = ("colour", "shape", "size", "position", "yesno", "count", "motion")   # kinds whose
+                                  # questions' tokens the retrieval loss also supervises once the question has named
+                                  # its object (retrieval.prompt_targets; H3: every short question; H2: all but
+                                  # motion; M1: none)
     event_targets: str = "both"   # retrieval target of an event sentence (retrieval.EVENT_GROUPS; T1: "evidence")
     mirror: float = 0.5           # share of training examples shown left-right mirrored (trainset.TrainSet.collate; M1; U2: 0)
     target: M.PairMember = M.TARGET
