@@ -544,8 +544,8 @@ def test_shipped_pair_answers_from_the_picture(monkeypatch):
 
 @pytest.mark.skipif(not SHIPPED, reason="the pair is not in assets/models yet")
 def test_shipped_pair_meets_the_accuracy_bar(monkeypatch):
-    """Every attribute >= 95% on the scenes of one fresh seed (T1 failed it: motion 0.85; M1: position 0.90). One seed of 20 per
-    kind is a regression check, not the whole claim: RUNS.md and the model card pool larger evaluations."""
+    """Every attribute >= 95% on the scenes of one fresh seed (T1 failed it: motion 0.85; M1: position 0.90).
+    One seed of 20 per kind is a regression check, not the whole claim: RUNS.md and the model card pool larger evaluations."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     by_kind = _shipped_scores(n=20, seed=321, roles=("target",))["target"]["by_kind"]
     assert all(v >= 0.95 for v in by_kind.values()), by_kind

@@ -56,9 +56,8 @@ def cmd_eval(a) -> None:
     runs = a.seeds or [(a.seed, a.n)]
     items = {seed: make_items(seed, n) for seed, n in runs}
     flat = [it for seed, _ in runs for it in items[seed]]
-    out = {"n": sum(n for _, n in runs), "seed": a.seed if not a.seeds else [seed for seed, _ in runs]}
-    if a.seeds:
-        out["per_seed"] = {str(seed): {"n": n} for seed, n in runs}
+    out = {"n": sum(n for _, n in runs), "seed": [seed for seed, _ in runs] if a.seeds else a.seed}
+    per_seed = {str(seed): {"n": n} for seed, n in runs}
     for role in ("target", "draft"):
         path = Path(a.models) / f"tinyworld-{role}"
         model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
@@ -66,17 +65,17 @@ def cmd_eval(a) -> None:
         by_seed = {seed: generate(model, processor, items[seed]) for seed, _ in runs}   # as a one-seed eval would
         answers = [ans for seed, _ in runs for ans in by_seed[seed]]
         out[role] = score_all(flat, answers)
-        for seed, _ in runs if a.seeds else ():
-            out["per_seed"][str(seed)][role] = score_all(items[seed], by_seed[seed])
+        for seed, _ in runs:
+            per_seed[str(seed)][role] = score_all(items[seed], by_seed[seed])
         if not a.json:
             print(f"{role}: accuracy {out[role]['accuracy']:.3f}")
             for k, v in out[role]["by_kind"].items():
-                per = "  ".join(f"s{seed} {out['per_seed'][str(seed)][role]['by_kind'][k]:.3f}"
-                                for seed, _ in runs) if a.seeds else ""
-                print(f"  {k:15s} {v:.3f}  {per}")
-            if a.show:
-                for it, ans in zip(flat[:a.show], answers):
-                    print(f"    [{it.example.kind}] {it.example.prompt} -> {ans!r}  (truth: {it.example.answer!r})")
+                seeds = "  ".join(f"s{s} {r[role]['by_kind'][k]:.3f}" for s, r in per_seed.items()) if a.seeds else ""
+                print(f"  {k:15s} {v:.3f}  {seeds}")
+            for it, ans in zip(flat[:a.show], answers):
+                print(f"    [{it.example.kind}] {it.example.prompt} -> {ans!r}  (truth: {it.example.answer!r})")
+    if a.seeds:
+        out["per_seed"] = per_seed
     if a.json:
         print(json.dumps(out))
 
