@@ -3,6 +3,8 @@
 Timings on a shared machine drift, so contenders are compared inside one run: after a
 warm-up, each input is decoded by every policy back to back (the order rotates from one
 input to the next), and speeds are reported as ratios to `ar` measured the same way.
+Besides the engine's policies, `hf_generate` and `hf_assisted[:schedule=...]` run transformers'
+own generate() as outside references (hf_reference.py); their ids are checked against `ar` too.
 """
 
 from __future__ import annotations
@@ -17,17 +19,41 @@ from pathlib import Path
 
 import torch
 
+from .config import POLICY_NAMES
 from .engine import SpecEngine
 from .errors import InputError
 from .events import GenerationResult
-from .inputs import prepare_input
+from .hf_reference import DEFAULT_SCHEDULE, HF_POLICIES, assistant_inputs, is_hf_spec, parse_hf_spec, run_hf
+from .inputs import PreparedInput, prepare_input
 from .models import ModelPair
+from .policy import make_policy, parse_spec
 from .pruning import VisualPruning
 
 IMAGE_EXT = {".png", ".jpg", ".jpeg", ".webp", ".bmp"}
 VIDEO_EXT = {".mp4", ".avi", ".mov", ".mkv", ".webm"}
 DEFAULT_PROMPT = "Describe the image in detail."
 DEFAULT_VIDEO_PROMPT = "Describe what happens in the video in detail."
+
+
+BENCH_POLICIES: tuple[str, ...] = (*POLICY_NAMES, *HF_POLICIES)
+
+
+def check_spec(spec: str) -> None:
+    """ValueError (one line) unless `spec` is a bench policy: an engine policy with knobs, or an HF reference."""
+    name = spec.split(":")[0]
+    if name in HF_POLICIES:
+        parse_hf_spec(spec)
+    elif name in POLICY_NAMES:
+        parse_spec(spec)
+    else:
+        raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(BENCH_POLICIES)}")
+
+
+def needs_draft(spec: str) -> bool:
+    """True when `spec` (already checked) cannot run without a draft model."""
+    if is_hf_spec(spec):
+        return parse_hf_spec(spec).name == "hf_assisted"
+    return make_policy(spec).uses_draft
 
 
 @dataclass(frozen=True)
@@ -109,7 +135,7 @@ def _sum_lists(lists: list[list[int]]) -> list[int]:
 
 def _aggregate(runs: list[dict], ar_tps: float | None) -> dict:
     steps = sum(r["target_forwards"] for r in runs)
-    decode_tokens = sum(sum(r["tokens_per_step"]) for r in runs)
+    decode_tokens = sum(r["mean_accepted"] * r["target_forwards"] for r in runs)  # HF runs have no step events
     tokens = sum(r["new_tokens"] for r in runs)
     seconds = sum(r["seconds"] for r in runs)
     decode_s = sum(r["target_seconds"] + r["draft_seconds"] + r["other_seconds"] for r in runs)
@@ -152,7 +178,7 @@ def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], ma
                               video=i.path if i.media == "video" else None) for i in inputs]
     for prep in prepared[:warmup]:  # warm-up: allocator, kernels, caches
         for pol in policies:
-            engine.generate(prep, pol, max_new_tokens=min(16, max_new_tokens))
+            _decode(engine, prep, pol, min(16, max_new_tokens))
     device = engine.target.device
     runs: list[dict] = []
     peak: dict[str, float] = {}
@@ -162,7 +188,7 @@ def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], ma
         for pol in order:
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
-            results[pol] = engine.generate(prep, pol, max_new_tokens=max_new_tokens)
+            results[pol] = _decode(engine, prep, pol, max_new_tokens)
             peak[pol] = max(peak.get(pol, 0.0), _peak_memory_mb(device))
             if progress is not None:
                 progress.update(1)
@@ -182,6 +208,8 @@ def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], ma
         "policies": {},
         "runs": runs,
     }
+    if any(is_hf_spec(p) for p in policies):
+        report["notes"] = _hf_notes(pair, inputs, prepared, policies)
     for pol in policies:
         agg = _aggregate([r for r in runs if r["policy"] == pol], ar_tps)
         agg["peak_memory_mb"] = peak.get(pol)
@@ -189,6 +217,46 @@ def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], ma
             agg["exact_match_vs_ar"] = 1.0
         report["policies"][pol] = agg
     return report
+
+
+def _decode(engine: SpecEngine, prep: PreparedInput, spec: str, max_new_tokens: int) -> GenerationResult:
+    """One input, one policy: the engine's, or transformers' generate() for the HF references."""
+    if is_hf_spec(spec):
+        return run_hf(engine.pair, prep, spec, max_new_tokens)
+    return engine.generate(prep, spec, max_new_tokens=max_new_tokens)
+
+
+def _hf_notes(pair: ModelPair, inputs: list[BenchInput], prepared: list[PreparedInput], policies: list[str]) -> dict:
+    """What the HF references are and, measured on the first image and the first video, whether HF's
+    assistant got the picture (hf_reference.py's docstring says why, in transformers 5.23, it does not)."""
+    import transformers
+
+    names = {parse_hf_spec(p).name for p in policies if is_hf_spec(p)}
+    version = f"transformers {transformers.__version__}"
+    notes = {}
+    if "hf_generate" in names:
+        notes["hf_generate"] = f"{version} target.generate(), greedy, no assistant"
+    if "hf_assisted" in names:
+        seen = {}
+        for inp, prep in zip(inputs, prepared):
+            if inp.media not in seen:
+                seen[inp.media] = {"input": os.path.basename(inp.path), **assistant_inputs(pair, prep)}
+        sees = any(m["sees_image"] for m in seen.values())
+        why = ("generate() encodes the pixels with the target's vision tower and the assistant's own prefill "
+               "drops those features (MULTIMODAL_INPUTS_TO_DROP_OUTSIDE_PREFILL): the draft reads bare "
+               "placeholder tokens and its vision tower never runs")
+        notes["hf_assisted"] = {
+            "assistant_sees_image": sees,
+            "summary": f"{version}: the assistant (draft) " + (
+                "received image/video inputs (see measured)" if sees else f"does NOT see the image or video; {why}"),
+            "measured": seen,
+            "schedule": f"hf_assisted = schedule={DEFAULT_SCHEDULE}, transformers' default (num_assistant_tokens 20, "
+                        "assistant_confidence_threshold 0.4); set on the draft's generation_config and restored "
+                        "after each run, so 'heuristic' starts every run afresh",
+        }
+    notes["stats"] = ("HF runs: tau and target_forwards count the target forwards after the first (prefill) one; "
+                      "no per-step events, trees or draft pruning")
+    return notes
 
 
 def format_table(report: dict) -> str:

@@ -26,7 +26,7 @@ class _Parser(argparse.ArgumentParser):
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default=None, help="a named model pair (sage_engine/presets.py), e.g. tinyworld")
     p.add_argument("--target", default=None, help="target model directory or hub id (default: the embedded pair)")
-    p.add_argument("--draft", default=None, help="draft model directory or hub id")
+    p.add_argument("--draft", default=None, help="draft model directory or hub id; none: no draft")
     p.add_argument("--dtype", default=None, choices=list(DTYPES), help="default: the preset's, else float32")
     p.add_argument("--device", default=None,
                    help="cpu | cuda | cuda:N | auto | multi (target over GPUs, draft on its own); default cpu")
@@ -72,12 +72,28 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--inputs", required=True, help="folder of images/videos (prompts.jsonl optional)")
     bench.add_argument("--prompt", default=None, help="prompt for inputs without their own")
     bench.add_argument("--policies", default=",".join(POLICY_NAMES),
-                       help="comma-separated policies; a policy may change knobs, e.g. sage:n_max=32:d_max=10")
+                       help="comma-separated policies; a policy may change knobs, e.g. sage:n_max=32:d_max=10; "
+                            "outside references: hf_generate, hf_assisted[:schedule=constant|heuristic]")
     bench.add_argument("--limit", type=int, default=None, help="use only the first N inputs")
     bench.add_argument("--warmup", type=int, default=1, help="inputs decoded once before timing")
     bench.add_argument("--out", required=True, help="report JSON file")
     _model_args(bench)
     return parser
+
+
+def _names(args) -> tuple[str, str | None, str, str]:
+    """(target, draft or None, dtype, device) from the flags and the preset; `--draft none` (or '') means no draft."""
+    target, draft, dtype, device = DEFAULT_TARGET, DEFAULT_DRAFT, "float32", "cpu"
+    if args.preset:
+        from .presets import resolve
+
+        p = resolve(args.preset)
+        target, draft, dtype, device = p.target, p.draft, p.dtype, p.device
+    target = args.target or target
+    draft = draft if args.draft is None else args.draft
+    if draft in ("", "none") or getattr(args, "policy", None) == "ar":
+        draft = None
+    return target, draft, args.dtype or dtype, args.device or device
 
 
 def _load(args):
@@ -90,16 +106,8 @@ def _load(args):
     hf_logging.disable_progress_bar()
     if args.threads:
         torch.set_num_threads(args.threads)
-    target, draft, dtype, device = args.target or DEFAULT_TARGET, args.draft or DEFAULT_DRAFT, "float32", "cpu"
-    if args.preset:
-        from .presets import resolve
-
-        p = resolve(args.preset)
-        target, draft, dtype, device = args.target or p.target, args.draft or p.draft, p.dtype, p.device
-    if getattr(args, "policy", None) == "ar":
-        draft = None
-    return load_pair(target, draft, dtype=args.dtype or dtype, device=args.device or device,
-                     attn_implementation=args.attn)
+    target, draft, dtype, device = _names(args)
+    return load_pair(target, draft, dtype=dtype, device=device, attn_implementation=args.attn)
 
 
 def cmd_generate(args) -> int:
@@ -129,15 +137,16 @@ def cmd_generate(args) -> int:
 def cmd_bench(args) -> int:
     from tqdm import tqdm
 
-    from .bench import find_inputs, format_table, run_bench
-    from .policy import parse_spec
+    from .bench import check_spec, find_inputs, format_table, needs_draft, run_bench
 
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    for p in policies:  # a name, or a spec with knobs: sage:n_max=32:d_max=10
+    for p in policies:  # a name, or a spec with knobs: sage:n_max=32:d_max=10, hf_assisted:schedule=heuristic
         try:
-            parse_spec(p)
+            check_spec(p)
         except ValueError as e:
             raise SageError(str(e)) from None
+    if _names(args)[1] is None and (drafting := [p for p in policies if needs_draft(p)]):
+        raise SageError(f"policy {drafting[0]!r} needs a draft model; this run has none (--draft {args.draft!r})")
     inputs = find_inputs(args.inputs, args.prompt)[: args.limit]
     pair = _load(args)
     n_pol = len(set(policies) | {"ar"})
