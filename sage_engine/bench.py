@@ -27,6 +27,7 @@ from .hf_reference import DEFAULT_SCHEDULE, HF_POLICIES, assistant_inputs, is_hf
 from .inputs import PreparedInput, prepare_input
 from .models import ModelPair
 from .policy import make_policy, parse_spec
+from .premise import premise
 from .pruning import VisualPruning
 
 IMAGE_EXT = {".png", ".jpg", ".jpeg", ".webp", ".bmp"}
@@ -182,6 +183,7 @@ def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], ma
     device = engine.target.device
     runs: list[dict] = []
     peak: dict[str, float] = {}
+    events: dict[str, list] = {}  # policy -> each input's step events (the premise's correlations)
     for n, (inp, prep) in enumerate(zip(inputs, prepared)):
         order = policies[n % len(policies):] + policies[: n % len(policies)]  # rotate to cancel drift
         results = {}
@@ -189,6 +191,7 @@ def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], ma
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             results[pol] = _decode(engine, prep, pol, max_new_tokens)
+            events.setdefault(pol, []).append(results[pol].steps)
             peak[pol] = max(peak.get(pol, 0.0), _peak_memory_mb(device))
             if progress is not None:
                 progress.update(1)
@@ -213,6 +216,8 @@ def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], ma
     for pol in policies:
         agg = _aggregate([r for r in runs if r["policy"] == pol], ar_tps)
         agg["peak_memory_mb"] = peak.get(pol)
+        if any(e.root_alpha is not None for run in events.get(pol, ()) for e in run):
+            agg["premise"] = premise(events[pol]).to_dict()
         if pol == "ar":
             agg["exact_match_vs_ar"] = 1.0
         report["policies"][pol] = agg
@@ -271,6 +276,13 @@ def format_table(report: dict) -> str:
             f"{p['exact_match_vs_ar'] or 0:6.2f} {p['tree_nodes_mean']:6.1f} {p['tree_depth_mean']:6.2f} "
             f"{100 * p['overhead_fraction']:6.1f} {p['overhead_ms_per_step']:11.2f}"
         )
+    premises = [(n, p["premise"]) for n, p in report["policies"].items() if p.get("premise")]
+    if premises:
+        lines += ["", "does alpha predict the accepted length? corr(this root's alpha, accepted) / "
+                      "corr(previous root's alpha, accepted) / alpha's lag-1 autocorrelation:"]
+        lines += [f"{name:{w}} " + " / ".join("-" if v is None else f"{v:+.2f}" for v in
+                                              (q["current_root"], q["previous_root"], q["lag1"]))
+                  + f"  ({q['steps']} steps)" for name, q in premises]
     profiles = [(n, p["accepted_by_depth"]) for n, p in report["policies"].items() if p["accepted_by_depth"]]
     if profiles:
         lines += ["", "accepted path reaches depth l, given the tree does (l = 1, 2, ...):"]

@@ -66,8 +66,10 @@ class SageConfig:
     #  prev_path: mean alpha over the draft distributions of step t's accepted path (incl. root);
     #  prev_root: alpha of step t's root distribution only (the paper's "planned from step t");
     #  current_root: alpha of the new tree's own root distribution (not in the paper; it is free here
-    #                because the draft computes that distribution before growing the tree).
-    alpha_source: AlphaSource = "prev_path"
+    #                because the draft computes that distribution before growing the tree). The default:
+    #                `bench` reports how well each source predicts the accepted length; on the embedded pair
+    #                only the current root's alpha does (the paper's step-to-step correlation is absent there).
+    alpha_source: AlphaSource = "current_root"
     # Open in the paper: rounding of D(alpha) and W(alpha). We round half up; W_l uses ceil so a
     # confident parent keeps at least one child (the threshold theta_l does the pruning).
     history_window: int = 10  # sliding window of acceptance lengths
@@ -76,11 +78,14 @@ class SageConfig:
     history_step: int = 1  # open in the paper: D_max change per adjustment
     d_max_bounds: tuple[int, int] = (4, 12)  # open in the paper: D_max stays within these
     history_cooldown: int = 0  # open: steps to wait after an adjustment before the next one (0 = every step)
-    # Not in the paper (ours): "cost" also prices every node and draft level with this machine's measured
-    # costs (costs.py): a node needs cumulative probability >= rate x ms per node (on top of theta_l), and
-    # another draft level needs its frontier's cumulative probabilities to sum >= rate x ms per draft level.
-    # "paper": the paper's theta_l and N_max alone.
-    threshold: Threshold = "paper"
+    # Not in the paper (ours), the default: "cost" also prices every node and draft level with this machine's
+    # measured costs (costs.py): a node needs trusted cumulative probability >= rate x ms per node (on top of
+    # theta_l), another draft level needs its frontier's to sum >= rate x ms per draft level, and while drafted
+    # steps decode slower than plain ones the policy takes plain steps (no draft), retrying the draft with
+    # a growing wait. "paper": the paper's theta_l and N_max alone, every step drafted.
+    threshold: Threshold = "cost"
+    fallback_steps: int = 2  # threshold "cost": plain steps after drafted ones first lose to plain steps
+    fallback_window: int = 4  # threshold "cost": this run's last drafted steps that judge the draft
     max_depth_cap: int = field(default=16, repr=False)  # hard ceiling on any tree depth
 
 

@@ -1,16 +1,22 @@
-"""What decoding costs on this machine, measured by the engine as it runs.
+"""What decoding costs on this machine, and what the draft's forecasts are worth, measured as the engine runs.
 
-A tree node is worth verifying when the tokens it is expected to add (its cumulative draft probability,
-the chance that the target accepts the whole path to it) buy more than the time it costs at the rate the
-engine is already decoding at; a draft level is worth running when the nodes it would expand could add
-more than one draft forward costs. The paper's thresholds (theta_l = 0.1 l / D) and node budget (64) are
-constants tuned for large models on GPUs, where verifying 64 nodes costs about as much as verifying one.
-On a CPU, and with small models, every node and every draft level has a price; `CostMeter` measures it
-(the same idea as EAGLE-2's per-device budget, `total_token=-1`, made continuous).
+A tree node is worth verifying when the tokens it is expected to add buy more than the time it costs at the
+rate the engine already decodes at; a draft level is worth running when the nodes it would expand could add
+more than one draft forward costs; a drafted step at all is worth it only while drafted steps decode faster
+than plain ones (one target forward, no draft). The paper's thresholds (theta_l = 0.1 l / D) and node budget
+(64) are constants tuned for large models on GPUs, where verifying 64 nodes costs about as much as verifying
+one. On a CPU, and with small models, every node and every draft level has a price, and a verify pass with
+any node costs a step more than a plain one (matrix products over several rows take a slower path than over
+one); `CostMeter` measures all of it (the same idea as EAGLE-2's per-device budget, `total_token=-1`, made
+continuous).
 
-The engine records every decode step of every policy (`StepTiming`); a policy asks `break_even(name)`.
+A node's expected tokens are its cumulative draft probability times `trust`: accepted tokens per forecast
+token over recent drafted steps. A draft that is overconfident on an input it has not learnt (a user's own
+photo for the embedded pair) earns a low trust within a few steps, and its trees shrink with it.
+
+The engine records every decode step of every policy (`StepTiming`); a policy asks `break_even(key)`.
 Only the tree's shape depends on these timings, never the output: every emitted token is still the
-target's own argmax.
+target's own choice.
 """
 
 from __future__ import annotations
@@ -32,6 +38,12 @@ class StepTiming:
     verify_ms: float  # the target's verification forward
     draft_ms: float  # the draft's forwards
     draft_forwards: int
+    forecast: float = 0.0  # sum of the verified nodes' cumulative draft probabilities (the draft's own tau - 1)
+
+    @property
+    def plain(self) -> bool:
+        """One target forward and nothing else (ar, or a drafting policy that skipped its draft)."""
+        return self.nodes == 0 and self.draft_forwards == 0
 
 
 @dataclass(frozen=True)
@@ -41,46 +53,81 @@ class BreakEven:
     rate: float  # tokens per ms this policy decodes at (recent steps)
     node_ms: float  # one more tree node: its verification, its share of a draft forward and of the bookkeeping
     level_ms: float  # one more draft level: a draft forward's fixed cost
+    trust: float = 1.0  # accepted tokens per forecast token on recent drafted steps (1 until measured)
 
     @property
     def node(self) -> float:
-        """Minimum cumulative probability of a node worth verifying."""
-        return self.rate * self.node_ms
+        """Minimum cumulative draft probability of a node worth verifying."""
+        return self.rate * self.node_ms / self.trust
 
     @property
     def level(self) -> float:
-        """Minimum expected tokens (sum of the frontier's cumulative probabilities) worth another draft level."""
-        return self.rate * self.level_ms
+        """Minimum sum of the frontier's cumulative draft probabilities worth another draft level."""
+        return self.rate * self.level_ms / self.trust
 
 
 class CostMeter:
     """Sliding windows of step timings: the engine's recent steps (for the prices) and each policy's (its rate)."""
 
-    def __init__(self, window: int = 96, policy_window: int = 24, min_steps: int = 3):
+    def __init__(self, window: int = 96, policy_window: int = 24, min_steps: int = 3, recent: int = 8):
         self.steps: deque[StepTiming] = deque(maxlen=window)
         self.by_policy: dict[str, deque[StepTiming]] = {}
         self.policy_window = policy_window
         self.min_steps = min_steps
+        self.recent = recent  # drafted steps that judge the draft now (trust, drafted rate)
 
     def record(self, timing: StepTiming) -> None:
         self.steps.append(timing)
         self.by_policy.setdefault(timing.policy, deque(maxlen=self.policy_window)).append(timing)
 
+    @staticmethod
+    def _rate(steps) -> float | None:
+        wall = sum(s.wall_ms for s in steps)
+        return sum(s.tokens for s in steps) / wall if wall > 0 else None
+
     def rate(self, policy: str) -> float | None:
         """Tokens per ms of `policy`'s recent steps, None before it has `min_steps`."""
         mine = self.by_policy.get(policy, ())
-        wall = sum(s.wall_ms for s in mine)
-        return sum(s.tokens for s in mine) / wall if len(mine) >= self.min_steps and wall > 0 else None
+        return self._rate(mine) if len(mine) >= self.min_steps else None
+
+    def drafted_rate(self, policy: str) -> float | None:
+        """Tokens per ms of `policy`'s last `recent` drafted steps, None before it has `min_steps` of them."""
+        mine = [s for s in self.by_policy.get(policy, ()) if not s.plain][-self.recent :]
+        return self._rate(mine) if len(mine) >= self.min_steps else None
+
+    def plain_rate(self) -> float | None:
+        """Tokens per ms of a plain step (one target forward): measured on recent plain steps of any policy; where
+        there are none, estimated as one token per the verify time of a tree of no node (the intercept of the
+        drafted steps' verify time on their node count, which a plain step never exceeds: the estimate errs
+        towards drafting). None when neither can be had."""
+        plain = [s for s in self.steps if s.plain][-self.policy_window :]
+        if len(plain) >= self.min_steps:
+            return self._rate(plain)
+        drafted = [s for s in self.steps if not s.plain]
+        if len(drafted) < self.min_steps or len({s.nodes for s in drafted}) < 2:
+            return None
+        slope, intercept = np.polyfit([s.nodes for s in drafted], [s.verify_ms for s in drafted], 1)
+        return 1.0 / intercept if intercept > 0 else None
+
+    def trust(self, policy: str) -> float:
+        """Accepted draft tokens per forecast token over `policy`'s last `recent` drafted steps (1 until measured;
+        kept within [0.05, 1.5] so that one lucky or unlucky step cannot switch pricing off or on entirely)."""
+        mine = [s for s in self.by_policy.get(policy, ()) if s.forecast > 0][-self.recent :]
+        forecast = sum(s.forecast for s in mine)
+        if len(mine) < self.min_steps or forecast <= 0:
+            return 1.0
+        return min(1.5, max(0.05, sum(s.tokens - 1 for s in mine) / forecast))
 
     def prices_ms(self) -> tuple[float, float] | None:
-        """(ms per verified node, ms per draft level): least squares of a step's wall time on its node count
-        and draft forwards, over recent steps of every policy (their trees differ in size and depth, which is
-        what makes both slopes measurable). Everything a step costs is charged to one or the other: a node
+        """(ms per verified node, ms per draft level): least squares of a drafted step's wall time on its node count
+        and draft forwards, over recent drafted steps of every policy (their trees differ in size and depth, which
+        is what makes both slopes measurable). Everything a step costs is charged to one or the other: a node
         also costs its share of the draft forward that feeds it and of the bookkeeping; never negative."""
-        if len(self.steps) < self.min_steps:
+        drafted = [s for s in self.steps if not s.plain]
+        if len(drafted) < self.min_steps:
             return None
-        x = np.array([[1.0, s.nodes, s.draft_forwards] for s in self.steps])
-        y = np.array([s.wall_ms for s in self.steps])
+        x = np.array([[1.0, s.nodes, s.draft_forwards] for s in drafted])
+        y = np.array([s.wall_ms for s in drafted])
         if np.linalg.matrix_rank(x) < 3:
             return None
         _, node, level = np.linalg.lstsq(x, y, rcond=None)[0]
@@ -91,4 +138,4 @@ class CostMeter:
         rate, prices = self.rate(policy), self.prices_ms()
         if rate is None or prices is None:
             return None
-        return BreakEven(rate=rate, node_ms=prices[0], level_ms=prices[1])
+        return BreakEven(rate=rate, node_ms=prices[0], level_ms=prices[1], trust=self.trust(policy))

@@ -179,12 +179,13 @@ class SpecEngine:
         while not out.finished:
             step += 1
             t0 = time.perf_counter()
-            # 1. draft a tree shaped by the policy (ar: an empty tree).
+            # 1. draft a tree shaped by the policy (ar, or a step the policy decodes plain: an empty tree).
             start_d = self.draft.seq_len if drafting else 0
-            if drafting:
+            drafts = drafting and not policy.skip_draft()
+            if drafts:
                 shape, tree, drafted = self.drafter.grow(policy, pending)
             else:
-                shape, tree, drafted = policy.shape(None), DraftTree(), 0
+                shape, tree, drafted = policy.plain_shape(), DraftTree(), 0
             # 2. verify the whole tree in one target forward.
             start_t = self.target.seq_len
             logits = verify_tree(self.target, root, tree)
@@ -192,17 +193,20 @@ class SpecEngine:
             verdict = self.accept(tree, logits)
             # 4. compact both caches to the accepted path.
             self.target.keep(start_t, [0] + [1 + n for n in verdict.accepted])
-            if drafting:
+            if drafts:
                 fed = list(takewhile(lambda n: tree.draft_slots[n] >= 0, verdict.accepted))
                 p = len(pending)
                 self.draft.keep(start_d, list(range(p)) + [p + tree.draft_slots[n] for n in fed])
                 pending = [tree.tokens[n] for n in verdict.accepted[len(fed) :]] + [verdict.bonus]
+            elif drafting:  # a plain step: the draft reads its token with the next drafted step
+                pending = pending + [verdict.bonus]
             # 5. the policy learns from the outcome (and the meter from what the step cost).
+            wall_ms = (time.perf_counter() - t0) * 1e3
             self.costs.record(StepTiming(
-                key, len(verdict.accepted) + 1, len(tree), (time.perf_counter() - t0) * 1e3,
+                key, len(verdict.accepted) + 1, len(tree), wall_ms,
                 self.target.elapsed_ms, self.draft.elapsed_ms if drafting else 0.0,
-                self.draft.forwards if drafting else 0))
-            policy.observe(StepOutcome(tree, verdict.accepted, len(verdict.accepted) + 1))
+                self.draft.forwards if drafting else 0, sum(tree.cum_probs)))
+            policy.observe(StepOutcome(tree, verdict.accepted, len(verdict.accepted) + 1, wall_ms))
             ids, text = out.extend(verdict.accepted_tokens + [verdict.bonus])
             view = self._tree_view(root, tree, drafted)
             root = verdict.bonus

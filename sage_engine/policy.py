@@ -1,6 +1,7 @@
 """Decoding policies: how each step's draft tree is shaped, and how the shape learns from the last step.
 
-A policy is a strategy with three verbs, called by the draft stage and the engine:
+A policy is a strategy with four verbs, called by the draft stage and the engine:
+  skip_draft()             -> bool       before a step: True makes it a plain step (no draft, one target forward)
   shape(root_alpha)        -> TreeShape  before drafting (depth, width, budget)
   expand(shape, level, tree, frontier) -> nodes to grow next   while drafting, once per level
   observe(outcome)         -> None       after verification (history, next alpha)
@@ -50,6 +51,7 @@ class StepOutcome:
     tree: DraftTree  # the tree that was verified
     accepted: list[int]  # accepted node indices, root side first
     tokens_this_step: int  # accepted + bonus (before truncation at EOS / budget)
+    wall_ms: float = 0.0  # what the whole step cost
 
 
 def confidence(top_probs: np.ndarray) -> np.ndarray:
@@ -75,6 +77,14 @@ class Policy:
         """The policy with its settings: step timings are kept per key."""
         cfg = getattr(self, "cfg", None)
         return self.name if cfg is None else f"{self.name}{cfg!r}"
+
+    def skip_draft(self) -> bool:
+        """True: decode this step without drafting (default: a policy with a draft always drafts)."""
+        return False
+
+    def plain_shape(self) -> TreeShape:
+        """The shape of a step decoded without a draft."""
+        return TreeShape(depth=0, width=0, max_nodes=0)
 
     def shape(self, root_alpha: float | None) -> TreeShape:
         raise NotImplementedError
@@ -102,7 +112,7 @@ class AutoregressivePolicy(Policy):
     uses_draft = False
 
     def shape(self, root_alpha: float | None) -> TreeShape:
-        return TreeShape(depth=0, width=0, max_nodes=0)
+        return self.plain_shape()
 
     def expand(self, shape, level, tree, frontier):
         return []
@@ -214,6 +224,11 @@ class SagePolicy(Policy):
         if cfg.threshold not in THRESHOLDS:
             raise ValueError(f"unknown SAGE threshold {cfg.threshold!r}; choose one of {', '.join(THRESHOLDS)}")
         self.price: BreakEven | None = None  # the last shape's prices (threshold "cost", once measured; state())
+        self._plain_left = 0  # plain steps still to take before the draft is tried again (threshold "cost")
+        self._backoff = cfg.fallback_steps  # plain steps after the next drafted stretch that loses to plain steps
+        self._drafted: list[tuple[int, float]] = []  # this run's drafted steps: (tokens, wall ms)
+        self._trying = False  # the step after a plain stretch drafts whatever the window says (a try)
+        self._skipped = False  # the current step is plain
 
     # Eq. 10-11, rounding half up (open in the paper).
     def depth_for(self, alpha: float) -> int:
@@ -223,6 +238,36 @@ class SagePolicy(Policy):
     def width_for(self, alpha: float) -> int:
         w = self.cfg.w_min + (1.0 - alpha) * (self.cfg.w_max - self.cfg.w_min)
         return max(1, int(math.floor(w + 0.5)))
+
+    def skip_draft(self) -> bool:
+        """Threshold "cost": fall back to plain steps while this run's drafted steps decode slower than plain ones.
+
+        The judge is this run's last `fallback_window` drafted steps (a new input starts with a clean slate:
+        the draft may know it well or not at all) against the engine's plain rate (measured on plain steps,
+        else estimated from drafted steps, costs.py). While they lose, the next `_backoff` steps are plain,
+        then the draft is tried once more; each losing try doubles the wait (up to 4x `fallback_steps`),
+        a winning one resets it."""
+        self._skipped = False
+        if self.cfg.threshold != "cost" or self.costs is None:
+            return False
+        if self._plain_left > 0:
+            self._plain_left -= 1
+            self._skipped = True
+            return True
+        recent = self._drafted[-self.cfg.fallback_window :]
+        plain = self.costs.plain_rate()
+        if self._trying or len(recent) < 2 or plain is None:
+            self._trying = False  # the try has been judged with the window it joined
+            return False
+        if sum(t for t, _ in recent) / sum(ms for _, ms in recent) >= plain:
+            self._backoff = self.cfg.fallback_steps
+            return False
+        self._plain_left, self._skipped, self._trying = self._backoff - 1, True, True
+        self._backoff = min(4 * self.cfg.fallback_steps, 2 * self._backoff)
+        return True
+
+    def plain_shape(self) -> TreeShape:
+        return TreeShape(depth=0, width=0, max_nodes=0, d_max=self.d_max)
 
     def shape(self, root_alpha):
         alpha = root_alpha if (self.cfg.alpha_source == "current_root" and root_alpha is not None) else self.alpha
@@ -251,6 +296,9 @@ class SagePolicy(Policy):
 
     def observe(self, outcome):
         cfg = self.cfg
+        if self._skipped:  # a plain step says nothing about the draft (its alpha, its acceptance)
+            return
+        self._drafted.append((outcome.tokens_this_step, outcome.wall_ms))
         tree, path = outcome.tree, outcome.accepted
         if cfg.alpha_source == "prev_root" and tree.root_alpha is not None:
             self.alpha = tree.root_alpha

@@ -32,8 +32,8 @@ def test_stream_accounting_is_consistent(setup, policy):
         assert [s.tree.tokens[i] for i in s.accepted_nodes] == s.accepted_tokens
         assert all(s.tree.parents[i] < i for i in range(n))
         assert min(s.target_ms, s.draft_ms, s.other_ms) >= 0
-        if policy == "ar":
-            assert n == 0 and s.draft_forwards == 0 and len(s.new_token_ids) == 1
+        if policy == "ar" or s.depth == 0:  # ar, or a plain step of sage's cost threshold (no draft)
+            assert n == 0 and s.draft_forwards == 0 and len(s.new_token_ids) == 1 and s.root_alpha is None
         else:
             assert s.draft_forwards >= 1 and s.root_alpha is not None and 0 <= s.root_alpha <= 1
     assert res.stats.target_forwards == len(steps) - 1
@@ -51,7 +51,7 @@ def test_stop_string_ends_the_run_at_the_string(setup):
 
 def test_sage_reports_its_tree_shape_and_controller(setup):
     _, engine, prep = setup
-    res = engine.generate(prep, "sage", max_new_tokens=30, ignore_eos=True)
+    res = engine.generate(prep, "sage:threshold=paper:alpha_source=prev_path", max_new_tokens=30, ignore_eos=True)
     decode = res.steps[1:]
     assert decode[0].alpha == 0.5  # first tree planned from alpha0
     assert all(3 <= s.depth <= 12 and 2 <= s.width <= 10 and s.d_max is not None for s in decode)
@@ -68,19 +68,25 @@ def test_engine_meters_every_step_and_the_cost_threshold_prices_from_it(setup):
     assert len(timings) == ar.stats.target_forwards and {t.policy for t in timings} == {"ar"}
     assert all(t.nodes == 0 and t.tokens == 1 and t.draft_forwards == 0 and 0 < t.verify_ms <= t.wall_ms
                for t in timings)
+    paper = engine.generate(prep, "sage:threshold=paper", max_new_tokens=30, ignore_eos=True)  # drafted steps
+    assert len(paper.steps) > 4 and sum(not t.plain for t in engine.costs.steps) == len(paper.steps) - 1
     policy = make_policy("sage", SageConfig(threshold="cost"))
     res = engine.generate(prep, policy, max_new_tokens=30, ignore_eos=True)
     assert res.token_ids == ar.token_ids  # prices shape the tree, never the output
     mine = engine.costs.by_policy[policy.key]
     assert [t.tokens for t in mine] == [len(s.accepted_tokens) + 1 for s in res.steps[1:]][-len(mine):]
     assert [t.nodes for t in mine] == [len(s.tree.tokens) for s in res.steps[1:]][-len(mine):]
-    # the last step was priced from the policy's rate over its window of steps before that one
-    before = [t for t in engine.costs.steps if t.policy == policy.key][:-1][-engine.costs.policy_window:]
+    # the last drafted step was priced from the policy's rate over its window of steps before that one
+    # (plain steps, which the cost threshold may take, draft nothing and carry no price)
+    last = max(i for i, s in enumerate(res.steps[1:]) if s.depth > 0)
+    before = [t for t in engine.costs.steps if t.policy == policy.key][:last][-engine.costs.policy_window:]
     assert policy.price is not None
     assert policy.price.rate == pytest.approx(sum(t.tokens for t in before) / sum(t.wall_ms for t in before))
     # each step's event carries the prices its tree was shaped with (the app draws them); ar's carry none
     priced = [s for s in res.steps[1:] if s.node_price is not None]
-    assert priced and res.steps[-1].node_price == policy.price.node and res.steps[-1].level_price == policy.price.level
+    assert priced and res.steps[1 + last].node_price == policy.price.node
+    assert res.steps[1 + last].level_price == policy.price.level
+    assert all(s.node_price is None for s in res.steps[1:] if s.depth == 0)
     for s in priced:   # no node of a priced tree is below its step's node price (cumulative draft probability);
         # the prices are least-squares slopes of noisy wall times, clamped at zero (a free level is possible)
         assert all(c >= s.node_price - 1e-9 for c in s.tree.cum_probs) and s.node_price >= 0 <= s.level_price

@@ -41,7 +41,7 @@ def test_depth_and_width_follow_eq_10_11():
 
 
 def test_first_tree_is_planned_from_alpha0():
-    shape = SagePolicy(SageConfig()).shape(root_alpha=0.99)
+    shape = SagePolicy(SageConfig(alpha_source="prev_path")).shape(root_alpha=0.99)
     assert shape.alpha == 0.5 and shape.depth == 6
 
 
@@ -206,7 +206,7 @@ def test_cost_meter_measures_rate_node_and_level_prices():
 
 def test_cost_threshold_prices_nodes_and_levels():
     probs = [[0.5, 0.2, 0.1, 0.04, 0.03, 0.02, 0.016, 0.01, 0.005, 0.004]]
-    paper = SagePolicy(SageConfig())
+    paper = SagePolicy(SageConfig(threshold="paper"))
     paper.costs = primed_meter(key=paper.key)  # a meter does nothing under the paper's threshold
     tree = DraftTree()
     assert len(paper.expand(paper.shape(None), 1, tree, frontier([-1], probs))) == 6 and paper.price is None
@@ -230,3 +230,61 @@ def test_cost_threshold_prices_nodes_and_levels():
     assert len(paper.expand(paper.shape(None), 2, tree, frontier([parent], two))) == 2  # the paper expands both
     with pytest.raises(ValueError, match="threshold"):
         SagePolicy(SageConfig(threshold="fast"))
+
+
+def plain_meter(rate_tok_per_ms=1.0, n=5):
+    """A meter that has seen `n` plain steps (one target forward, one token) at `rate_tok_per_ms`."""
+    from sage_engine.costs import CostMeter, StepTiming
+    meter = CostMeter()
+    for _ in range(n):
+        meter.record(StepTiming("ar", 1, 0, 1.0 / rate_tok_per_ms, 0.9 / rate_tok_per_ms, 0.0, 0))
+    return meter
+
+
+def drafted(policy, tokens, wall_ms):
+    """One drafted step of `policy`: it asks whether to draft, then learns what the step made and cost."""
+    assert policy.skip_draft() is False
+    policy.observe(StepOutcome(DraftTree(), [], tokens, wall_ms))
+
+
+def test_cost_threshold_falls_back_to_plain_steps_while_drafting_loses_and_retries():
+    pol = SagePolicy(SageConfig(threshold="cost", fallback_steps=2, fallback_window=4))
+    pol.costs = plain_meter(1.0)  # plain steps make 1 token per ms
+    drafted(pol, 2, 4.0)
+    drafted(pol, 2, 4.0)  # two drafted steps at 0.5 tokens per ms: losing
+    assert [pol.skip_draft() for _ in range(2)] == [True, True]  # fallback_steps plain steps
+    assert pol.plain_shape().depth == 0
+    pol.observe(StepOutcome(DraftTree(), [], 1, 1.0))  # a plain step teaches the policy nothing
+    assert pol._drafted == [(2, 4.0), (2, 4.0)]
+    drafted(pol, 3, 4.0)  # the try (drafted whatever the window says); still losing: 7 / 12 ms
+    assert [pol.skip_draft() for _ in range(4)] == [True] * 4  # the wait doubles
+    drafted(pol, 20, 4.0)  # a winning try: 27 tokens / 16 ms over the window
+    drafted(pol, 3, 3.0)  # the window wins: draft on, the wait back to fallback_steps
+    assert pol._backoff == 2
+    # the same history never falls back under the paper's threshold, nor without a meter
+    for cfg, meter in [(SageConfig(threshold="paper"), plain_meter(1.0)), (SageConfig(threshold="cost"), None)]:
+        other = SagePolicy(cfg)
+        other.costs = meter
+        for _ in range(4):
+            drafted(other, 1, 10.0)
+
+
+def test_plain_rate_is_measured_or_estimated_from_the_verify_intercept():
+    from sage_engine.costs import CostMeter, StepTiming
+    assert plain_meter(0.5).plain_rate() == pytest.approx(0.5)
+    meter = CostMeter()
+    assert meter.plain_rate() is None
+    for nodes in (4, 8, 16, 4):  # drafted steps whose verification costs 2 ms + 0.1 ms per node
+        meter.record(StepTiming("sage", 3, nodes, 9.0, 2.0 + 0.1 * nodes, 3.0, 4))
+    assert meter.plain_rate() == pytest.approx(1 / 2.0)  # one token per a tree of no node's verification
+
+
+def test_trust_is_accepted_per_forecast_token_and_scales_the_prices():
+    from sage_engine.costs import StepTiming
+    meter = primed_meter(key="sage")
+    assert meter.trust("sage") == 1.0  # no forecast recorded: trusted as is
+    for accepted, forecast in [(1, 4.0), (2, 4.0), (1, 4.0)]:
+        meter.record(StepTiming("sage", accepted + 1, 25, 20.0, 5.5, 10.0, 10, forecast))
+    assert meter.trust("sage") == pytest.approx(4 / 12)
+    price = meter.break_even("sage")
+    assert price.trust == pytest.approx(1 / 3) and price.node == pytest.approx(3 * price.rate * price.node_ms)
