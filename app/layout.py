@@ -77,7 +77,8 @@ class Ui:
 
 
 def _knobs(cfg: SageConfig) -> Knobs:
-    with gr.Accordion("SAGE knobs (defaults: the paper's) and draft pruning", open=False):
+    with gr.Accordion("SAGE knobs (the paper's formulas; defaults: priced by this machine) and draft pruning",
+                      open=False):
         gr.Markdown("Depth D(α) = D_min + α(D_max − D_min), root width W(α) = W_min + (1 − α)(W_max − W_min).\n"
                     "Used by the `sage` policy only.")
         with gr.Row():
@@ -95,7 +96,8 @@ def _knobs(cfg: SageConfig) -> Knobs:
                                  label="α for the next tree comes from")
         threshold = gr.Dropdown([("the paper's: θ_l and N_max", "paper"),
                                  ("also this machine's measured costs: a node must pay for its verification, "
-                                  "a level for its draft forward (ours, not in the paper)", "cost")],
+                                  "a level for its draft forward, and plain steps (no draft) while drafting "
+                                  "loses (ours, not in the paper; the default)", "cost")],
                                 value=cfg.threshold, label="Which nodes are worth drafting")
         prune = gr.Checkbox(False, label="Draft reads only 20% of the image tokens / 10% of the video tokens "
                                          "(the paper's draft-only pruning; every policy; the output is unchanged)")

@@ -124,7 +124,8 @@ def mapping_figure(lane: Lane, cfg: SageConfig):
 
 def _time_parts(x: Lane) -> tuple[float, dict[str, float]]:
     dec = x.decode_steps
-    pre = sum(s.target_ms + s.draft_ms + s.other_ms for s in x.steps if s.kind == "prefill") / 1e3
+    pre = (sum(s.target_ms + s.draft_ms + s.other_ms for s in x.steps if s.kind == "prefill")
+           + sum(s.draft_prefill_ms for s in dec)) / 1e3  # the draft reads the prompt with its first drafted step
     dr, ver, oth = (sum(getattr(s, f) for s in dec) / 1e3 for f in ("draft_ms", "target_ms", "other_ms"))
     wall = x.seconds if x.seconds is not None else (x.arrivals[-1] if x.arrivals else 0.0)
     rest = max(0.0, wall - pre - dr - ver - oth)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from html import escape
 
+from sage_engine.premise import premise
+
 from .record import Divergence, RunRecord
 from .theme import AMBER, BLUE, GREEN, GREY, ORANGE, SLATE, VIOLET, token_label
 
@@ -58,6 +60,18 @@ A history controller also moves the maximum depth D_max when recent steps accept
 - *Time*: prefill, draft model, target verification, and the overhead of planning and bookkeeping.
 
 **Legend.** {LEGEND}
+
+**Why does a short or unfamiliar answer gain less?** Speculation pays only when the draft guesses right.
+Every drafted step costs more than a plain one: the draft's forwards, and a target pass over several
+tokens, which on a CPU costs more than a pass over one. The draft also has to read the prompt once (its
+*prefill*) before its first guess. A short answer has few steps to earn that back; on a picture the draft
+has not learnt (the embedded pair knows only its shapes world), its guesses are mostly rejected. So by
+default `sage` prices every node and draft level with this machine's measured costs and how often the
+draft has recently been right, and when drafted steps keep losing to plain ones it decodes **plain steps**
+(no draft, shown as steps without a tree) and retries the draft now and then. A plain-only run never pays
+for the draft's prefill. The note under the scoreboard shows how many steps of this run were plain, and
+how well α predicted the accepted length (*α → accepted*: the correlation of each step's α with the
+tokens it accepted; SAGE's premise is that confident steps accept more).
 
 **Why could the two outputs differ?** Greedy speculative decoding is exact in exact arithmetic. In bfloat16 or
 float16, the target scoring a token inside a tree (many positions in one pass) can round differently from
@@ -126,7 +140,20 @@ def scoreboard(record: RunRecord | None, token_text=None) -> str:
         else:
             cards.append(_card("Same output?", "✗ differs", f"from token {div.index} of {n}", "bad"))
             note = f'<div class="sb-note">{divergence_note(div, token_text or str)}</div>'
+        note += run_note(record.spec)
     return f'<div class="sb">{"".join(cards)}</div>{note}'
+
+
+def run_note(lane) -> str:
+    """How the speculative lane spent its steps: drafted or plain, and how well α predicted acceptance."""
+    decode = lane.decode_steps
+    if not decode or lane.policy == "ar":
+        return ""
+    plain = sum(1 for s in decode if s.depth == 0)
+    fit = premise([lane.steps])
+    corr = "–" if fit.current_root is None else f"{fit.current_root:+.2f}"
+    return (f'<div class="sb-note">{len(decode) - plain} drafted and {plain} plain steps (no draft: drafting '
+            f'was not paying here); α → accepted: {corr} over {fit.steps} drafted steps.</div>')
 
 
 def status_running(record: RunRecord) -> str:

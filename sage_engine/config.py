@@ -84,7 +84,7 @@ class SageConfig:
     # steps decode slower than plain ones the policy takes plain steps (no draft), retrying the draft with
     # a growing wait. "paper": the paper's theta_l and N_max alone, every step drafted.
     threshold: Threshold = "cost"
-    fallback_steps: int = 2  # threshold "cost": plain steps after drafted ones first lose to plain steps
+    fallback_steps: int = 2  # threshold "cost": plain steps after drafted ones first lose to plain ones (0: never)
     fallback_window: int = 4  # threshold "cost": this run's last drafted steps that judge the draft
     max_depth_cap: int = field(default=16, repr=False)  # hard ceiling on any tree depth
 

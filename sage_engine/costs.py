@@ -72,6 +72,7 @@ class CostMeter:
     def __init__(self, window: int = 96, policy_window: int = 24, min_steps: int = 3, recent: int = 8):
         self.steps: deque[StepTiming] = deque(maxlen=window)
         self.by_policy: dict[str, deque[StepTiming]] = {}
+        self.drafted: dict[str, deque[StepTiming]] = {}  # each policy's last `recent` drafted steps
         self.policy_window = policy_window
         self.min_steps = min_steps
         self.recent = recent  # drafted steps that judge the draft now (trust, drafted rate)
@@ -79,6 +80,8 @@ class CostMeter:
     def record(self, timing: StepTiming) -> None:
         self.steps.append(timing)
         self.by_policy.setdefault(timing.policy, deque(maxlen=self.policy_window)).append(timing)
+        if not timing.plain:
+            self.drafted.setdefault(timing.policy, deque(maxlen=self.recent)).append(timing)
 
     @staticmethod
     def _rate(steps) -> float | None:
@@ -92,7 +95,7 @@ class CostMeter:
 
     def drafted_rate(self, policy: str) -> float | None:
         """Tokens per ms of `policy`'s last `recent` drafted steps, None before it has `min_steps` of them."""
-        mine = [s for s in self.by_policy.get(policy, ()) if not s.plain][-self.recent :]
+        mine = self.drafted.get(policy, ())
         return self._rate(mine) if len(mine) >= self.min_steps else None
 
     def plain_rate(self) -> float | None:
@@ -112,7 +115,7 @@ class CostMeter:
     def trust(self, policy: str) -> float:
         """Accepted draft tokens per forecast token over `policy`'s last `recent` drafted steps (1 until measured;
         kept within [0.05, 1.5] so that one lucky or unlucky step cannot switch pricing off or on entirely)."""
-        mine = [s for s in self.by_policy.get(policy, ()) if s.forecast > 0][-self.recent :]
+        mine = [s for s in self.drafted.get(policy, ()) if s.forecast > 0]
         forecast = sum(s.forecast for s in mine)
         if len(mine) < self.min_steps or forecast <= 0:
             return 1.0

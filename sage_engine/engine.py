@@ -2,7 +2,8 @@
 
 Contract: `stream()` is the one generator every consumer reads (CLI, benchmark, app);
 `generate()` consumes it. The engine knows the ORDER of the stages and nothing else:
-  0. prefill   both models read the prompt; the target's argmax is the first token
+  0. prefill   the target reads the prompt; its argmax is the first token (the draft reads the prompt
+               with the first step that drafts: a run of plain steps never pays for it)
   1. draft     the policy shapes a tree, the draft grows it            (draft.py, policy.py)
   2. verify    one target forward over [root, tree]                     (verify.py)
   3. accept    longest agreeing path + the target's bonus token         (verify.py)
@@ -166,22 +167,25 @@ class SpecEngine:
         if self.draft is not None:
             self.draft.reset_counters()
 
-        # 0. prefill: both models read the prompt; the target's argmax is the first token.
+        # 0. prefill: the target reads the prompt; its argmax is the first token.
         t0 = time.perf_counter()
         first = int(self.target.prefill(prepared.target_inputs).argmax())
-        if drafting:
-            self.draft.prefill(prepared.for_draft(), self.draft_pruning)
         ids, text = out.extend([first])
         yield self._event(0, policy, out, ids, text, t0)
         root, pending = first, [first]  # root: newest token; pending: tokens the draft has not read
+        draft_read = False  # has the draft read the prompt yet?
 
         step = 0
         while not out.finished:
             step += 1
             t0 = time.perf_counter()
             # 1. draft a tree shaped by the policy (ar, or a step the policy decodes plain: an empty tree).
-            start_d = self.draft.seq_len if drafting else 0
             drafts = drafting and not policy.skip_draft()
+            prefill_ms = 0.0
+            if drafts and not draft_read:  # the draft reads the prompt now (reported apart from the step)
+                self.draft.prefill(prepared.for_draft(), self.draft_pruning)
+                prefill_ms, draft_read = self.draft.reset_counters()[1], True
+            start_d = self.draft.seq_len if drafts else 0
             if drafts:
                 shape, tree, drafted = self.drafter.grow(policy, pending)
             else:
@@ -201,7 +205,7 @@ class SpecEngine:
             elif drafting:  # a plain step: the draft reads its token with the next drafted step
                 pending = pending + [verdict.bonus]
             # 5. the policy learns from the outcome (and the meter from what the step cost).
-            wall_ms = (time.perf_counter() - t0) * 1e3
+            wall_ms = (time.perf_counter() - t0) * 1e3 - prefill_ms
             self.costs.record(StepTiming(
                 key, len(verdict.accepted) + 1, len(tree), wall_ms,
                 self.target.elapsed_ms, self.draft.elapsed_ms if drafting else 0.0,
@@ -211,7 +215,7 @@ class SpecEngine:
             view = self._tree_view(root, tree, drafted)
             root = verdict.bonus
             yield self._event(step, policy, out, ids, text, t0, shape=shape, view=view, verdict=verdict,
-                              root_alpha=tree.root_alpha)
+                              root_alpha=tree.root_alpha, draft_prefill_ms=prefill_ms)
 
     def generate(self, prepared: PreparedInput, policy: Policy | str = "sage", max_new_tokens: int = 128,
                  stop: tuple[str, ...] = (), ignore_eos: bool = False) -> GenerationResult:
@@ -227,13 +231,13 @@ class SpecEngine:
     # ------------------------------------------------------------------ telemetry
     def _event(self, step: int, policy: Policy, out: Transcript, ids: list[int], text: str, t0: float, *,
                shape: TreeShape | None = None, view: TreeView | None = None, verdict: Verdict | None = None,
-               root_alpha: float | None = None) -> StepEvent:
+               root_alpha: float | None = None, draft_prefill_ms: float = 0.0) -> StepEvent:
         """The StepEvent of step `step` (0: prefill), closing the step's timers."""
         _, t_ms = self.target.reset_counters()
         d_fw, d_ms = self.draft.reset_counters() if self.draft is not None else (0, 0.0)
         alpha = shape.alpha if shape is not None else None
         price = shape.price if shape is not None else None
-        wall_ms = (time.perf_counter() - t0) * 1e3
+        wall_ms = (time.perf_counter() - t0) * 1e3 - draft_prefill_ms
         return StepEvent(
             step=step,
             kind="prefill" if step == 0 else "decode",
@@ -259,4 +263,5 @@ class SpecEngine:
             finish_reason=out.finish_reason,
             node_price=None if price is None else price.node,
             level_price=None if price is None else price.level,
+            draft_prefill_ms=draft_prefill_ms,
         )

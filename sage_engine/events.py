@@ -55,6 +55,9 @@ class StepEvent:
     # this step, and the least expected tokens (sum of cumulative probabilities) a further draft level needed
     node_price: float | None = None
     level_price: float | None = None
+    # the draft's prefill when this step is the run's first to draft (the draft reads the prompt only then);
+    # not in target_ms / draft_ms / other_ms: run statistics count it as prefill
+    draft_prefill_ms: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -112,7 +115,8 @@ def summarize(steps: list[StepEvent], token_ids: list[int], seconds: float) -> R
         target_forwards=len(decode),
         mean_accepted=decode_tokens / len(decode) if decode else 0.0,
         draft_forwards=sum(s.draft_forwards for s in steps),
-        prefill_seconds=sum(s.target_ms + s.draft_ms + s.other_ms for s in prefill) / 1e3,
+        prefill_seconds=(sum(s.target_ms + s.draft_ms + s.other_ms for s in prefill)
+                         + sum(s.draft_prefill_ms for s in steps)) / 1e3,
         target_seconds=target_s,
         draft_seconds=draft_s,
         other_seconds=other_s,

@@ -228,6 +228,7 @@ class SagePolicy(Policy):
         self._backoff = cfg.fallback_steps  # plain steps after the next drafted stretch that loses to plain steps
         self._drafted: list[tuple[int, float]] = []  # this run's drafted steps: (tokens, wall ms)
         self._trying = False  # the step after a plain stretch drafts whatever the window says (a try)
+        self._started = False  # has this run asked skip_draft() yet?
         self._skipped = False  # the current step is plain
 
     # Eq. 10-11, rounding half up (open in the paper).
@@ -242,28 +243,40 @@ class SagePolicy(Policy):
     def skip_draft(self) -> bool:
         """Threshold "cost": fall back to plain steps while this run's drafted steps decode slower than plain ones.
 
-        The judge is this run's last `fallback_window` drafted steps (a new input starts with a clean slate:
-        the draft may know it well or not at all) against the engine's plain rate (measured on plain steps,
-        else estimated from drafted steps, costs.py). While they lose, the next `_backoff` steps are plain,
-        then the draft is tried once more; each losing try doubles the wait (up to 4x `fallback_steps`),
-        a winning one resets it."""
+        The judge is this run's last `fallback_window` drafted steps against the engine's plain rate (measured
+        on plain steps, else estimated from drafted steps, costs.py); a run's first step is judged by the
+        engine's last drafted steps of this policy (a draft that kept losing on the last inputs starts a new
+        one with the longest wait of plain steps; the draft reads the prompt only when tried, so a short answer
+        never pays for it). While they lose, the next
+        `_backoff` steps are plain, then the draft is tried once more; each losing try doubles the wait (up to
+        8x `fallback_steps`), a winning one resets it."""
         self._skipped = False
-        if self.cfg.threshold != "cost" or self.costs is None:
+        if self.cfg.threshold != "cost" or self.costs is None or self.cfg.fallback_steps < 1:
             return False
         if self._plain_left > 0:
             self._plain_left -= 1
             self._skipped = True
             return True
-        recent = self._drafted[-self.cfg.fallback_window :]
         plain = self.costs.plain_rate()
+        if not self._started:  # a run starts where the engine's last runs of this policy left off
+            self._started = True
+            earlier = self.costs.drafted_rate(self.key)
+            if plain is not None and earlier is not None and earlier < plain:
+                self._backoff = 8 * self.cfg.fallback_steps  # the longest wait: the draft lost on earlier inputs
+                return self._fall_back()
+        recent = self._drafted[-self.cfg.fallback_window :]
         if self._trying or len(recent) < 2 or plain is None:
             self._trying = False  # the try has been judged with the window it joined
             return False
         if sum(t for t, _ in recent) / sum(ms for _, ms in recent) >= plain:
             self._backoff = self.cfg.fallback_steps
             return False
+        return self._fall_back()
+
+    def _fall_back(self) -> bool:
+        """This step and the next `_backoff` - 1 are plain, then the draft is tried; the wait doubles."""
         self._plain_left, self._skipped, self._trying = self._backoff - 1, True, True
-        self._backoff = min(4 * self.cfg.fallback_steps, 2 * self._backoff)
+        self._backoff = min(8 * self.cfg.fallback_steps, 2 * self._backoff)
         return True
 
     def plain_shape(self) -> TreeShape:

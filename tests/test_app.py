@@ -129,7 +129,7 @@ def test_draft_pruning_keeps_the_output(client, media):
 
 def test_export_download(client, server, media):
     _, final = run(client, image=handle_file(media.image), video=None, prompt=media.image_prompt,
-                   max_new_tokens=12, policy="sage")
+                   max_new_tokens=12, policy="sage", threshold="paper")  # every step drafts: a tree to export
     path = final["export"]["value"]
     with urllib.request.urlopen(f"{server.url}/gradio_api/file={path}") as r:
         run_json = json.loads(r.read())
