@@ -17,7 +17,6 @@ import gradio as gr
 from gradio.components.plot import PlotData
 
 from sage_engine import InputError, PreparedInput, SageConfig, SageError, StepEvent, make_policy, prepare_input
-from sage_engine.config import ALPHA_SOURCES, THRESHOLDS
 from sage_engine.inputs import DEFAULT_NUM_FRAMES, video_frames_for
 from sage_engine.media import sample_video
 from sage_engine.pruning import VisualPruning
@@ -47,24 +46,22 @@ def serialized(fig) -> PlotData:
     return PlotData(type="plotly", plot=fig.to_json())
 
 
+INT_KNOBS = ("d_min", "d_max", "w_min", "w_max", "k", "n_max")
+
+
 def sage_config(knobs: dict) -> SageConfig:
     """SageConfig from the knobs panel (missing knobs keep the paper's defaults); InputError if inconsistent."""
-    cfg = SageConfig()
-    ints = {k: int(v) for k, v in knobs.items() if k in ("d_min", "d_max", "w_min", "w_max", "k", "n_max")}
-    floats = {k: float(v) for k, v in knobs.items() if k == "theta_scale"}
+    try:
+        ints = {k: int(v) for k, v in knobs.items() if k in INT_KNOBS}
+        floats = {k: float(v) for k, v in knobs.items() if k == "theta_scale"}
+    except (TypeError, ValueError, OverflowError):
+        bad = {k: v for k, v in knobs.items() if k in (*INT_KNOBS, "theta_scale")}
+        raise InputError(f"SAGE knobs: every number must be finite (got {bad})") from None
     choices = {k: str(v) for k, v in knobs.items() if k in ("alpha_source", "threshold") and v}
-    cfg = replace(cfg, **ints, **floats, **choices)
-    if not (1 <= cfg.d_min <= cfg.d_max <= cfg.max_depth_cap):
-        raise InputError(f"SAGE knobs: need 1 <= D_min <= D_max <= {cfg.max_depth_cap} (got {cfg.d_min}, {cfg.d_max})")
-    if not (1 <= cfg.w_min <= cfg.w_max):
-        raise InputError(f"SAGE knobs: need 1 <= W_min <= W_max (got {cfg.w_min}, {cfg.w_max})")
-    if cfg.k < 2 or cfg.n_max < 1 or not (0.0 <= cfg.theta_scale <= 1.0):
-        raise InputError("SAGE knobs: need k >= 2, N_max >= 1 and 0 <= theta scale <= 1")
-    if cfg.alpha_source not in ALPHA_SOURCES:
-        raise InputError(f"SAGE knobs: unknown alpha source {cfg.alpha_source!r}")
-    if cfg.threshold not in THRESHOLDS:
-        raise InputError(f"SAGE knobs: unknown threshold {cfg.threshold!r}")
-    return cfg
+    try:
+        return replace(SageConfig(), **ints, **floats, **choices)  # SageConfig checks its knobs (one line)
+    except ValueError as e:
+        raise InputError(str(e)) from None
 
 
 @dataclass

@@ -63,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--image", action="append", default=[], help="image file (repeatable)")
     gen.add_argument("--video", default=None, help="video file (frames sampled uniformly)")
     gen.add_argument("--frames", type=int, default=None, help="video frames to sample (default: the model's)")
-    gen.add_argument("--policy", default="sage", choices=POLICY_NAMES)
+    gen.add_argument("--policy", default="sage",
+                     help=f"one of {', '.join(POLICY_NAMES)}; a policy may change knobs, e.g. sage:threshold=paper")
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--json", action="store_true", help="print one JSON object with text, ids, stats, steps")
     _model_args(gen)
@@ -114,17 +115,22 @@ def cmd_generate(args) -> int:
     from .engine import SpecEngine
     from .inputs import prepare_input
     from .media import load_image
+    from .policy import make_policy
 
+    try:  # a name, or a spec with knobs (as bench takes them); checked before anything loads
+        policy = make_policy(args.policy)
+    except ValueError as e:
+        raise SageError(str(e)) from None
     images = [load_image(p) for p in args.image]  # bad files fail before the models load
     pair = _load(args)
     prepared = prepare_input(pair, args.prompt, images=images, video=args.video, num_frames=args.frames)
     engine = SpecEngine(pair, draft_pruning=args.draft_prune, layer_stack=args.tree_forward == "layers")
     if args.json:
-        res = engine.generate(prepared, args.policy, args.max_new_tokens, tuple(args.stop))
+        res = engine.generate(prepared, policy, args.max_new_tokens, tuple(args.stop))
         print(json.dumps(res.to_dict()))
         return 0
     steps, t0 = [], time.perf_counter()
-    for ev in engine.stream(prepared, args.policy, args.max_new_tokens, tuple(args.stop)):
+    for ev in engine.stream(prepared, policy, args.max_new_tokens, tuple(args.stop)):
         steps.append(ev)
         print(ev.new_text, end="", flush=True)
     ids = [t for s in steps for t in s.new_token_ids]

@@ -6,6 +6,7 @@ what we chose and why; every such choice is configurable.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
@@ -87,6 +88,36 @@ class SageConfig:
     fallback_steps: int = 2  # threshold "cost": plain steps after drafted ones first lose to plain ones (0: never)
     fallback_window: int = 4  # threshold "cost": this run's last drafted steps that judge the draft
     max_depth_cap: int = field(default=16, repr=False)  # hard ceiling on any tree depth
+
+    def __post_init__(self):
+        """Refuse inconsistent knobs with one line (the CLI, the app and the API all show this message)."""
+        problem = sage_problem(self)
+        if problem:
+            raise ValueError(f"SAGE knobs: {problem}")
+
+
+def sage_problem(cfg: SageConfig) -> str | None:
+    """What is wrong with `cfg`'s knobs, or None."""
+    numbers = {f: getattr(cfg, f) for f in ("k", "d_min", "d_max", "w_min", "w_max", "n_max", "theta_scale",
+                                            "width_parent_bias", "alpha0", "history_low", "history_high")}
+    for name, value in numbers.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return f"{name} must be a finite number (got {value!r})"
+    if not 1 <= cfg.d_min <= cfg.d_max <= cfg.max_depth_cap:
+        return f"need 1 <= D_min <= D_max <= {cfg.max_depth_cap} (got {cfg.d_min}, {cfg.d_max})"
+    if not 1 <= cfg.w_min <= cfg.w_max:
+        return f"need 1 <= W_min <= W_max (got {cfg.w_min}, {cfg.w_max})"
+    if cfg.k < 2 or cfg.n_max < 1 or not 0.0 <= cfg.theta_scale <= 1.0:
+        return f"need k >= 2, N_max >= 1 and 0 <= theta scale <= 1 (got {cfg.k}, {cfg.n_max}, {cfg.theta_scale})"
+    if not 0.0 <= cfg.alpha0 <= 1.0:
+        return f"need 0 <= alpha0 <= 1 (got {cfg.alpha0})"
+    if cfg.alpha_source not in ALPHA_SOURCES:
+        return f"unknown alpha source {cfg.alpha_source!r}; choose one of {', '.join(ALPHA_SOURCES)}"
+    if cfg.threshold not in THRESHOLDS:
+        return f"unknown threshold {cfg.threshold!r}; choose one of {', '.join(THRESHOLDS)}"
+    if cfg.history_window < 1 or cfg.fallback_steps < 0 or cfg.fallback_window < 1:
+        return "need history_window >= 1, fallback_steps >= 0 and fallback_window >= 1"
+    return None
 
 
 PolicyName = Literal["ar", "chain", "static", "eagle2", "sage"]

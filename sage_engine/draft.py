@@ -16,20 +16,18 @@ from .policy import Frontier, Policy, TreeShape, confidence
 from .runner import ModelRunner
 from .tree import DraftTree, chain_allowed
 
-ENTROPY_TOP_K = 10  # k of the normalised top-k entropy reported for every policy (SAGE's default)
-
-
 class Drafter:
-    def __init__(self, runner: ModelRunner, entropy_k: int = ENTROPY_TOP_K):
+    def __init__(self, runner: ModelRunner):
         self.runner = runner
-        self.entropy_k = entropy_k
 
-    def _top(self, logits: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Top-k tokens and probabilities per row, and each row's confidence alpha.  # [F, V] -> [F, k] x2, [F]"""
+    @staticmethod
+    def _top(logits: torch.Tensor, k: int, entropy_k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The top max(k, entropy_k) tokens and probabilities per row, and each row's confidence alpha over its
+        top `entropy_k`.  # [F, V] -> [F, K] x2, [F]"""
         probs = torch.softmax(logits, dim=-1)
-        p, t = torch.topk(probs, max(k, self.entropy_k), dim=-1)
+        p, t = torch.topk(probs, max(k, entropy_k), dim=-1)
         p, t = p.cpu().numpy(), t.cpu().numpy()
-        return t, p, confidence(p[:, : self.entropy_k])
+        return t, p, confidence(p[:, :entropy_k])
 
     def grow(self, policy: Policy, pending: list[int]) -> tuple[TreeShape, DraftTree, int]:
         """Read `pending` (its last token is the root), then draft. Returns (shape, verified tree, drafted)."""
@@ -37,7 +35,7 @@ class Drafter:
         p = len(pending)
         root_pos = runner.seq_len + p - 1  # sequence index of the root
         logits = runner.forward(pending, list(range(root_pos - p + 1, root_pos + 1)), chain_allowed(p))[-1:]
-        tokens, probs, alpha = self._top(logits, policy.top_k)
+        tokens, probs, alpha = self._top(logits, policy.top_k, policy.entropy_k)
         tree = DraftTree(root_alpha=float(alpha[0]))
         shape = policy.shape(tree.root_alpha)
         frontier = Frontier([-1], tokens, probs)
@@ -58,7 +56,7 @@ class Drafter:
                 [tree.tokens[n] for n in grow], [root_pos + tree.depths[n] for n in grow], allowed
             )  # [g, V]
             fed += len(grow)
-            tokens, probs, alpha = self._top(logits, policy.top_k)
+            tokens, probs, alpha = self._top(logits, policy.top_k, policy.entropy_k)
             for j, node in enumerate(grow):
                 tree.alphas[node] = float(alpha[j])
             frontier = Frontier(grow, tokens, probs)

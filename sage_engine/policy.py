@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .config import THRESHOLDS, ChainConfig, Eagle2Config, SageConfig, StaticConfig
+from .config import ChainConfig, Eagle2Config, SageConfig, StaticConfig
 from .costs import BreakEven, CostMeter
 from .tree import DraftTree
 
@@ -70,6 +70,7 @@ class Policy:
     name = "base"
     uses_draft = True
     top_k = 1
+    entropy_k = 10  # k of the normalised top-k entropy behind alpha (SAGE's k; reported for every policy)
     costs: CostMeter | None = None  # the engine's measured costs (set by the engine; cost-aware policies read it)
 
     @property
@@ -216,13 +217,12 @@ class SagePolicy(Policy):
 
     def __init__(self, cfg: SageConfig = SageConfig()):
         self.cfg = cfg
-        self.top_k = max(cfg.w_max, cfg.k)
+        self.top_k = cfg.w_max  # candidates per node: at most W_max children
+        self.entropy_k = cfg.k
         self.alpha = cfg.alpha0  # confidence planned for the next tree
         self.d_max = cfg.d_max  # moved by the history controller
         self.history: list[int] = []
         self._cooldown = 0
-        if cfg.threshold not in THRESHOLDS:
-            raise ValueError(f"unknown SAGE threshold {cfg.threshold!r}; choose one of {', '.join(THRESHOLDS)}")
         self.price: BreakEven | None = None  # the last shape's prices (threshold "cost", once measured; state())
         self._plain_left = 0  # plain steps still to take before the draft is tried again (threshold "cost")
         self._backoff = cfg.fallback_steps  # plain steps after the next drafted stretch that loses to plain steps

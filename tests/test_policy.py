@@ -4,10 +4,11 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 from sage_engine.config import MEDUSA_25, Eagle2Config, SageConfig
 from sage_engine.policy import (ChainPolicy, Eagle2Policy, Frontier, SagePolicy, StaticTreePolicy, StepOutcome,
-                                confidence, make_policy)
+                                confidence, make_policy, parse_spec)
 from sage_engine.tree import DraftTree
 
 
@@ -288,3 +289,34 @@ def test_trust_is_accepted_per_forecast_token_and_scales_the_prices():
     assert meter.trust("sage") == pytest.approx(4 / 12)
     price = meter.break_even("sage")
     assert price.trust == pytest.approx(1 / 3) and price.node == pytest.approx(3 * price.rate * price.node_ms)
+
+
+def test_k_sets_the_top_k_of_sages_confidence():
+    """alpha is the normalised entropy of the draft's top k (Eq. 7-9): k is SAGE's knob, 10 for the others."""
+    from sage_engine.draft import Drafter
+    logits = torch.log(torch.tensor([[0.4, 0.3, 0.1, 0.05, 0.05, 0.04, 0.03, 0.02, 0.005, 0.005, 0.0001, 0.0001]]))
+    probs = torch.softmax(logits, -1).numpy()[0]
+    for k in (2, 5, 10):
+        pol = SagePolicy(SageConfig(k=k))
+        assert pol.entropy_k == k and pol.top_k == SageConfig().w_max  # candidates per node: W_max
+        tokens, top, alpha = Drafter._top(logits, pol.top_k, pol.entropy_k)
+        assert top.shape[1] == max(k, pol.top_k)
+        assert alpha[0] == pytest.approx(confidence(np.sort(probs)[::-1][None, :k])[0])
+    alphas = [Drafter._top(logits, 10, k)[2][0] for k in (2, 5, 10)]
+    assert len(set(np.round(alphas, 6))) == 3  # alpha depends on k
+    assert make_policy("chain").entropy_k == make_policy("eagle2").entropy_k == 10
+
+
+@pytest.mark.parametrize("knobs,message", [
+    (dict(k=1), "k >= 2"), (dict(d_min=6, d_max=4), "D_min <= D_max"), (dict(w_min=5, w_max=2), "W_min <= W_max"),
+    (dict(theta_scale=float("nan")), "finite"), (dict(theta_scale=float("inf")), "finite"),
+    (dict(n_max=0), "N_max >= 1"), (dict(threshold="fast"), "unknown threshold"),
+    (dict(alpha_source="tea leaves"), "unknown alpha source"), (dict(alpha0=2.0), "alpha0"),
+])
+def test_sage_config_refuses_bad_knobs_with_one_line(knobs, message):
+    with pytest.raises(ValueError, match=message) as e:
+        SageConfig(**knobs)
+    assert str(e.value).startswith("SAGE knobs: ") and "\n" not in str(e.value)
+    spec = "sage:" + ":".join(f"{k}={v}" for k, v in knobs.items())
+    with pytest.raises(ValueError, match=message):  # bench/generate specs go through the same check
+        parse_spec(spec)
