@@ -151,3 +151,115 @@ def test_negative_control_node_positions_off_by_one_are_caught(monkeypatch):
 
     monkeypatch.setattr("sage_engine.engine.verify_tree", shifted)
     assert _run(pair, prep, "eagle2") != reference
+
+
+# Deep trees. Random init gives near-uniform next-token distributions, on which SAGE's thresholds keep its
+# trees one or two levels deep; a sharpened head (tiny_models.sharpen) makes them as peaked as a trained
+# model's, so SAGE drafts deep, wide trees and the target accepts several tokens a step.
+DEEP = {
+    "sage-paper": lambda: make_policy("sage", SageConfig(threshold="paper", alpha_source="prev_path")),
+    "sage-paper-current-root": lambda: make_policy("sage", SageConfig(threshold="paper")),
+    "sage": lambda: make_policy("sage"),
+    "eagle2": lambda: make_policy("eagle2"),
+}
+DEEP_CASES = [("qwen2.5-vl", "image", "copy"), ("qwen2.5-vl", "video", "noisy"), ("qwen2.5-vl", "image", "noisy"),
+              ("llava", "image", "copy"), ("llava", "image", "noisy")]
+_sharp: dict = {}
+
+
+def sharp_case(family, media, kind):
+    if (family, kind) not in _sharp:
+        _sharp[family, kind] = FAMILIES[family][0](kind, seed=0, sigma=0.05, sharpness=8.0)
+    pair = _sharp[family, kind]
+    return pair, prepare_input(pair, "describe what you see", **media_kwargs(media, 10))
+
+
+def is_transformers_greedy(pair, prep, ids) -> bool:
+    hf = pair.target.generate(**prep.target_inputs, max_new_tokens=MAX_NEW, do_sample=False)[0, prep.prompt_tokens:]
+    return len(hf) >= 1 and ids[: len(hf)] == hf.tolist()  # transformers stops at EOS, the engine goes on
+
+
+def deep_runs(pair, prep):
+    """ar's ids, then each DEEP policy's result (one engine, as the app and the bench use it)."""
+    engine = SpecEngine(pair)
+    reference = engine.generate(prep, "ar", max_new_tokens=MAX_NEW, ignore_eos=True).token_ids
+    return reference, {name: engine.generate(prep, make(), max_new_tokens=MAX_NEW, ignore_eos=True)
+                       for name, make in DEEP.items()}
+
+
+@pytest.mark.parametrize("family,media,kind", DEEP_CASES)
+def test_deep_sage_trees_equal_target_greedy(family, media, kind):
+    pair, prep = sharp_case(family, media, kind)
+    reference, runs = deep_runs(pair, prep)
+    assert is_transformers_greedy(pair, prep, reference)  # the reference is transformers' own greedy decoding
+    for name, res in runs.items():
+        assert res.token_ids == reference, f"{name} diverged from ar"
+    paper = runs["sage-paper"]
+    depths = [max(s.tree.depths, default=0) for s in paper.steps[1:]]
+    assert max(depths) >= 4 and sum(d >= 4 for d in depths) >= 2  # deep trees, more than once
+    assert max(len(s.accepted_tokens) for s in paper.steps[1:]) >= 3  # paths several nodes deep accepted
+    if kind == "copy":
+        assert paper.stats.mean_accepted > 4
+
+
+def _hide_grandparents(parents):
+    """A wrong ancestor matrix: each node sees itself and its parent, not its grandparents."""
+    import numpy as np
+    anc = np.eye(len(parents), dtype=bool)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            anc[i, p] = True
+    return anc
+
+
+@pytest.mark.parametrize("family,media,kind", [("qwen2.5-vl", "image", "copy"), ("llava", "image", "noisy")])
+def test_negative_control_a_node_that_cannot_see_its_grandparent_is_caught(monkeypatch, family, media, kind):
+    pair, prep = sharp_case(family, media, kind)
+    monkeypatch.setattr("sage_engine.tree.ancestor_matrix", _hide_grandparents)
+    reference, runs = deep_runs(pair, prep)
+    assert runs["sage-paper"].token_ids != reference  # SAGE's own deep trees expose the bug
+
+
+def test_negative_control_a_wrong_mrope_delta_everywhere_is_caught(monkeypatch):
+    """The reference is decoded with the same wrong delta, so only transformers' own generate() shows it."""
+    pair, prep = sharp_case("qwen2.5-vl", "image", "noisy")
+    real_prefill = ModelRunner.prefill
+
+    def prefill_with_wrong_delta(self, inputs, pruning=None):
+        out = real_prefill(self, inputs, pruning)
+        self.rope_delta += 3
+        return out
+
+    monkeypatch.setattr(ModelRunner, "prefill", prefill_with_wrong_delta)
+    reference, runs = deep_runs(pair, prep)
+    assert all(res.token_ids == reference for res in runs.values())  # wrong alike: equality alone misses it
+    assert not is_transformers_greedy(pair, prep, reference)  # the key test's reference check catches it
+
+
+@pytest.mark.parametrize("family,media,kind", [("qwen2.5-vl", "image", "noisy"), ("llava", "image", "copy")])
+@pytest.mark.parametrize("pattern", ["plain first", "every third plain", "plain after the first"])
+def test_plain_steps_between_drafted_ones_keep_the_output(family, media, kind, pattern):
+    """A drafting policy that decodes some steps plain (sage's fallback): the draft reads the prompt with the
+    first drafted step and catches up on every token it missed; nothing changes the output."""
+    from sage_engine.policy import SagePolicy
+
+    class Scripted(SagePolicy):
+        def __init__(self):
+            super().__init__(SageConfig(threshold="paper"))
+            self.calls = 0
+
+        def skip_draft(self):
+            self.calls += 1
+            return {"plain first": self.calls <= 3, "every third plain": self.calls % 3 == 0,
+                    "plain after the first": self.calls > 1 and self.calls % 5 != 0}[pattern]
+
+    pair, prep = sharp_case(family, media, kind)
+    engine = SpecEngine(pair)
+    reference = engine.generate(prep, "ar", max_new_tokens=MAX_NEW, ignore_eos=True).token_ids
+    res = engine.generate(prep, Scripted(), max_new_tokens=MAX_NEW, ignore_eos=True)
+    assert res.token_ids == reference
+    plain = [s for s in res.steps[1:] if s.depth == 0]
+    drafted = [s for s in res.steps[1:] if s.depth > 0]
+    assert plain and drafted and all(s.draft_forwards == 0 and not s.tree.tokens for s in plain)
+    assert sum(s.draft_prefill_ms > 0 for s in res.steps) == 1 and drafted[0].draft_prefill_ms > 0
+    assert res.steps[0].draft_ms == 0 and res.stats.prefill_seconds * 1e3 >= drafted[0].draft_prefill_ms

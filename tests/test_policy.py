@@ -320,3 +320,30 @@ def test_sage_config_refuses_bad_knobs_with_one_line(knobs, message):
     spec = "sage:" + ":".join(f"{k}={v}" for k, v in knobs.items())
     with pytest.raises(ValueError, match=message):  # bench/generate specs go through the same check
         parse_spec(spec)
+
+
+def test_width_at_depth_three_uses_the_parents_own_probability_not_its_path():
+    """Eq. 12 at l = 3: W_3 = ceil(W / 3 * (0.5 + P_parent)), P_parent the parent's own draft probability."""
+    pol = SagePolicy(SageConfig(theta_scale=0.0, alpha_source="prev_path"))
+    shape = pol.shape(None)  # alpha 0.5: W = 6, D = 6
+    tree = DraftTree()
+    root_child = tree.add(1, -1, 0.5)
+    parent = tree.add(2, root_child, 0.9)  # own probability 0.9, cumulative 0.45
+    pol.expand(shape, 3, tree, frontier([parent], np.full((1, 10), 0.09)))
+    kids = sum(1 for p in tree.parents if p == parent)
+    assert kids == 3  # ceil(6 / 3 * 1.4) = ceil(2.8); the cumulative 0.45 would give ceil(1.9) = 2
+
+
+def test_threshold_grows_with_the_level_theta_l_is_0_1_l_over_d():
+    """theta_l = 0.1 * l / D: with D = 4, 0.05 at level 2 and 0.075 at level 3 (cumulative probabilities)."""
+    pol = SagePolicy(SageConfig(d_min=4, d_max=4, alpha_source="prev_path"))
+    shape = pol.shape(None)
+    assert shape.depth == 4
+    cand = [[0.5, 0.1, 0.07, 0.05, 0.03, 0.02, 0.01, 0.01, 0.005, 0.005]]  # times the parent's 0.9
+    # level 2 (width ceil(6/2 * 1.4) = 5): 0.045 < 0.05; level 3 (width 3): 0.063 < 0.075. Without the
+    # factor l (0.025) both levels would keep 0.045 and 0.027 too; without the 1/D (0.2, 0.3) only 0.45.
+    for level, kept in [(2, [0.45, 0.09, 0.063]), (3, [0.45, 0.09])]:
+        tree = DraftTree()
+        parent = tree.add(7, -1, 0.9)
+        pol.expand(shape, level, tree, frontier([parent], cand))
+        assert tree.cum_probs[1:] == pytest.approx(kept), level

@@ -68,7 +68,17 @@ def _noisy_copy(model, sigma: float, seed: int):
     return draft
 
 
-def qwen25_pair(draft_kind: str = "noisy", seed: int = 0, sigma: float = 0.1) -> ModelPair:
+def sharpen(model, factor: float):
+    """Scale the model's output head by `factor`: its next-token distributions become as peaked as a trained
+    model's (random init gives near-uniform ones, on which SAGE never drafts deep). The head gets its own
+    weight (untied from the input embeddings)."""
+    if factor != 1.0:
+        head = model.get_output_embeddings()
+        head.weight = torch.nn.Parameter(head.weight.detach().clone() * factor)
+    return model
+
+
+def qwen25_pair(draft_kind: str = "noisy", seed: int = 0, sigma: float = 0.1, sharpness: float = 1.0) -> ModelPair:
     """Tiny Qwen2.5-VL (M-RoPE) target and draft with the official Qwen2_5_VLProcessor."""
     from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor,
                               Qwen2VLImageProcessor, Qwen2VLVideoProcessor)
@@ -104,12 +114,12 @@ def qwen25_pair(draft_kind: str = "noisy", seed: int = 0, sigma: float = 0.1) ->
         )
         return Qwen2_5_VLForConditionalGeneration(cfg).eval()
 
-    target = build(2, 64, seed)
-    draft = _draft(target, draft_kind, seed, sigma, lambda: build(1, 64, seed + 1000))
+    target = sharpen(build(2, 64, seed), sharpness)
+    draft = _draft(target, draft_kind, seed, sigma, lambda: sharpen(build(1, 64, seed + 1000), sharpness))
     return ModelPair(target, draft, proc, None, "tiny-qwen2.5-vl", f"tiny-qwen2.5-vl-{draft_kind}")
 
 
-def llava_pair(draft_kind: str = "noisy", seed: int = 0, sigma: float = 0.1) -> ModelPair:
+def llava_pair(draft_kind: str = "noisy", seed: int = 0, sigma: float = 0.1, sharpness: float = 1.0) -> ModelPair:
     """Tiny LLaVA (CLIP vision tower + Llama text) with the official LlavaProcessor."""
     from transformers import (CLIPImageProcessor, CLIPVisionConfig, LlamaConfig, LlavaConfig,
                               LlavaForConditionalGeneration, LlavaProcessor)
@@ -137,8 +147,8 @@ def llava_pair(draft_kind: str = "noisy", seed: int = 0, sigma: float = 0.1) -> 
         )
         return LlavaForConditionalGeneration(cfg).eval()
 
-    target = build(2, seed)
-    draft = _draft(target, draft_kind, seed, sigma, lambda: build(1, seed + 1000))
+    target = sharpen(build(2, seed), sharpness)
+    draft = _draft(target, draft_kind, seed, sigma, lambda: sharpen(build(1, seed + 1000), sharpness))
     return ModelPair(target, draft, proc, None, "tiny-llava", f"tiny-llava-{draft_kind}")
 
 
