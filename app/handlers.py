@@ -7,6 +7,7 @@ max_new_tokens, policy (then optional preset and SAGE knobs); its last output is
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -64,6 +65,19 @@ def sage_config(knobs: dict) -> SageConfig:
         raise InputError(str(e)) from None
 
 
+def new_tokens(value) -> int:
+    """max_new_tokens as sent to the API (any JSON number, NaN and infinities included): a whole number in
+    [1, MAX_NEW_TOKENS], else InputError in one line."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError, OverflowError):
+        x = math.nan
+    if not (math.isfinite(x) and x == round(x) and 1 <= x <= MAX_NEW_TOKENS):
+        raise InputError(f"max_new_tokens must be a whole number between 1 and {MAX_NEW_TOKENS} "
+                         f"(got {str(value)[:40]})")
+    return int(x)
+
+
 @dataclass
 class Setup:
     """A validated request, ready to race."""
@@ -115,9 +129,7 @@ class Handlers:
             raise InputError("the prompt is empty: type a question about the image or video")
         if policy not in POLICIES:
             raise InputError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
-        n = int(max_new_tokens or 0)
-        if not 1 <= n <= MAX_NEW_TOKENS:
-            raise InputError(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS} (got {n})")
+        n = new_tokens(max_new_tokens)
         pruning = VisualPruning() if knobs.pop("draft_prune", False) else None
         cfg = sage_config(knobs)
         loaded = self.pool.get(preset)

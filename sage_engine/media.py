@@ -1,11 +1,15 @@
 """Reading user media safely: images through PIL, videos through OpenCV with uniform frame sampling.
 
-Every failure is an InputError with a one-line message; sizes are bounded before decoding.
+Every failure is an InputError with a one-line message; sizes are bounded before decoding: an image's
+pixel count is read from its header, a video's frame size and frame count from its container, and a
+video whose container gives no usable count is counted without keeping frames (memory stays bounded).
+Odd but valid images (greyscale, palette, RGBA, 16-bit, CMYK) become plain 8-bit RGB.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,7 +20,8 @@ from .errors import InputError
 MAX_IMAGE_BYTES = 25 * 1024 * 1024  # a larger upload is refused before decoding
 MAX_IMAGE_PIXELS = 40_000_000  # decompression-bomb guard (PIL checks it too)
 MAX_VIDEO_BYTES = 200 * 1024 * 1024
-MAX_VIDEO_FRAMES_DECODED = 20_000  # when the container lies about its length we decode at most this many
+MAX_VIDEO_FRAMES = 20_000  # a longer video (as declared, or as counted) is refused / read only this far
+MAX_VIDEO_PIXELS = 4096 * 4096  # per frame; a larger declared or decoded frame size is refused
 
 
 @dataclass
@@ -60,19 +65,47 @@ def load_image(path_or_image) -> Image.Image:
     else:
         path = os.fspath(path_or_image)
         _check_file(path, MAX_IMAGE_BYTES, "image")
+        name = os.path.basename(path)
         try:
-            img = Image.open(path)
-            if img.width * img.height > MAX_IMAGE_PIXELS:
-                raise InputError(f"image is too large ({img.width}x{img.height} pixels; the limit is 40 megapixels)")
+            img = Image.open(path)  # reads the header only
+            _check_pixels(img.width, img.height)  # before any pixel is decoded
             img.load()
         except InputError:
             raise
-        except (UnidentifiedImageError, OSError, Image.DecompressionBombError, ValueError) as e:
-            raise InputError(f"cannot read image {os.path.basename(path)}: {type(e).__name__}") from None
-    if img.width * img.height > MAX_IMAGE_PIXELS:
-        raise InputError(f"image is too large ({img.width}x{img.height} pixels; the limit is 40 megapixels)")
+        except Image.DecompressionBombError as e:  # PIL's own guard, raised by open() from the header
+            found = re.search(r"\((\d+) pixels\)", str(e))
+            declared = f"{int(found.group(1)) / 1e6:.0f} megapixels" if found else "too many pixels"
+            raise InputError(f"image is too large (its header declares {declared}; the limit is "
+                             f"{MAX_IMAGE_PIXELS // 1_000_000} megapixels)") from None
+        except UnidentifiedImageError:
+            raise InputError(f"cannot read image {name}: not an image format this app reads") from None
+        except (OSError, ValueError, SyntaxError) as e:
+            raise InputError(f"cannot read image {name}: {type(e).__name__} (damaged or truncated file?)") from None
+    _check_pixels(img.width, img.height)
     if img.width < 1 or img.height < 1:
         raise InputError("image has no pixels")
+    return _to_rgb(img)
+
+
+def _check_pixels(width: int, height: int) -> None:
+    if width * height > MAX_IMAGE_PIXELS:
+        raise InputError(f"image is too large ({width}x{height} pixels; the limit is "
+                         f"{MAX_IMAGE_PIXELS // 1_000_000} megapixels)")
+
+
+def _to_rgb(img: Image.Image) -> Image.Image:
+    """8-bit RGB: 16/32-bit greyscale scaled (PIL's convert would clip it at 255), transparency over white."""
+    if img.mode in ("I", "I;16", "I;16L", "I;16B", "I;16N"):
+        arr = np.asarray(img, dtype=np.float64)
+        wide = img.mode != "I" or arr.max(initial=0) > 255  # 16-bit data (mode I may hold 8-bit values)
+        scale = 257.0 if wide else 1.0  # 65535 -> 255
+        img = Image.fromarray(np.clip(arr / scale, 0, 255).astype(np.uint8), "L")
+    if img.mode == "P" and "transparency" in img.info:
+        img = img.convert("RGBA")
+    if img.mode in ("RGBA", "LA", "RGBa", "La"):
+        rgba = img.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
     return img.convert("RGB")
 
 
@@ -82,24 +115,36 @@ def sample_video(path: str, num_frames: int = 8) -> VideoClip:
 
     path = os.fspath(path)
     _check_file(path, MAX_VIDEO_BYTES, "video")
+    name = os.path.basename(path)
     cap = cv2.VideoCapture(path)
     try:
         if not cap.isOpened():
-            raise InputError(f"cannot open video {os.path.basename(path)}: not a readable video file")
+            raise InputError(f"cannot open video {name}: not a readable video file")
         total = int(cap.get(cv2.CAP_PROP_FRAME_COUNT) or 0)
         fps = float(cap.get(cv2.CAP_PROP_FPS) or 0.0)
+        _check_frame_size(int(cap.get(cv2.CAP_PROP_FRAME_WIDTH) or 0), int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT) or 0))
+        if total > MAX_VIDEO_FRAMES:
+            raise InputError(f"video is too long (its container declares {total} frames; the limit is "
+                             f"{MAX_VIDEO_FRAMES})")
         frames, indices = _read_uniform(cap, total, num_frames) if total > 0 else ([], [])
-        if len(frames) < min(num_frames, max(total, 1)):  # count missing or wrong: decode everything once
+        if len(frames) < min(num_frames, max(total, 1)):  # count missing or wrong: count the frames, then sample
             cap.release()
+            total = _count_frames(cv2.VideoCapture(path))
             cap = cv2.VideoCapture(path)
-            frames, indices, total = _read_all_then_sample(cap, num_frames)
+            frames, indices = _read_uniform(cap, total, num_frames) if total > 0 else ([], [])
     finally:
         cap.release()
     if not frames:
-        raise InputError(f"video {os.path.basename(path)} has no decodable frames")
+        raise InputError(f"video {name} has no decodable frames")
     fps = fps if fps > 0 else 24.0
     h, w = frames[0].shape[:2]
     return VideoClip(frames, total, fps, total / fps, indices, w, h)
+
+
+def _check_frame_size(width: int, height: int) -> None:
+    if width * height > MAX_VIDEO_PIXELS:
+        raise InputError(f"video frames are too large ({width}x{height} pixels; the limit is "
+                         f"{MAX_VIDEO_PIXELS / 1e6:.1f} megapixels per frame)")
 
 
 def _uniform_indices(total: int, n: int) -> list[int]:
@@ -121,21 +166,18 @@ def _read_uniform(cap, total: int, n: int) -> tuple[list[np.ndarray], list[int]]
         pos += 1
         if not ok or frame is None:
             return frames, got
+        _check_frame_size(frame.shape[1], frame.shape[0])  # the container may understate it
         frames.append(cv2.cvtColor(frame, cv2.COLOR_BGR2RGB))
         got.append(idx)
     return frames, got
 
 
-def _read_all_then_sample(cap, n: int) -> tuple[list[np.ndarray], list[int], int]:
-    import cv2
-
-    all_frames = []
-    while len(all_frames) < MAX_VIDEO_FRAMES_DECODED:
-        ok, frame = cap.read()
-        if not ok or frame is None:
-            break
-        all_frames.append(frame)
-    if not all_frames:
-        return [], [], 0
-    idx = _uniform_indices(len(all_frames), n)
-    return [cv2.cvtColor(all_frames[i], cv2.COLOR_BGR2RGB) for i in idx], idx, len(all_frames)
+def _count_frames(cap) -> int:
+    """Frames a capture really yields (at most MAX_VIDEO_FRAMES), keeping none of them."""
+    try:
+        n = 0
+        while n < MAX_VIDEO_FRAMES and cap.grab():
+            n += 1
+        return n
+    finally:
+        cap.release()

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+import hostile_media as hm
 from sage_engine.cli import main
 
 ROOT = os.path.dirname(os.path.dirname(__file__))
@@ -28,6 +29,14 @@ def media(tmp_path_factory):
     (d / "broken.png").write_bytes(b"this is not an image")
     (d / "empty.mp4").write_bytes(b"")
     (d / "garbage.mp4").write_bytes(os.urandom(4096))
+    # hostile and odd files (tests/hostile_media.py)
+    hm.png_bomb(d / "bomb.png")
+    (d / "zero.png").write_bytes(b"")
+    hm.avi_declaring(d / "long.avi", 2_000_000_000)
+    hm.video(d / "big.avi", "MJPG", frames=1, size=(4200, 4200))
+    hm.video(d / "one.avi", "MJPG", frames=1)
+    hm.odd_images(d)
+    hm.wrong_extensions(d)
     return d
 
 
@@ -104,6 +113,12 @@ def test_bench_writes_the_report(saved_qwen_pair, media, tmp_path, capsys):
     (["--policy", "sage:d_min=9:d_max=4"], "D_min <= D_max"),
     (["--policy", "sage:theta_scale=nan"], "finite"),
     (["--prompt", "word " * 1500], "too long"),
+    (["--prompt", "x" * 100_000], "the prompt is too long (100000 characters"),
+    (["--image", "{media}/bomb.png"], "image is too large (its header declares 900 megapixels"),
+    (["--image", "{media}/zero.png"], "image file is empty"),
+    (["--image", "{media}/video-named.png"], "not an image format"),
+    (["--video", "{media}/long.avi"], "video is too long"),
+    (["--video", "{media}/big.avi"], "video frames are too large (4200x4200"),
 ])
 def test_bad_input_exits_2_with_one_error_line(saved_qwen_pair, media, capsys, args, needle):
     target, draft = saved_qwen_pair
