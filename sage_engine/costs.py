@@ -93,19 +93,26 @@ class CostMeter:
         mine = self.by_policy.get(policy, ())
         return self._rate(mine) if len(mine) >= self.min_steps else None
 
+    @staticmethod
+    def typical_rate(steps) -> float | None:
+        """The median step's tokens per ms: the judge of drafted against plain steps. A median, because on a
+        shared machine one step in a few can take many times its usual time (another process got the core)."""
+        rates = [s.tokens / s.wall_ms for s in steps if s.wall_ms > 0]
+        return float(np.median(rates)) if rates else None
+
     def drafted_rate(self, policy: str) -> float | None:
-        """Tokens per ms of `policy`'s last `recent` drafted steps, None before it has `min_steps` of them."""
+        """Typical tokens per ms of `policy`'s last `recent` drafted steps, None before it has `min_steps` of them."""
         mine = self.drafted.get(policy, ())
-        return self._rate(mine) if len(mine) >= self.min_steps else None
+        return self.typical_rate(mine) if len(mine) >= self.min_steps else None
 
     def plain_rate(self) -> float | None:
-        """Tokens per ms of a plain step (one target forward): measured on recent plain steps of any policy; where
+        """Typical tokens per ms of a plain step (one target forward): measured on recent plain steps of any policy; where
         there are none, estimated as one token per the verify time of a tree of no node (the intercept of the
         drafted steps' verify time on their node count, which a plain step never exceeds: the estimate errs
         towards drafting). None when neither can be had."""
         plain = [s for s in self.steps if s.plain][-self.policy_window :]
         if len(plain) >= self.min_steps:
-            return self._rate(plain)
+            return self.typical_rate(plain)
         drafted = [s for s in self.steps if not s.plain]
         if len(drafted) < self.min_steps or len({s.nodes for s in drafted}) < 2:
             return None

@@ -268,7 +268,7 @@ class SagePolicy(Policy):
         if self._trying or len(recent) < 2 or plain is None:
             self._trying = False  # the try has been judged with the window it joined
             return False
-        if sum(t for t, _ in recent) / sum(ms for _, ms in recent) >= plain:
+        if float(np.median([t / ms for t, ms in recent])) >= plain:
             self._backoff = self.cfg.fallback_steps
             return False
         return self._fall_back()
