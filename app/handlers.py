@@ -28,7 +28,7 @@ from .layout import MAX_NEW_TOKENS, POLICIES
 from .media import RunFiles, frame_strip
 from .pacing import Pacer
 from .pool import Loaded, PairPool
-from .presets import unavailable
+from .presets import NOTES, unavailable
 from .race import Race, RunControl, Transcriber, consume
 from .record import Lane, RunRecord
 from .theme import lane_title
@@ -265,8 +265,10 @@ class Handlers:
         return gr.Gallery(value=frame_strip(clip), visible=True)
 
     def describe_model(self, preset: str | None) -> str:
+        """The model info line: the pair's size (or why it is not loaded) and what it knows (presets.NOTES)."""
         name = preset or self.default_preset
+        note = f"  \n{NOTES[name]}" if name in NOTES else ""
         if self.pool.is_loaded(name):
-            return self.pool.get(name).describe()
+            return self.pool.get(name).describe() + note
         missing = unavailable(self.pool.presets[name]) if name in self.pool.presets else "not configured"
-        return f"**{name}**: " + (f"not available ({missing})" if missing else "loads on the first run")
+        return f"**{name}**: " + (f"not available ({missing})" if missing else "loads on the first run") + note

@@ -19,6 +19,15 @@ DEFAULT_PRESET = "tinyworld"
 SERVED: tuple[str, ...] = (DEFAULT_PRESET,)  # what `python app.py` offers unless told otherwise
 
 
+# What a visitor should know about a pair, shown beside it (the model info line): one sentence per preset.
+NOTES: Mapping[str, str] = MappingProxyType({
+    "tinyworld": "This pair was trained from scratch on tinyworld, a synthetic world of coloured shapes (6 colours, "
+                 "6 shapes, 2 sizes, 3x3 positions) and short clips in which one thing happens; given any other "
+                 "picture, such as a photo, it answers in that shapes-world language, and both lanes still agree "
+                 "token for token.",
+})
+
+
 def served(names: Iterable[str] = SERVED) -> Mapping[str, Preset]:
     """The engine presets called `names`, in that order; ValueError names the known ones."""
     names = [n.strip() for n in names if n.strip()]

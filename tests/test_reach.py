@@ -81,9 +81,10 @@ def test_file_parameters_take_uploads_only(server, parameters, path):
         event, data = raw_compare(server, parameters, **{kind: file_data(path)})
         assert event == "error", (kind, path, data)
     boundary = "sage-test-boundary"
-    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"files\"; filename=\"x.png\"\r\n"
-            f"Content-Type: image/png\r\n\r\n").encode() + (ROOT / "assets" / "examples" / "shapes_1.png").read_bytes() \
-        + f"\r\n--{boundary}--\r\n".encode()
+    head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"files\"; filename=\"x.png\"\r\n"
+            f"Content-Type: image/png\r\n\r\n")
+    image = (ROOT / "assets" / "examples" / "shapes_1.png").read_bytes()
+    body = head.encode() + image + f"\r\n--{boundary}--\r\n".encode()
     req = urllib.request.Request(f"{server.url}/gradio_api/upload", body,
                                  {"Content-Type": f"multipart/form-data; boundary={boundary}"})
     with urllib.request.urlopen(req) as r:
