@@ -98,14 +98,14 @@ def test_chat_template_and_special_tokens(tok):
 
 
 def test_batches_match_the_processor(tok):
-    from sage_engine.tinyworld.data import check_against_processor
+    from sage_engine.tinyworld.training.data import check_against_processor
     from sage_engine.tinyworld.models import build_processor
     check_against_processor(build_processor(tok))
 
 
 def test_vision_targets_follow_the_scene():
     import random
-    from sage_engine.tinyworld.vision_aux import GRID, SHAPE, clip_targets, image_targets, token_labels
+    from sage_engine.tinyworld.training.vision_aux import GRID, SHAPE, clip_targets, image_targets, token_labels
     assert GRID * GRID == 9   # one merged visual token per cell of the world
     rng = random.Random(7)
     for _ in range(20):
@@ -123,7 +123,7 @@ def test_vision_targets_follow_the_scene():
 
 
 def test_cell_changes_name_what_happened_where():
-    from sage_engine.tinyworld.vision_aux import CHANGES, cell_changes, clip_targets
+    from sage_engine.tinyworld.training.vision_aux import CHANGES, cell_changes, clip_targets
     rng = random.Random(11)
     seen = set()
     for _ in range(200):
@@ -142,10 +142,10 @@ def test_cell_changes_name_what_happened_where():
 
 
 def test_place_aux_reads_the_language_model_at_the_visual_tokens(tok):
-    from sage_engine.tinyworld.data import expand_pads
+    from sage_engine.tinyworld.training.data import expand_pads
     from sage_engine.tinyworld.models import TINY, build_model
-    from sage_engine.tinyworld.vision_aux import GRID, PlaceAux, clip_targets
-    from sage_engine.tinyworld.data import patchify
+    from sage_engine.tinyworld.training.vision_aux import GRID, PlaceAux, clip_targets
+    from sage_engine.tinyworld.training.data import patchify
     model = build_model(TINY, tok)
     place = PlaceAux(model, 0, tok.convert_tokens_to_ids("<|image_pad|>"), tok.convert_tokens_to_ids("<|video_pad|>"))
     clip = W.sample_clip(random.Random(5))
@@ -163,7 +163,7 @@ def test_place_aux_reads_the_language_model_at_the_visual_tokens(tok):
     assert place.head.weight.grad.abs().sum() > 0 and model.model.language_model.layers[0].mlp.down_proj.weight.grad is not None
     assert place.loss(None).item() == 0   # nothing captured since: no loss
     # before=True (run U1): the second group is also asked what its cell held before, N_LABELS more outputs
-    from sage_engine.tinyworld.vision_aux import N_LABELS
+    from sage_engine.tinyworld.training.vision_aux import N_LABELS
     with_before = PlaceAux(model, 0, tok.convert_tokens_to_ids("<|image_pad|>"),
                            tok.convert_tokens_to_ids("<|video_pad|>"), before=True)
     assert with_before.head.out_features == place.head.out_features + N_LABELS
@@ -209,7 +209,7 @@ def test_interleaved_mrope_lets_the_language_model_tell_columns_apart(tok):
 
 def test_content_weighted_loss(tok):
     from sage_engine.tinyworld.models import TINY, build_model
-    from sage_engine.tinyworld.train import content_tokens, weighted_lm_loss
+    from sage_engine.tinyworld.training.train import content_tokens, weighted_lm_loss
     content = content_tokens(tok)
     for word in (" red", " star", " large", " left", " moves"):
         ids = tok(word, add_special_tokens=False)["input_ids"]
@@ -226,8 +226,8 @@ def test_content_weighted_loss(tok):
 
 
 def test_kind_weights_change_the_drawn_mix(tok, tmp_path):
-    from sage_engine.tinyworld.data import KINDS, build_cache
-    from sage_engine.tinyworld.trainset import TrainSet
+    from sage_engine.tinyworld.training.data import KINDS, build_cache
+    from sage_engine.tinyworld.training.trainset import TrainSet
     build_cache(tmp_path, tok, seed=0, n_images=40, n_videos=10, log=lambda *a: None)
     data = TrainSet.load(tmp_path, tok)
     kinds = data.ex["kind"]
@@ -259,7 +259,7 @@ def test_kind_weights_change_the_drawn_mix(tok, tmp_path):
 
 
 def test_confusable_questions_are_the_ones_a_partial_match_gets_wrong():
-    from sage_engine.tinyworld.retrieval import confusable
+    from sage_engine.tinyworld.training.retrieval import confusable
     red_sq, green_sq, red_star, blue_circle = (W.Obj(s, c, "small", cell) for s, c, cell in
                                                (("square", "red", 0), ("square", "green", 2),
                                                 ("star", "red", 6), ("circle", "blue", 8)))
@@ -276,9 +276,9 @@ def test_confusable_questions_are_the_ones_a_partial_match_gets_wrong():
 
 
 def test_hard_weights_draw_confusable_examples_more_and_keep_each_kind_s_share(tok, tmp_path):
-    from sage_engine.tinyworld.data import HARD_FILE, KINDS, build_cache, build_hard_flags, scene_stream
-    from sage_engine.tinyworld.trainset import TrainSet
-    from sage_engine.tinyworld.retrieval import confusable
+    from sage_engine.tinyworld.training.data import HARD_FILE, KINDS, build_cache, build_hard_flags, scene_stream
+    from sage_engine.tinyworld.training.trainset import TrainSet
+    from sage_engine.tinyworld.training.retrieval import confusable
     build_cache(tmp_path, tok, seed=0, n_images=200, n_videos=10, log=lambda *a: None)
     with pytest.raises(ValueError, match="hard_weights need"):
         TrainSet.load(tmp_path, tok).draw_weights(None, {"position": 3.0})
@@ -301,9 +301,9 @@ def test_hard_weights_draw_confusable_examples_more_and_keep_each_kind_s_share(t
 
 
 def test_prompt_targets_start_where_the_question_has_named_its_object(tok, tmp_path):
-    from sage_engine.tinyworld.data import KINDS, build_cache, build_prompt_targets, expand_pads
-    from sage_engine.tinyworld.trainset import TrainSet
-    from sage_engine.tinyworld.retrieval import addressed_at, prompt_targets, sentence_masks
+    from sage_engine.tinyworld.training.data import KINDS, build_cache, build_prompt_targets, expand_pads
+    from sage_engine.tinyworld.training.trainset import TrainSet
+    from sage_engine.tinyworld.training.retrieval import addressed_at, prompt_targets, sentence_masks
     q = "Is the triangle in the bottom right small or large?"
     assert q[:addressed_at(q)].endswith("bottom right")
     assert "Where is the red square?"[:addressed_at("Where is the red square?")].endswith("red square")
@@ -345,9 +345,9 @@ def test_prompt_targets_start_where_the_question_has_named_its_object(tok, tmp_p
 
 
 def test_retrieval_targets_point_at_the_object_each_sentence_is_about(tok, tmp_path):
-    from sage_engine.tinyworld.data import build_cache, scene_stream
-    from sage_engine.tinyworld.trainset import TrainSet
-    from sage_engine.tinyworld.retrieval import answer_targets, sentence_masks
+    from sage_engine.tinyworld.training.data import build_cache, scene_stream
+    from sage_engine.tinyworld.training.trainset import TrainSet
+    from sage_engine.tinyworld.training.retrieval import answer_targets, sentence_masks
     rng = random.Random(4)
     checked = set()
     for _ in range(60):
@@ -416,10 +416,10 @@ def test_mirrored_examples_are_true_of_the_mirrored_scene(tok, tmp_path):
     bits) equal to what the mirrored scene itself gives, so that mirroring teaches the other column
     and nothing false."""
     import dataclasses
-    from sage_engine.tinyworld.data import build_cache, patchify, scene_stream
-    from sage_engine.tinyworld.trainset import TrainSet
-    from sage_engine.tinyworld.retrieval import answer_targets
-    from sage_engine.tinyworld.vision_aux import clip_targets, image_targets
+    from sage_engine.tinyworld.training.data import build_cache, patchify, scene_stream
+    from sage_engine.tinyworld.training.trainset import TrainSet
+    from sage_engine.tinyworld.training.retrieval import answer_targets
+    from sage_engine.tinyworld.training.vision_aux import clip_targets, image_targets
     build_cache(tmp_path, tok, seed=0, n_images=24, n_videos=10, log=lambda *a: None, event_groups="both")
     data = TrainSet.load(tmp_path, tok, "both")
     assert data.swap is not None
@@ -462,7 +462,7 @@ def test_mirrored_examples_are_true_of_the_mirrored_scene(tok, tmp_path):
 
 
 def test_retrieval_loss_rewards_attention_on_the_target_tokens():
-    from sage_engine.tinyworld.retrieval import RetrievalAux
+    from sage_engine.tinyworld.training.retrieval import RetrievalAux
     img = 7
     ids = torch.tensor([[1, 2] + [img] * 9 + [3, 4, 5, 6]])
     targets = torch.zeros_like(ids)
@@ -494,7 +494,7 @@ def test_retrieval_loss_rewards_attention_on_the_target_tokens():
 def test_training_script_runs_a_few_steps(tmp_path, options, capsys):
     from transformers import AutoModelForImageTextToText, AutoProcessor
     from sage_engine.tinyworld.__main__ import main
-    from sage_engine.tinyworld.train import TrainConfig
+    from sage_engine.tinyworld.training.train import TrainConfig
     main(["train", "--tiny", "--steps", "2", *options, "--out", str(tmp_path / "m"), "--cache", str(tmp_path / "cache")])
     config = json.loads(re.search(r"\[train\] config (\{.*\})", capsys.readouterr().out).group(1))
     assert config["draft_kind_weights"] == ([["describe", 2.0]] if "--draft-kind-weight" in options else [])
@@ -611,7 +611,7 @@ def test_attention_probe_finds_the_asked_object_and_measures_each_head(tok):
 
 
 def test_card_status_reads_the_pooled_table_and_names_each_seed_below_the_bar():
-    from sage_engine.tinyworld.card import _status
+    from sage_engine.tinyworld.training.card import _status
     kinds = ("colour", "shape", "size", "position", "count", "yesno", "motion", "describe")
 
     def res(**low):

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
-import tempfile
 from pathlib import Path
+
+from .training.commands import add_ship_and_card_commands, add_train_command
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets" / "models"
 
@@ -21,31 +21,6 @@ def cmd_examples(a) -> None:
     from .render import write_examples
     rows = write_examples(Path(a.out))
     print(f"wrote {len(rows)} examples to {a.out}")
-
-
-def cmd_train(a) -> None:
-    import torch
-    from . import models as M
-    from .train import TrainConfig, run
-    torch.set_num_threads(a.threads)
-    options = {"place_weight": a.place_weight, "content_weight": a.content_weight, "prompt_targets": a.prompt_targets,
-               "retrieval_weight": a.retrieval_weight, "place_before": a.place_before, "event_targets": a.event_targets,
-               "interleaved_rope": a.interleaved_rope, "mirror": a.mirror,
-               "kind_weights": tuple(a.kind_weight) or None, "draft_kind_weights": tuple(a.draft_kind_weight) or None,
-               "hard_weights": tuple(a.hard_weight) or None, "place_rowcol_only": a.place_rowcol_only or None}
-    cfg = TrainConfig(seed=a.seed, **{k: v for k, v in options.items() if v is not None})   # unset: TrainConfig's
-    if a.tiny:   # smoke test: a few steps of the real script on a tiny config
-        cfg = dataclasses.replace(cfg, n_images=32, n_videos=8, batch_size=4, target_steps=a.steps or 3,
-                                  draft_steps=a.steps or 3, warmup=1, eval_every=0,
-                                  vision_steps=a.steps or 3, draft_vision_steps=a.steps or 3, vision_batch=4,
-                                  vision_video_batch=2, target=M.TINY, draft=M.TINY)
-    elif a.steps:
-        cfg = dataclasses.replace(cfg, target_steps=a.steps, draft_steps=a.steps // 2)
-    if a.draft_steps:
-        cfg = dataclasses.replace(cfg, draft_steps=a.draft_steps)
-    cache = Path(a.cache) if a.cache else Path(tempfile.gettempdir()) / (
-        f"tinyworld-cache-s{cfg.seed}-{cfg.n_images}-{cfg.n_videos}")
-    run(Path(a.out), cache, cfg, log=lambda *x: print(*x, flush=True), only_draft=a.only_draft)
 
 
 def cmd_eval(a) -> None:
@@ -80,47 +55,6 @@ def cmd_eval(a) -> None:
         print(json.dumps(out))
 
 
-def cmd_ship(a) -> None:
-    """Copy a trained pair (train --out) to the models folder with bfloat16 weights: what assets/models holds."""
-    from .card import store_bf16
-    for role in ("target", "draft"):
-        store_bf16(Path(a.src) / f"tinyworld-{role}", Path(a.to) / f"tinyworld-{role}")
-        print(f"stored tinyworld-{role} in bfloat16 in {a.to}")
-
-
-def cmd_card(a) -> None:
-    import torch
-    from transformers import AutoModelForImageTextToText
-    from .card import write_cards
-    from .timing import measure
-    torch.set_num_threads(a.threads)
-    models = Path(a.models)
-    pair = [AutoModelForImageTextToText.from_pretrained(models / f"tinyworld-{r}", dtype=torch.float32).eval()
-            for r in ("target", "draft")]
-    timing = measure(*pair)
-    print(json.dumps(timing))
-    bench = None
-    if a.bench_json:
-        bench = {"cmd": a.bench_cmd, "float32": json.loads(Path(a.bench_json).read_text())}
-        if a.bench_bf16_json:
-            bench["bfloat16"] = json.loads(Path(a.bench_bf16_json).read_text())
-    write_cards(models, json.loads(Path(a.eval_json).read_text()), Path(a.train_log).read_text(), timing, a.eval_cmd,
-                bench, a.train_threads, a.train_note, a.eval_note)
-
-
-def _kind_weight(value: str) -> tuple[str, float]:
-    """KIND=W for `train --kind-weight`, checked before any work starts."""
-    from .data import KINDS
-    kind, _, w = value.partition("=")
-    try:
-        weight = float(w)
-    except ValueError:
-        weight = -1.0
-    if kind not in KINDS or weight < 0:
-        raise argparse.ArgumentTypeError(f"use KIND=W with W >= 0 and KIND one of {', '.join(KINDS)}")
-    return kind, weight
-
-
 def _seed_runs(value: str) -> list[tuple[int, int]]:
     """S:N,S:N for `eval --seeds`: one pooled evaluation over several fresh seeds, N scenes of each."""
     try:
@@ -130,56 +64,6 @@ def _seed_runs(value: str) -> list[tuple[int, int]]:
     if not runs or any(len(r) != 2 or r[1] < 1 for r in runs) or len({r[0] for r in runs}) != len(runs):
         raise argparse.ArgumentTypeError("use S:N,S:N,... (distinct seeds, N >= 1), e.g. 1:20,2:40")
     return runs
-
-
-def _prompt_kinds(value: str) -> tuple[str, ...]:
-    """KIND,KIND (or none) for `train --prompt-targets`, checked before any work starts."""
-    from .retrieval import PROMPT_KINDS
-    kinds = tuple(k for k in value.split(",") if k and k != "none")
-    if any(k not in PROMPT_KINDS for k in kinds):
-        raise argparse.ArgumentTypeError(f"use none or a comma-separated list of {', '.join(PROMPT_KINDS)}")
-    return kinds
-
-
-def _train_parser(t: argparse.ArgumentParser) -> None:
-    """`train`'s options: each recipe option defaults to None, which leaves TrainConfig's default."""
-    t.add_argument("--out", default=str(ASSETS))
-    t.add_argument("--cache", default=None, help="where the rendered training set is cached")
-    t.add_argument("--threads", type=int, default=1)
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--steps", type=int, default=0, help="override the number of target steps (draft: half)")
-    t.add_argument("--draft-steps", type=int, default=0, help="override the number of draft distillation steps")
-    t.add_argument("--only-draft", action="store_true", help="distil the draft from the target already in --out")
-    t.add_argument("--tiny", action="store_true", help="tiny models and data: a smoke test of the script")
-    t.add_argument("--place-weight", type=float, default=None,
-                   help="weight of the target's PlaceAux loss (default: TrainConfig's; 0 = off)")
-    t.add_argument("--place-rowcol-only", action="store_true", help="PlaceAux asks for row and column only")
-    t.add_argument("--place-before", action=argparse.BooleanOptionalAction, default=None,
-                   help="PlaceAux also asks each second-group video token what its cell held before "
-                        "(default: TrainConfig's, on; run T1: off)")
-    t.add_argument("--event-targets", choices=["evidence", "both"], default=None,
-                   help="retrieval target of an event sentence: both temporal groups (default) or the group "
-                        "showing the evidence (run T1; retrieval.py)")
-    t.add_argument("--kind-weight", action="append", default=[], metavar="KIND=W", type=_kind_weight,
-                   help="drawing weight of the training examples of a question kind (repeatable; 1 if absent)")
-    t.add_argument("--draft-kind-weight", action="append", default=[], metavar="KIND=W", type=_kind_weight,
-                   help="the same for the draft's distillation (default: the natural draw)")
-    t.add_argument("--prompt-targets", default=None, metavar="KIND,KIND|none", type=_prompt_kinds,
-                   help="kinds whose questions' tokens the retrieval loss also supervises once the question has "
-                        "named its object (retrieval.prompt_targets; default: TrainConfig's)")
-    t.add_argument("--hard-weight", action="append", default=[], metavar="KIND=F", type=_kind_weight,
-                   help="within a kind, draw confusable examples (retrieval.confusable) F x as often, the kind's "
-                        "total unchanged (repeatable; default: TrainConfig's)")
-    t.add_argument("--interleaved-rope", action=argparse.BooleanOptionalAction, default=None,
-                   help="interleave the M-RoPE t/h/w frequencies (default: TrainConfig's, on)")
-    t.add_argument("--content-weight", type=float, default=None,
-                   help="loss weight of answer tokens that name a fact (default: TrainConfig's, 1 = plain)")
-    t.add_argument("--retrieval-weight", type=float, default=None,
-                   help="weight of the retrieval loss on the target's attention (retrieval.py; default: TrainConfig's)")
-    t.add_argument("--mirror", type=float, default=None,
-                   help="share of training examples shown left-right mirrored, 'left' and 'right' swapped "
-                        "(default: TrainConfig's)")
-    t.set_defaults(fn=cmd_train)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -193,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     x = sub.add_parser("examples", help="write the demo inputs (assets/examples)")
     x.add_argument("--out", default=str(ASSETS.parent / "examples"))
     x.set_defaults(fn=cmd_examples)
-    _train_parser(sub.add_parser("train", help="train the target/draft pair from scratch"))
+    add_train_command(sub, ASSETS)
     e = sub.add_parser("eval", help="score target and draft on fresh scenes")
     e.add_argument("--seed", type=int, default=1)
     e.add_argument("--n", type=int, default=30)
@@ -205,23 +89,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="S:N,S:N,...: pool several fresh seeds (N scenes each) into one table, with each seed's "
                         "own in the JSON's per_seed (overrides --seed / --n)")
     e.set_defaults(fn=cmd_eval)
-    s = sub.add_parser("ship", help="store a trained pair in bfloat16 (assets/models by default); then write its cards")
-    s.add_argument("src", help="the --out folder of a training run")
-    s.add_argument("--to", default=str(ASSETS))
-    s.set_defaults(fn=cmd_ship)
-    c = sub.add_parser("card", help="write the model cards from an eval --json file and the training log")
-    c.add_argument("--models", default=str(ASSETS))
-    c.add_argument("--eval-json", required=True)
-    c.add_argument("--eval-cmd", required=True, help="the eval command line that produced --eval-json")
-    c.add_argument("--train-log", required=True)
-    c.add_argument("--bench-json", default=None, help="a float32 `python -m sage_engine bench --out` report")
-    c.add_argument("--bench-bf16-json", default=None, help="the same benchmark in bfloat16")
-    c.add_argument("--bench-cmd", default="", help="the bench command line that produced --bench-json")
-    c.add_argument("--threads", type=int, default=2)
-    c.add_argument("--train-threads", type=int, default=1, help="the --threads of the training run in --train-log")
-    c.add_argument("--train-note", default="shared with other work", help="how busy the machine was during training")
-    c.add_argument("--eval-note", default="", help="appended to the status line (e.g. single seeds vs the pooled table)")
-    c.set_defaults(fn=cmd_card)
+    add_ship_and_card_commands(sub, ASSETS)
     a = p.parse_args(argv)
     a.fn(a)
 

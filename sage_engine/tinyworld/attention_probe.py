@@ -39,7 +39,7 @@ import dataclasses
 import torch
 
 from .evaluate import Item, make_items
-from .retrieval import prompt_objects
+from .training.retrieval import prompt_objects
 from .tokenizer import user_turn
 from .world import COLOURS, SHAPES, SIZES
 

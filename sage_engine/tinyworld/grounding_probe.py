@@ -145,7 +145,7 @@ import torch
 from . import models as M
 from . import world as W
 from .tokenizer import build_tokenizer, user_turn, world_corpus
-from .vision_aux import VisionAux, scene_labels
+from .training.vision_aux import VisionAux, scene_labels
 
 QUESTIONS = {"colour": "What colour is the shape?", "shape": "What shape is it?", "position": "Where is the shape?"}
 VISION = {"draft": (64, 1, 2), "target": (128, 2, 4), "deep": (128, 4, 4), "wide": (256, 4, 4)}
@@ -293,9 +293,9 @@ def main(argv=None) -> None:
 
 def _anchor_labels(data) -> np.ndarray:
     """Replay the cache's scene stream (seed 0, 3 questions per image): centre-token labels per image."""
-    from .data import IMAGE_WEIGHTS, sample_kind
+    from .training.data import IMAGE_WEIGHTS, sample_kind
     from .language import image_example
-    from .vision_aux import token_labels
+    from .training.vision_aux import token_labels
     rng, labels = random.Random(0), np.zeros_like(data.labels)
     for i in range(len(data.images)):
         scene = W.sample_scene(rng)
@@ -308,7 +308,7 @@ def _anchor_labels(data) -> np.ndarray:
 
 def _report(aux, feats, lab, dom) -> str:
     """Exact match of the colour / size multi-hot on blocks that have one; shape argmax vs the dominant shape."""
-    from .vision_aux import SHAPE
+    from .training.vision_aux import SHAPE
     with torch.no_grad():
         lg = aux.head(feats).view(lab.shape)
     pred, r = lg > 0, []
@@ -326,9 +326,9 @@ def vision_only(a) -> None:
     six shape logits against the block's dominant shape (vision_aux.token_targets; chance 1/6)."""
     from pathlib import Path
     from transformers import PreTrainedTokenizerFast
-    from .trainset import TrainSet
-    from .train import aux_loss
-    from .vision_aux import whiten_patch_embed
+    from .training.trainset import TrainSet
+    from .training.train import aux_loss
+    from .training.vision_aux import whiten_patch_embed
     cache = Path(a.vision_only)
     tok = PreTrainedTokenizerFast.from_pretrained(cache / "tokenizer")
     data = TrainSet.load(cache, tok)

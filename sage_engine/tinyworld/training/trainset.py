@@ -15,7 +15,7 @@ import torch
 
 from .data import HARD_FILE, IMAGE_TOKENS, KINDS, MODEL_FRAMES, PATCH, SIZE, TEMPORAL, VIDEO_TOKENS, patchify
 from .retrieval import PROMPT_TARGETS_FILE, targets_file
-from .world import mirror_cell
+from ..world import mirror_cell
 
 MIRROR_WORDS = ("left", "right")
 MIRROR_TOKENS = torch.tensor([g * IMAGE_TOKENS + mirror_cell(c)

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .world import (COLOURS, MODEL_FRAMES, RADIUS, SHAPES, SIZE, SIZES, Clip, Obj, Scene, _centre, clip_frame_objects,
+from ..world import (COLOURS, MODEL_FRAMES, RADIUS, SHAPES, SIZE, SIZES, Clip, Obj, Scene, _centre, clip_frame_objects,
                     clip_metadata, draw_object)
 
 GRID = SIZE // 28              # merged tokens per side (3: one per cell)

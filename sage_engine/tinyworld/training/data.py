@@ -26,11 +26,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .language import IMAGE_KINDS, VIDEO_KINDS, image_example, video_example
+from ..language import IMAGE_KINDS, VIDEO_KINDS, image_example, video_example
 from .retrieval import PROMPT_TARGETS_FILE, answer_targets, confusable, prompt_targets, targets_file
-from .tokenizer import user_turn
+from ..tokenizer import user_turn
 from .vision_aux import N_LABELS, clip_targets, image_targets
-from .world import (MODEL_FRAMES, SIZE, read_video, render_clip, render_image, sample_clip, sample_scene,
+from ..world import (MODEL_FRAMES, SIZE, read_video, render_clip, render_image, sample_clip, sample_scene,
                     write_mp4)
 
 MEAN = torch.tensor([0.48145466, 0.4578275, 0.40821073])
@@ -208,7 +208,7 @@ def replay_image_labels(out: Path, seed: int, n_images: int, n_videos: int | Non
 
 def check_against_processor(processor, seed: int = 0) -> None:
     """Assert that patchify and the pad expansion reproduce the processor exactly."""
-    from .world import clip_metadata
+    from ..world import clip_metadata
     rng = random.Random(seed)
     img = render_image(sample_scene(rng))
     text = user_turn("image", "Describe.")

@@ -36,13 +36,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from . import models as M
+from .. import models as M
 from .data import (HARD_FILE, build_cache, build_hard_flags, build_prompt_targets, build_retrieval_targets,
                    check_against_processor, replay_image_labels)
-from .evaluate import evaluate, make_items
+from ..evaluate import evaluate, make_items
 from .retrieval import PROMPT_TARGETS_FILE, RetrievalAux, targets_file
 from .vision_aux import PlaceAux, VisionAux, whiten_patch_embed
-from .tokenizer import build_tokenizer, world_corpus
+from ..tokenizer import build_tokenizer, world_corpus
 from .trainset import TrainSet
 
 
@@ -144,8 +144,8 @@ def content_tokens(tok) -> torch.Tensor:
     events, yes / no), with and without a leading space or capital. Most of the answer loss sits on
     phrasing choices ("There", "The", "In", ...) that no picture decides; content_weight > 1 moves the
     gradient towards the words the picture does decide."""
-    from .language import NUMBERS
-    from .world import COLOURS, POSITIONS, SHAPES, SIZES
+    from ..language import NUMBERS
+    from ..world import COLOURS, POSITIONS, SHAPES, SIZES
     words = set(COLOURS) | set(SHAPES) | set(SIZES) | set(NUMBERS) | {w for p in POSITIONS for w in p.split()}
     words |= {"middle", "side", "corner", "moves", "appears", "disappears", "vanishes", "grows", "shrinks", "turns",
               "changes", "larger", "smaller", "yes", "no"}

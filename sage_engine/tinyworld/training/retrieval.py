@@ -36,8 +36,8 @@ import re
 
 import torch
 
-from .language import POSITION_RE, NUMBERS, Example, parse_position
-from .world import POSITIONS, SHAPES, Clip, Obj, Scene
+from ..language import POSITION_RE, NUMBERS, Example, parse_position
+from ..world import POSITIONS, SHAPES, Clip, Obj, Scene
 
 N_CELLS = len(POSITIONS)
 EVENT_GROUPS = ("evidence", "both")

@@ -9,7 +9,7 @@ import torch
 from pathlib import Path
 
 from .data import IMAGE_TOKENS, VIDEO_TOKENS
-from .world import CLIP_FPS, CLIP_FRAMES, MODEL_FRAMES, SIZE
+from ..world import CLIP_FPS, CLIP_FRAMES, MODEL_FRAMES, SIZE
 
 
 def _train_minutes(log: str) -> dict:
