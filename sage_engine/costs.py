@@ -14,7 +14,8 @@ A node's expected tokens are its cumulative draft probability times `trust`: acc
 token over recent drafted steps. A draft that is overconfident on an input it has not learnt (a user's own
 photo for the embedded pair) earns a low trust within a few steps, and its trees shrink with it.
 
-The engine records every decode step of every policy (`StepTiming`); a policy asks `break_even(key)`.
+The engine records every decode step of every policy (`StepTiming`) and hands each step's policy a `Quote`
+(its view of these figures) as an argument.
 Only the tree's shape depends on these timings, never the output: every emitted token is still the
 target's own choice.
 """
@@ -149,3 +150,27 @@ class CostMeter:
         if rate is None or prices is None:
             return None
         return BreakEven(rate=rate, node_ms=prices[0], level_ms=prices[1], trust=self.trust(policy))
+
+    def quote(self, policy: str) -> "Quote":
+        """The prices `policy` (a policy key) decides a step with; computed only when asked for."""
+        return Quote(self, policy)
+
+
+@dataclass(frozen=True)
+class Quote:
+    """The engine's measured costs as one policy setting sees them at one step: handed to the policy with
+    each step (a policy that prices nothing asks nothing, and pays nothing for it)."""
+
+    meter: CostMeter
+    policy: str
+
+    def break_even(self) -> BreakEven | None:
+        return self.meter.break_even(self.policy)
+
+    def plain_rate(self) -> float | None:
+        return self.meter.plain_rate()
+
+    def drafted_rate(self) -> float | None:
+        """This policy's typical rate over its last drafted steps on the engine (earlier runs included)."""
+        return self.meter.drafted_rate(self.policy)
+

@@ -1,24 +1,54 @@
-"""Drafting: the draft model grows the step's token tree level by level.
+"""Drafting: the draft model grows the step's token tree level by level, and keeps its own cache in step.
 
 One draft forward per level over the whole frontier (not one per node), under a tree mask:
 every frontier node sees the prompt, the accepted text, its own ancestors and itself.
 The draft's KV cache region of a step holds the pending tokens (accepted text the draft has
 not read yet; the last one is the root) followed by the fed tree nodes in feeding order;
-`tree.draft_slots` records each node's column so the engine can compact it afterwards.
+`tree.draft_slots` records each node's column, and `settle()` keeps the accepted ones.
+The draft reads the prompt with the first step that drafts: a run of plain steps never pays for it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from itertools import takewhile
+
 import numpy as np
 import torch
 
+from .costs import Quote
 from .policy import Frontier, Policy, TreeShape, confidence
+from .pruning import VisualPruning
 from .runner import ModelRunner
 from .tree import DraftTree, chain_allowed
 
+
+@dataclass(frozen=True)
+class Draft:
+    """What the draft stage produced for one step."""
+
+    shape: TreeShape
+    tree: DraftTree  # the tree to verify (after the policy's final pruning)
+    drafted: int  # nodes drafted before that pruning
+    forwards: int = 0  # draft forwards this step (prompt prefill excluded)
+    ms: float = 0.0  # their time
+    prefill_ms: float = 0.0  # the draft's prompt prefill, when this step was the run's first to draft
+
+
 class Drafter:
-    def __init__(self, runner: ModelRunner):
+    """The draft model's side of a run: `start()`, then per drafted step `grow()`, after every step `settle()`."""
+
+    def __init__(self, runner: ModelRunner, pruning: VisualPruning | None = None):
         self.runner = runner
+        self.pruning = pruning  # draft-only visual-token pruning (the output does not depend on it)
+        self.pending: list[int] = []  # accepted tokens the draft has not read; the last is the next root
+        self._prompt: dict[str, torch.Tensor] | None = None  # the prompt, until the draft has read it
+        self._region: tuple[int, int] | None = None  # this step's (cache start, pending tokens fed), if it drafted
+
+    def start(self, prompt: dict[str, torch.Tensor], first: int) -> None:
+        """A new run: the draft will read `prompt` when a step first drafts; `first` (the target's first
+        token) is pending."""
+        self._prompt, self.pending, self._region = prompt, [first], None
 
     @staticmethod
     def _top(logits: torch.Tensor, k: int, entropy_k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -29,15 +59,20 @@ class Drafter:
         p, t = p.cpu().numpy(), t.cpu().numpy()
         return t, p, confidence(p[:, :entropy_k])
 
-    def grow(self, policy: Policy, pending: list[int]) -> tuple[TreeShape, DraftTree, int]:
-        """Read `pending` (its last token is the root), then draft. Returns (shape, verified tree, drafted)."""
-        runner = self.runner
-        p = len(pending)
+    def grow(self, policy: Policy, quote: Quote | None = None) -> Draft:
+        """Read the pending tokens (the prompt first, on the run's first drafted step), then draft the tree."""
+        runner, prefill_ms = self.runner, 0.0
+        if self._prompt is not None:
+            prefill_ms = runner.prefill(self._prompt, self.pruning).ms
+            self._prompt = None
+        pending, p = self.pending, len(self.pending)
+        self._region = (runner.seq_len, p)
         root_pos = runner.seq_len + p - 1  # sequence index of the root
-        logits = runner.forward(pending, list(range(root_pos - p + 1, root_pos + 1)), chain_allowed(p))[-1:]
-        tokens, probs, alpha = self._top(logits, policy.top_k, policy.entropy_k)
+        read = runner.forward(pending, list(range(root_pos - p + 1, root_pos + 1)), chain_allowed(p))
+        tokens, probs, alpha = self._top(read.logits[-1:], policy.top_k, policy.entropy_k)
+        forwards, ms = 1, read.ms
         tree = DraftTree(root_alpha=float(alpha[0]))
-        shape = policy.shape(tree.root_alpha)
+        shape = policy.shape(tree.root_alpha, quote)
         frontier = Frontier([-1], tokens, probs)
         fed = 0  # tree nodes already in the draft cache
         for level in range(1, shape.depth + 1):
@@ -52,13 +87,25 @@ class Drafter:
                 while a >= 0:
                     allowed[j, p + tree.draft_slots[a]] = True
                     a = tree.parents[a]
-            logits = runner.forward(
+            level_pass = runner.forward(
                 [tree.tokens[n] for n in grow], [root_pos + tree.depths[n] for n in grow], allowed
             )  # [g, V]
-            fed += len(grow)
-            tokens, probs, alpha = self._top(logits, policy.top_k, policy.entropy_k)
+            forwards, ms, fed = forwards + 1, ms + level_pass.ms, fed + len(grow)
+            tokens, probs, alpha = self._top(level_pass.logits, policy.top_k, policy.entropy_k)
             for j, node in enumerate(grow):
                 tree.alphas[node] = float(alpha[j])
             frontier = Frontier(grow, tokens, probs)
-        drafted = len(tree)
-        return shape, policy.finalize(tree), drafted
+        return Draft(shape, policy.finalize(tree), len(tree), forwards, ms, prefill_ms)
+
+    def settle(self, tree: DraftTree, accepted: list[int], bonus: int) -> None:
+        """After verification: keep the pending tokens and the accepted nodes the draft has fed in its cache,
+        drop the rest; what it has not read (accepted nodes never fed, the bonus) is pending for the next step.
+        After a plain step (no grow()), the bonus simply joins the pending tokens."""
+        if self._region is None:
+            self.pending = self.pending + [bonus]
+            return
+        start, p = self._region
+        fed = list(takewhile(lambda n: tree.draft_slots[n] >= 0, accepted))
+        self.runner.keep(start, list(range(p)) + [p + tree.draft_slots[n] for n in fed])
+        self.pending = [tree.tokens[n] for n in accepted[len(fed):]] + [bonus]
+        self._region = None

@@ -16,17 +16,16 @@ The output equals the target's own greedy decoding: every emitted token is a tar
 from __future__ import annotations
 
 import time
-from itertools import takewhile
 from typing import Iterator
 
 from .costs import CostMeter, StepTiming
-from .draft import Drafter
+from .draft import Draft, Drafter
 from .errors import InputError
 from .events import GenerationResult, StepEvent, TreeView, summarize
 from .families import shared_vocab
 from .inputs import PreparedInput
 from .models import ModelPair
-from .policy import Policy, StepOutcome, TreeShape, make_policy
+from .policy import Policy, StepOutcome, make_policy
 from .pruning import VisualPruning
 from .runner import ModelRunner
 from .tree import DraftTree
@@ -108,7 +107,7 @@ class SpecEngine:
         if pair.draft is not None:
             self.draft = ModelRunner(pair.draft, vocab_limit=shared_vocab(pair.target, pair.draft),
                                      layer_stack=layer_stack)
-        self.drafter = Drafter(self.draft) if self.draft is not None else None
+        self.drafter = Drafter(self.draft, draft_pruning) if self.draft is not None else None
         self.accept = acceptance or GreedyAcceptance()
         self.costs = CostMeter()  # step timings of every run on this engine (cost-aware policies read them)
         self._texts: dict[int, str] = {}
@@ -157,65 +156,50 @@ class SpecEngine:
         ignore_eos: keep decoding past end-of-sequence tokens (fixed-length benchmarks and tests).
         """
         policy = make_policy(policy) if isinstance(policy, str) else policy
-        policy.costs, key = self.costs, policy.key
-        drafting = policy.uses_draft
+        key, drafting = policy.key, policy.uses_draft
         if drafting and self.draft is None:
             raise InputError(f"policy {policy.name!r} needs a draft model")
         eos = set() if ignore_eos else self.pair.eos_token_ids
         out = Transcript(self.tokenizer, eos, self._budget(prepared, max_new_tokens), stop)
-        self.target.reset_counters()
-        if self.draft is not None:
-            self.draft.reset_counters()
 
-        # 0. prefill: the target reads the prompt; its argmax is the first token.
+        # 0. prefill: the target reads the prompt; its argmax is the first token (the draft reads it later).
         t0 = time.perf_counter()
-        first = int(self.target.prefill(prepared.target_inputs).argmax())
+        prefill = self.target.prefill(prepared.target_inputs)
+        first = int(prefill.logits.argmax())
         ids, text = out.extend([first])
-        yield self._event(0, policy, out, ids, text, t0)
-        root, pending = first, [first]  # root: newest token; pending: tokens the draft has not read
-        draft_read = False  # has the draft read the prompt yet?
-
-        step = 0
+        yield self._event(0, policy, out, ids, text, t0, target_ms=prefill.ms)
+        if drafting:
+            self.drafter.start(prepared.for_draft(), first)
+        root, step = first, 0
         while not out.finished:
             step += 1
             t0 = time.perf_counter()
+            quote = self.costs.quote(key)
             # 1. draft a tree shaped by the policy (ar, or a step the policy decodes plain: an empty tree).
-            drafts = drafting and not policy.skip_draft()
-            prefill_ms = 0.0
-            if drafts and not draft_read:  # the draft reads the prompt now (reported apart from the step)
-                self.draft.prefill(prepared.for_draft(), self.draft_pruning)
-                prefill_ms, draft_read = self.draft.reset_counters()[1], True
-            start_d = self.draft.seq_len if drafts else 0
-            if drafts:
-                shape, tree, drafted = self.drafter.grow(policy, pending)
+            if drafting and not policy.skip_draft(quote):
+                draft = self.drafter.grow(policy, quote)
             else:
-                shape, tree, drafted = policy.plain_shape(), DraftTree(), 0
+                draft = Draft(policy.plain_shape(), DraftTree(), 0)
+            tree = draft.tree
             # 2. verify the whole tree in one target forward.
             start_t = self.target.seq_len
-            logits = verify_tree(self.target, root, tree)
+            verify = verify_tree(self.target, root, tree)
             # 3. accept the longest agreeing path plus the bonus token.
-            verdict = self.accept(tree, logits)
+            verdict = self.accept(tree, verify.logits)
             # 4. compact both caches to the accepted path.
             self.target.keep(start_t, [0] + [1 + n for n in verdict.accepted])
-            if drafts:
-                fed = list(takewhile(lambda n: tree.draft_slots[n] >= 0, verdict.accepted))
-                p = len(pending)
-                self.draft.keep(start_d, list(range(p)) + [p + tree.draft_slots[n] for n in fed])
-                pending = [tree.tokens[n] for n in verdict.accepted[len(fed) :]] + [verdict.bonus]
-            elif drafting:  # a plain step: the draft reads its token with the next drafted step
-                pending = pending + [verdict.bonus]
+            if drafting:
+                self.drafter.settle(tree, verdict.accepted, verdict.bonus)
             # 5. the policy learns from the outcome (and the meter from what the step cost).
-            wall_ms = (time.perf_counter() - t0) * 1e3 - prefill_ms
-            self.costs.record(StepTiming(
-                key, len(verdict.accepted) + 1, len(tree), wall_ms,
-                self.target.elapsed_ms, self.draft.elapsed_ms if drafting else 0.0,
-                self.draft.forwards if drafting else 0, sum(tree.cum_probs)))
+            wall_ms = (time.perf_counter() - t0) * 1e3 - draft.prefill_ms
+            self.costs.record(StepTiming(key, len(verdict.accepted) + 1, len(tree), wall_ms, verify.ms, draft.ms,
+                                         draft.forwards, sum(tree.cum_probs)))
             policy.observe(StepOutcome(tree, verdict.accepted, len(verdict.accepted) + 1, wall_ms))
             ids, text = out.extend(verdict.accepted_tokens + [verdict.bonus])
-            view = self._tree_view(root, tree, drafted)
+            view = self._tree_view(root, tree, draft.drafted)
             root = verdict.bonus
-            yield self._event(step, policy, out, ids, text, t0, shape=shape, view=view, verdict=verdict,
-                              root_alpha=tree.root_alpha, draft_prefill_ms=prefill_ms)
+            yield self._event(step, policy, out, ids, text, t0, target_ms=verify.ms, draft=draft, view=view,
+                              verdict=verdict)
 
     def generate(self, prepared: PreparedInput, policy: Policy | str = "sage", max_new_tokens: int = 128,
                  stop: tuple[str, ...] = (), ignore_eos: bool = False) -> GenerationResult:
@@ -230,21 +214,21 @@ class SpecEngine:
 
     # ------------------------------------------------------------------ telemetry
     def _event(self, step: int, policy: Policy, out: Transcript, ids: list[int], text: str, t0: float, *,
-               shape: TreeShape | None = None, view: TreeView | None = None, verdict: Verdict | None = None,
-               root_alpha: float | None = None, draft_prefill_ms: float = 0.0) -> StepEvent:
-        """The StepEvent of step `step` (0: prefill), closing the step's timers."""
-        _, t_ms = self.target.reset_counters()
-        d_fw, d_ms = self.draft.reset_counters() if self.draft is not None else (0, 0.0)
+               target_ms: float, draft: Draft | None = None, view: TreeView | None = None,
+               verdict: Verdict | None = None) -> StepEvent:
+        """The StepEvent of step `step` (0: prefill; no draft), from what its stages measured."""
+        shape = None if draft is None else draft.shape
+        d_ms, d_fw, d_prefill = (0.0, 0, 0.0) if draft is None else (draft.ms, draft.forwards, draft.prefill_ms)
         alpha = shape.alpha if shape is not None else None
         price = shape.price if shape is not None else None
-        wall_ms = (time.perf_counter() - t0) * 1e3 - draft_prefill_ms
+        wall_ms = (time.perf_counter() - t0) * 1e3 - d_prefill
         return StepEvent(
             step=step,
             kind="prefill" if step == 0 else "decode",
             policy=policy.name,
             alpha=alpha,
             entropy=None if alpha is None else 1.0 - alpha,
-            root_alpha=root_alpha,
+            root_alpha=None if draft is None else draft.tree.root_alpha,
             depth=0 if shape is None else shape.depth,
             width=0 if shape is None else shape.width,
             d_max=None if shape is None else shape.d_max,
@@ -254,14 +238,14 @@ class SpecEngine:
             bonus_token=None if verdict is None else verdict.bonus,
             new_token_ids=ids,
             new_text=text,
-            target_ms=t_ms,
+            target_ms=target_ms,
             draft_ms=d_ms,
-            other_ms=max(0.0, wall_ms - t_ms - d_ms),
+            other_ms=max(0.0, wall_ms - target_ms - d_ms),
             draft_forwards=d_fw,
             total_tokens=len(out.ids),
             finished=out.finished,
             finish_reason=out.finish_reason,
             node_price=None if price is None else price.node,
             level_price=None if price is None else price.level,
-            draft_prefill_ms=draft_prefill_ms,
+            draft_prefill_ms=d_prefill,
         )

@@ -1,10 +1,11 @@
 """Decoding policies: how each step's draft tree is shaped, and how the shape learns from the last step.
 
 A policy is a strategy with four verbs, called by the draft stage and the engine:
-  skip_draft()             -> bool       before a step: True makes it a plain step (no draft, one target forward)
-  shape(root_alpha)        -> TreeShape  before drafting (depth, width, budget)
+  skip_draft(quote)        -> bool       before a step: True makes it a plain step (no draft, one target forward)
+  shape(root_alpha, quote) -> TreeShape  before drafting (depth, width, budget)
   expand(shape, level, tree, frontier) -> nodes to grow next   while drafting, once per level
   observe(outcome)         -> None       after verification (history, next alpha)
+`quote` is the engine's measured costs for this step (costs.py), None where nothing is measured.
 Baselines are policies too; the engine has one loop for all of them.
 Symbols follow the SAGE paper: alpha (confidence), D (depth), W (width), theta_l, N_max.
 """
@@ -19,7 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from .config import ChainConfig, Eagle2Config, SageConfig, StaticConfig
-from .costs import BreakEven, CostMeter
+from .costs import BreakEven, Quote
 from .tree import DraftTree
 
 
@@ -71,7 +72,6 @@ class Policy:
     uses_draft = True
     top_k = 1
     entropy_k = 10  # k of the normalised top-k entropy behind alpha (SAGE's k; reported for every policy)
-    costs: CostMeter | None = None  # the engine's measured costs (set by the engine; cost-aware policies read it)
 
     @property
     def key(self) -> str:
@@ -79,7 +79,7 @@ class Policy:
         cfg = getattr(self, "cfg", None)
         return self.name if cfg is None else f"{self.name}{cfg!r}"
 
-    def skip_draft(self) -> bool:
+    def skip_draft(self, quote: Quote | None = None) -> bool:
         """True: decode this step without drafting (default: a policy with a draft always drafts)."""
         return False
 
@@ -87,7 +87,7 @@ class Policy:
         """The shape of a step decoded without a draft."""
         return TreeShape(depth=0, width=0, max_nodes=0)
 
-    def shape(self, root_alpha: float | None) -> TreeShape:
+    def shape(self, root_alpha: float | None, quote: Quote | None = None) -> TreeShape:
         raise NotImplementedError
 
     def expand(self, shape: TreeShape, level: int, tree: DraftTree, frontier: Frontier) -> list[int]:
@@ -112,7 +112,7 @@ class AutoregressivePolicy(Policy):
     name = "ar"
     uses_draft = False
 
-    def shape(self, root_alpha: float | None) -> TreeShape:
+    def shape(self, root_alpha: float | None, quote: Quote | None = None) -> TreeShape:
         return self.plain_shape()
 
     def expand(self, shape, level, tree, frontier):
@@ -127,7 +127,7 @@ class ChainPolicy(Policy):
     def __init__(self, cfg: ChainConfig = ChainConfig()):
         self.cfg = cfg
 
-    def shape(self, root_alpha):
+    def shape(self, root_alpha, quote=None):
         return TreeShape(depth=self.cfg.k, width=1, max_nodes=self.cfg.k, alpha=root_alpha)
 
     def expand(self, shape, level, tree, frontier):
@@ -153,7 +153,7 @@ class StaticTreePolicy(Policy):
         self.top_k = max(p[-1] for p in paths) + 1
         self._path_of: dict[int, tuple[int, ...]] = {}
 
-    def shape(self, root_alpha):
+    def shape(self, root_alpha, quote=None):
         self._path_of = {-1: ()}
         return TreeShape(depth=self.depth, width=len(self.child_ranks[()]), max_nodes=self.n_nodes, alpha=root_alpha)
 
@@ -192,7 +192,7 @@ class Eagle2Policy(Policy):
         self.cfg = cfg
         self.top_k = cfg.top_k
 
-    def shape(self, root_alpha):
+    def shape(self, root_alpha, quote=None):
         return TreeShape(depth=self.cfg.depth, width=self.cfg.top_k, max_nodes=self.cfg.total_nodes, alpha=root_alpha)
 
     def expand(self, shape, level, tree, frontier):
@@ -240,7 +240,7 @@ class SagePolicy(Policy):
         w = self.cfg.w_min + (1.0 - alpha) * (self.cfg.w_max - self.cfg.w_min)
         return max(1, int(math.floor(w + 0.5)))
 
-    def skip_draft(self) -> bool:
+    def skip_draft(self, quote: Quote | None = None) -> bool:
         """Threshold "cost": fall back to plain steps while this run's drafted steps decode slower than plain ones.
 
         The judge is this run's last `fallback_window` drafted steps against the engine's plain rate (measured
@@ -251,16 +251,16 @@ class SagePolicy(Policy):
         `_backoff` steps are plain, then the draft is tried once more; each losing try doubles the wait (up to
         8x `fallback_steps`), a winning one resets it."""
         self._skipped = False
-        if self.cfg.threshold != "cost" or self.costs is None or self.cfg.fallback_steps < 1:
+        if self.cfg.threshold != "cost" or quote is None or self.cfg.fallback_steps < 1:
             return False
         if self._plain_left > 0:
             self._plain_left -= 1
             self._skipped = True
             return True
-        plain = self.costs.plain_rate()
+        plain = quote.plain_rate()
         if not self._started:  # a run starts where the engine's last runs of this policy left off
             self._started = True
-            earlier = self.costs.drafted_rate(self.key)
+            earlier = quote.drafted_rate()
             if plain is not None and earlier is not None and earlier < plain:
                 self._backoff = 8 * self.cfg.fallback_steps  # the longest wait: the draft lost on earlier inputs
                 return self._fall_back()
@@ -282,10 +282,9 @@ class SagePolicy(Policy):
     def plain_shape(self) -> TreeShape:
         return TreeShape(depth=0, width=0, max_nodes=0, d_max=self.d_max)
 
-    def shape(self, root_alpha):
+    def shape(self, root_alpha, quote=None):
         alpha = root_alpha if (self.cfg.alpha_source == "current_root" and root_alpha is not None) else self.alpha
-        priced = self.cfg.threshold == "cost" and self.costs is not None
-        self.price = self.costs.break_even(self.key) if priced else None
+        self.price = quote.break_even() if self.cfg.threshold == "cost" and quote is not None else None
         return TreeShape(self.depth_for(alpha), self.width_for(alpha), self.cfg.n_max, alpha, self.d_max, self.price)
 
     def expand(self, shape, level, tree, frontier):

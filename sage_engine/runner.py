@@ -13,6 +13,7 @@ through forward(). No modeling code is forked.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -23,6 +24,14 @@ from .families import Family, adapter_for
 from .pruning import VisualPruning, pruned_prefill_inputs
 from .stack import DecoderStack, decoder_stack
 from .tree import additive_mask
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One model forward: its logits and what it took."""
+
+    logits: torch.Tensor  # prefill: [V] after the prompt's last token; forward: [q, V]
+    ms: float  # wall time of the model call
 
 
 def _sync(device: torch.device) -> None:
@@ -49,17 +58,15 @@ class ModelRunner:
         self.vocab_limit = vocab_limit  # slice logits to the vocabulary both models share
         self.cache: DynamicCache | None = None
         self.rope_delta = 0  # text-position shift after the prompt (family rule; 0 for 1D families unpruned)
-        self.forwards = 0
-        self.elapsed_ms = 0.0
 
     @property
     def seq_len(self) -> int:
         return 0 if self.cache is None else self.cache.get_seq_length()
 
     @torch.inference_mode()
-    def prefill(self, inputs: dict[str, torch.Tensor], pruning: VisualPruning | None = None) -> torch.Tensor:
-        """Run the whole prompt (with `pruning`, only part of its visual tokens); returns the logits
-        after its last token.  # [V]"""
+    def prefill(self, inputs: dict[str, torch.Tensor], pruning: VisualPruning | None = None) -> Pass:
+        """Run the whole prompt (with `pruning`, only part of its visual tokens): the logits after its last
+        token.  # [V]"""
         self.cache = DynamicCache(config=self.model.config)
         positions = self.family.positions
         positions.reset(self.model)  # never reuse a previous request's shift
@@ -70,17 +77,16 @@ class ModelRunner:
             batch, self.rope_delta = pruned_prefill_inputs(self.model, batch, pruning, self.family)
         out = self.model(**batch, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
         _sync(self.device)
-        self.elapsed_ms += (time.perf_counter() - t0) * 1e3
-        self.forwards += 1
+        ms = (time.perf_counter() - t0) * 1e3
         if pruning is None:
             self.rope_delta = positions.shift_after_prefill(self.model)
-        return self._logits(out.logits[0, -1])
+        return Pass(self._logits(out.logits[0, -1]), ms)
 
     @torch.inference_mode()
-    def forward(self, tokens: list[int], positions: list[int], allowed: np.ndarray) -> torch.Tensor:
+    def forward(self, tokens: list[int], positions: list[int], allowed: np.ndarray) -> Pass:
         """Append `tokens` at sequence `positions`; `allowed` [q, r] is their attention pattern over the
         newest r key columns (the last q of which are these tokens); older columns are always visible.
-        Returns logits.  # [q, V]"""
+        The logits after each token.  # [q, V]"""
         q, r = allowed.shape
         past = self.seq_len + q - r
         ids = torch.tensor([tokens], device=self.device)  # [1, q]
@@ -91,9 +97,7 @@ class ModelRunner:
         t0 = time.perf_counter()
         logits = self.stack(ids, pos, mask, self.cache) if self.stack is not None else self._forward(ids, pos, mask)
         _sync(self.device)
-        self.elapsed_ms += (time.perf_counter() - t0) * 1e3
-        self.forwards += 1
-        return self._logits(logits[0])
+        return Pass(self._logits(logits[0]), (time.perf_counter() - t0) * 1e3)
 
     @property
     def tree_forward(self) -> str:
@@ -129,8 +133,3 @@ class ModelRunner:
     def _logits(self, logits: torch.Tensor) -> torch.Tensor:
         logits = logits.float()
         return logits if self.vocab_limit is None else logits[..., : self.vocab_limit]
-
-    def reset_counters(self) -> tuple[int, float]:
-        out = (self.forwards, self.elapsed_ms)
-        self.forwards, self.elapsed_ms = 0, 0.0
-        return out

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .runner import ModelRunner
+from .runner import ModelRunner, Pass
 from .tree import DraftTree, accept_greedy, verify_allowed
 
 
@@ -24,7 +24,7 @@ class Verdict:
     bonus: int  # the target's own next token after the accepted path
 
 
-def verify_tree(runner: ModelRunner, root: int, tree: DraftTree) -> torch.Tensor:
+def verify_tree(runner: ModelRunner, root: int, tree: DraftTree) -> Pass:
     """Target logits after the root and after every node, in one pass.  # [1 + n, V]"""
     L = runner.seq_len
     tokens = [root] + tree.tokens

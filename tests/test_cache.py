@@ -39,13 +39,13 @@ def test_compacted_cache_gives_the_same_next_logits_as_sequential_decoding():
     L = spec.seq_len
     spec.forward([root] + tree.tokens, [L] + [L + d for d in tree.depths], verify_allowed(tree.parents))
     spec.keep(L, [0] + [1 + n for n in path])
-    got = spec.forward([nxt], [spec.seq_len], np.ones((1, 1), dtype=bool))
+    got = spec.forward([nxt], [spec.seq_len], np.ones((1, 1), dtype=bool)).logits
 
     seq = ModelRunner(pair.target)
     seq.prefill(prep.target_inputs)
     for tok in [root] + [tree.tokens[n] for n in path]:
         seq.forward([tok], [seq.seq_len], np.ones((1, 1), dtype=bool))
-    want = seq.forward([nxt], [seq.seq_len], np.ones((1, 1), dtype=bool))
+    want = seq.forward([nxt], [seq.seq_len], np.ones((1, 1), dtype=bool)).logits
     assert spec.seq_len == seq.seq_len == L + 1 + len(path) + 1
     assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
 
@@ -63,10 +63,10 @@ def test_tree_logits_equal_sequential_logits_for_every_node():
     r = ModelRunner(pair.target)
     r.prefill(prep.target_inputs)
     L = r.seq_len
-    logits = r.forward([root] + tree.tokens, [L] + [L + d for d in tree.depths], verify_allowed(tree.parents))
+    logits = r.forward([root] + tree.tokens, [L] + [L + d for d in tree.depths], verify_allowed(tree.parents)).logits
     for node in range(len(tree)):
         s = ModelRunner(pair.target)
         s.prefill(prep.target_inputs)
         for tok in [root] + [tree.tokens[n] for n in tree.path_to(node)]:
-            last = s.forward([tok], [s.seq_len], np.ones((1, 1), dtype=bool))
+            last = s.forward([tok], [s.seq_len], np.ones((1, 1), dtype=bool)).logits
         assert torch.allclose(logits[1 + node], last[0], atol=1e-5)

@@ -248,7 +248,7 @@ def test_plain_steps_between_drafted_ones_keep_the_output(family, media, kind, p
             super().__init__(SageConfig(threshold="paper"))
             self.calls = 0
 
-        def skip_draft(self):
+        def skip_draft(self, quote=None):
             self.calls += 1
             return {"plain first": self.calls <= 3, "every third plain": self.calls % 3 == 0,
                     "plain after the first": self.calls > 1 and self.calls % 5 != 0}[pattern]

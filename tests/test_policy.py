@@ -208,13 +208,13 @@ def test_cost_meter_measures_rate_node_and_level_prices():
 def test_cost_threshold_prices_nodes_and_levels():
     probs = [[0.5, 0.2, 0.1, 0.04, 0.03, 0.02, 0.016, 0.01, 0.005, 0.004]]
     paper = SagePolicy(SageConfig(threshold="paper"))
-    paper.costs = primed_meter(key=paper.key)  # a meter does nothing under the paper's threshold
+    quote = primed_meter(key=paper.key).quote(paper.key)  # a meter does nothing under the paper's threshold
     tree = DraftTree()
-    assert len(paper.expand(paper.shape(None), 1, tree, frontier([-1], probs))) == 6 and paper.price is None
+    assert len(paper.expand(paper.shape(None, quote), 1, tree, frontier([-1], probs))) == 6 and paper.price is None
 
     cost = SagePolicy(SageConfig(threshold="cost"))
-    cost.costs = primed_meter(key=cost.key)  # node price 0.25 tok/ms * 0.2 ms = 0.05, level price 0.275
-    shape = cost.shape(None)
+    quote = primed_meter(key=cost.key).quote(cost.key)  # node price 0.25 tok/ms * 0.2 ms = 0.05, level 0.275
+    shape = cost.shape(None, quote)
     assert cost.price is not None and cost.price.node == pytest.approx(0.05)
     tree = DraftTree()
     grow = cost.expand(shape, 1, tree, frontier([-1], probs))
@@ -242,34 +242,45 @@ def plain_meter(rate_tok_per_ms=1.0, n=5):
     return meter
 
 
-def drafted(policy, tokens, wall_ms):
+def drafted(policy, quote, tokens, wall_ms):
     """One drafted step of `policy`: it asks whether to draft, then learns what the step made and cost."""
-    assert policy.skip_draft() is False
+    assert policy.skip_draft(quote) is False
     policy.observe(StepOutcome(DraftTree(), [], tokens, wall_ms))
 
 
 def test_cost_threshold_falls_back_to_plain_steps_while_drafting_loses_and_retries():
     pol = SagePolicy(SageConfig(threshold="cost", fallback_steps=2, fallback_window=4))
-    pol.costs = plain_meter(1.0)  # plain steps make 1 token per ms
-    drafted(pol, 2, 4.0)
-    drafted(pol, 2, 4.0)  # two drafted steps at 0.5 tokens per ms: losing
-    assert [pol.skip_draft() for _ in range(2)] == [True, True]  # fallback_steps plain steps
+    q = plain_meter(1.0).quote(pol.key)  # plain steps make 1 token per ms
+    drafted(pol, q, 2, 4.0)
+    drafted(pol, q, 2, 4.0)  # two drafted steps at 0.5 tokens per ms: losing
+    assert [pol.skip_draft(q) for _ in range(2)] == [True, True]  # fallback_steps plain steps
     assert pol.plain_shape().depth == 0
     pol.observe(StepOutcome(DraftTree(), [], 1, 1.0))  # a plain step teaches the policy nothing
     assert pol._drafted == [(2, 4.0), (2, 4.0)]
-    drafted(pol, 3, 4.0)  # the try (drafted whatever the window says); still losing: 7 / 12 ms
-    assert [pol.skip_draft() for _ in range(4)] == [True] * 4  # the wait doubles
-    drafted(pol, 20, 4.0)  # a winning try, but the window's median step still loses (0.625 tokens per ms)
-    assert [pol.skip_draft() for _ in range(8)] == [True] * 8
-    drafted(pol, 20, 4.0)  # the second winning try carries the window's median (2.9 tokens per ms)
-    drafted(pol, 3, 3.0)  # so the policy drafts on, and the wait is back to fallback_steps
+    drafted(pol, q, 3, 4.0)  # the try (drafted whatever the window says); still losing: 7 / 12 ms
+    assert [pol.skip_draft(q) for _ in range(4)] == [True] * 4  # the wait doubles
+    drafted(pol, q, 20, 4.0)  # a winning try, but the window's median step still loses (0.625 tokens per ms)
+    assert [pol.skip_draft(q) for _ in range(8)] == [True] * 8
+    drafted(pol, q, 20, 4.0)  # the second winning try carries the window's median (2.9 tokens per ms)
+    drafted(pol, q, 3, 3.0)  # so the policy drafts on, and the wait is back to fallback_steps
     assert pol._backoff == 2
-    # the same history never falls back under the paper's threshold, nor without a meter
+    # the same history never falls back under the paper's threshold, nor without a quote
     for cfg, meter in [(SageConfig(threshold="paper"), plain_meter(1.0)), (SageConfig(threshold="cost"), None)]:
         other = SagePolicy(cfg)
-        other.costs = meter
+        quote = None if meter is None else meter.quote(other.key)
         for _ in range(4):
-            drafted(other, 1, 10.0)
+            drafted(other, quote, 1, 10.0)
+
+
+def test_a_run_starts_plain_when_the_policys_last_drafted_steps_lost():
+    from sage_engine.costs import StepTiming
+    meter = plain_meter(1.0)
+    key = SagePolicy(SageConfig()).key
+    for _ in range(4):  # earlier runs: drafted steps at 0.4 tokens per ms
+        meter.record(StepTiming(key, 2, 6, 5.0, 3.0, 1.5, 4, 3.0))
+    pol = SagePolicy(SageConfig())
+    assert [pol.skip_draft(meter.quote(key)) for _ in range(16)] == [True] * 16  # the longest wait
+    assert pol.skip_draft(meter.quote(key)) is False  # then a try
 
 
 def test_plain_rate_is_measured_or_estimated_from_the_verify_intercept():

@@ -30,8 +30,8 @@ def test_zero_pruning_through_the_capture_path_equals_a_normal_prefill(builder, 
     pair = builder("copy", seed=0)
     prep = prepare_input(pair, "describe", **media)
     plain, pruned = ModelRunner(pair.draft), ModelRunner(pair.draft)
-    a = plain.prefill(prep.target_inputs)
-    b = pruned.prefill(prep.target_inputs, VisualPruning(image=0.0, video=0.0))
+    a = plain.prefill(prep.target_inputs).logits
+    b = pruned.prefill(prep.target_inputs, VisualPruning(image=0.0, video=0.0)).logits
     assert torch.allclose(a, b, atol=1e-5)
     assert plain.rope_delta == pruned.rope_delta and plain.seq_len == pruned.seq_len
 
