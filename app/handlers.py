@@ -25,7 +25,7 @@ from sage_engine.pruning import VisualPruning
 from . import plots, replay, text
 from .gpu import on_gpu, zero_gpu
 from .layout import MAX_NEW_TOKENS, POLICIES
-from .media import RunFiles, frame_strip
+from .media import Previews, RunFiles, frame_strip
 from .pacing import Pacer
 from .pool import Loaded, PairPool
 from .presets import NOTES, unavailable
@@ -93,8 +93,9 @@ class Handlers:
     """The app's behaviour; one instance per demo (owns the model pool and the export directory)."""
 
     def __init__(self, pool: PairPool, files: RunFiles, default_preset: str, text_every: float = 0.25,
-                 plot_every: float = 1.0):
+                 plot_every: float = 1.0, previews: Previews | None = None):
         self.pool, self.files, self.default_preset = pool, files, default_preset
+        self.previews = previews or Previews()  # browser-playable stand-ins for uploaded videos
         self.text_every = text_every  # seconds between streamed text updates
         self.plot_every = plot_every  # seconds between streamed figure updates (a final full update follows)
         self._on_device = on_gpu()(self._compare)  # spaces.GPU on a ZeroGPU Space, else _compare itself
@@ -109,6 +110,7 @@ class Handlers:
         `_compare` itself everywhere else."""
         if zero_gpu():
             control = None
+        video = self.previews.original(video)  # the page may show a re-encoded preview: decode the upload itself
         yield from self._on_device(image, video, prompt, max_new_tokens, policy, preset, control, **knobs)
 
     def _compare(self, image, video, prompt, max_new_tokens, policy, preset=None, control: RunControl | None = None,
@@ -251,18 +253,30 @@ class Handlers:
         ev = next((s for s in record.spec.decode_steps if s.step == want), record.spec.decode_steps[-1])
         return tree_figure(ev, record.spec.bonus_texts.get(ev.step, ""))
 
-    def preview_frames(self, video: str | None, preset: str | None):
-        """The frames the model will see, shown as soon as a video is chosen (a run samples them the same way)."""
+    def preview_frames(self, video: str | None, preset: str | None) -> tuple:
+        """(the video shown, the frame strip) when a video is chosen: a video the browser cannot play is shown
+        through a re-encoded preview (media.Previews), and the strip holds the frames the model will see (a run
+        samples them the same way, from the upload itself)."""
         if not video:
-            return gr.Gallery(value=[], visible=False)
+            return gr.skip(), gr.Gallery(value=[], visible=False)
+        if self.previews.is_preview(video):  # our own preview coming back through the change event
+            return gr.skip(), gr.skip()
+        try:
+            preview = self.previews.make(video)
+        except Exception:  # noqa: BLE001 - a preview is a courtesy: without one the run still works
+            log.exception("video preview failed")
+            preview = None
+        if preview:
+            gr.Info("Your browser cannot play this video's codec: the page shows a re-encoded preview (VP8); "
+                    "the model reads your file.")
         name = preset or self.default_preset
         n = video_frames_for(self.pool.get(name).pair.processor) if self.pool.is_loaded(name) else DEFAULT_NUM_FRAMES
         try:
             clip = sample_video(video, n)
         except SageError as e:
             gr.Warning(str(e))
-            return gr.Gallery(value=[], visible=False)
-        return gr.Gallery(value=frame_strip(clip), visible=True)
+            return gr.skip(), gr.Gallery(value=[], visible=False)
+        return (gr.Video(value=preview) if preview else gr.skip()), gr.Gallery(value=frame_strip(clip), visible=True)
 
     def describe_model(self, preset: str | None) -> str:
         """The model info line: the pair's size (or why it is not loaded) and what it knows (presets.NOTES)."""

@@ -10,6 +10,26 @@ from .view import View
 
 DEVICE = "device"  # one run per device at a time: every model-using event shares this concurrency id
 
+# gr.Video's frontend toasts "Video not playable" as soon as the browser fails to decode an upload (e.g. 'mp4v').
+# Once the page shows our playable preview of it (media.Previews), that toast is wrong: close it, or hide just
+# that message when Gradio grouped it with other errors (now, and once more a moment later in case the browser
+# reported the error late).
+DISMISS_STALE_VIDEO_ERROR = """() => {
+  const close = () => {
+    const src = document.querySelector('#video video')?.currentSrc || '';
+    if (!src.includes('preview-')) return;
+    for (const text of document.querySelectorAll('[data-testid="toast-text"]')) {
+      if (text.textContent.trim() !== 'Video not playable') continue;
+      const body = text.closest('[data-testid="toast-body"]');
+      const items = body ? body.querySelectorAll('[data-testid="toast-text"]').length : 0;
+      if (items === 1) body.querySelector('[data-testid="toast-close"]')?.click();
+      else (text.closest('.toast-message-item') || text).style.display = 'none';  // grouped with other errors
+    }
+  };
+  close();
+  setTimeout(close, 1000);
+}"""
+
 
 def wire(demo: gr.Blocks, ui: Ui, h: Handlers) -> None:
     # Run: arm the session's Stop switch at once (not queued), then the run itself (queued per device).
@@ -31,6 +51,7 @@ def wire(demo: gr.Blocks, ui: Ui, h: Handlers) -> None:
     ui.stop.click(h.stop, ui.control, None, api_visibility="private", queue=False)
     ui.step.change(h.show_step, [ui.run_state, ui.step], ui.fig_tree, api_visibility="private",
                    concurrency_limit=None, show_progress="hidden", trigger_mode="always_last")
-    ui.video.change(h.preview_frames, [ui.video, ui.preset], ui.frames, api_visibility="private")
+    ui.video.change(h.preview_frames, [ui.video, ui.preset], [ui.video, ui.frames], api_visibility="private").then(
+        fn=None, js=DISMISS_STALE_VIDEO_ERROR, api_visibility="private", queue=False)
     ui.preset.change(h.describe_model, ui.preset, ui.model_info, api_visibility="private", queue=False)
     demo.load(h.describe_model, ui.preset, ui.model_info, api_visibility="private", queue=False)

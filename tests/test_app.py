@@ -7,6 +7,7 @@ tinyworld pair present, the image test also runs on it; the tiny random pair alw
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 import urllib.request
@@ -528,3 +529,43 @@ def test_example_cache_key_follows_the_weights(tmp_path):
     (draft / "model.safetensors").write_bytes(b"new weights!")
     os.utime(draft / "model.safetensors", ns=(1, 1))
     assert fingerprint(preset, rows) != before
+
+
+def test_unplayable_video_gets_a_playable_preview_and_the_model_reads_the_upload(tmp_path):
+    """An 'mp4v' (MPEG-4 part 2) clip, OpenCV's default for .mp4, does not play in browsers: the page gets a VP8
+    WebM preview; the preview maps back to the upload (also as Gradio's cached copy, same file name)."""
+    import shutil
+
+    import hostile_media as hm
+    from app.media import Previews, browser_playable
+    from sage_engine.media import sample_video
+
+    mp4v = hm.video(tmp_path / "mp4v.mp4", "mp4v", frames=12, size=(640, 360))
+    mjpg = hm.video(tmp_path / "mjpg.avi", "MJPG")
+    vp8, vp9 = hm.video(tmp_path / "vp8.webm", "VP80"), hm.video(tmp_path / "vp9.webm", "VP90")
+    assert not browser_playable(mp4v) and not browser_playable(mjpg)
+    assert browser_playable(vp8) and browser_playable(vp9)
+    previews = Previews(str(tmp_path / "previews"))
+    t0 = time.perf_counter()
+    preview = previews.make(mp4v)
+    made_s = time.perf_counter() - t0
+    assert preview and preview.endswith(".webm") and browser_playable(preview)
+    clip, shown = sample_video(mp4v, 12), sample_video(preview, 12)
+    assert shown.total_num_frames == clip.total_num_frames == 12 and (shown.width, shown.height) == (480, 270)
+    assert previews.make(vp8) is None and previews.make(preview) is None  # playable already / ours
+    cached = tmp_path / "gradio-cache" / "abc123" / os.path.basename(preview)
+    cached.parent.mkdir(parents=True)
+    shutil.copy(preview, cached)
+    assert previews.original(str(cached)) == mp4v and previews.original(vp8) == vp8
+    assert previews.make(mjpg) and previews.make(str(tmp_path / "missing.mp4")) is None
+    print(f"\nmp4v 640x360 x 12 frames -> VP8 preview in {made_s * 1000:.0f} ms")
+    # a run given the preview (what the page holds) decodes the upload
+    from app.handlers import Handlers
+    from app.media import RunFiles
+    from app.pool import PairPool
+    from app.view import View
+
+    tiny = {app_server.TINY.name: app_server.TINY}
+    h = Handlers(PairPool(tiny, app_server.pair_factory), RunFiles(), app_server.TINY.name, previews=previews)
+    final = dict(zip([f.name for f in fields(View)], list(h.compare(None, str(cached), "What happens?", 4, "sage"))[-1]))
+    assert final["run_state"].media["video"] == "mp4v.mp4"

@@ -225,3 +225,27 @@ def test_cached_example_click(page):
     page.wait_for_function(f"{STATUS}.includes('Done') && !{STATUS}.includes('Raced live just now')"
                            f" && !{STATUS}.includes('Cached')", timeout=120_000)
     assert not [e for e in page.errors if "no supported sources" not in e], page.errors
+
+
+def test_unplayable_video_is_previewed_and_runs(page, tmp_path_factory):
+    """An 'mp4v' clip (OpenCV's default .mp4 codec; browsers cannot decode it): the upload shows a re-encoded
+    preview that the browser plays, no 'not playable' error, the frame strip appears, and a run works."""
+    import hostile_media as hm
+
+    clip = hm.video(tmp_path_factory.mktemp("browser_mp4v") / "mp4v.mp4", "mp4v", frames=12, size=(160, 120))
+    if page.locator("#video button[aria-label='Clear']").count():  # a clip left by an earlier test
+        page.locator("#video button[aria-label='Clear']").click()
+    page.set_input_files("#video input[type=file]", clip)
+    page.wait_for_function("document.querySelectorAll('#frames img').length >= 2", timeout=30_000)
+    playing = ("(() => { const v = document.querySelector('#video video'); return !!v && "
+               "v.currentSrc.includes('.webm') && v.readyState >= 2 && v.videoWidth > 0 && !v.error; })()")
+    page.wait_for_function(playing, timeout=30_000)
+    page.wait_for_timeout(1500)  # the stale error toast is closed at once and again after 1 s
+    toasts = page.locator("[data-testid='toast-text']:visible").all_inner_texts()
+    assert not [t for t in toasts if "not playable" in t], toasts
+    assert any("re-encoded preview" in t for t in toasts), toasts
+    page.fill("#prompt textarea", "What happens?")
+    page.click("#run")
+    page.wait_for_function(f"{STATUS}.includes('Done')", timeout=120_000)
+    assert "identical" in page.inner_text("#scoreboard")
+    page.locator("#video button[aria-label='Clear']").click()
