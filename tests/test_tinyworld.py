@@ -103,15 +103,37 @@ def test_batches_match_the_processor(tok):
     check_against_processor(build_processor(tok))
 
 
+def _labels_drawn_object_by_object(objects) -> np.ndarray:
+    """The image targets' multi-hot labels computed a second, plainer way: draw each object's mask, give each
+    pixel to the last object drawn there, and label a block with every object that shows >= MIN_PIXELS in it."""
+    from sage_engine.tinyworld.training.vision_aux import BLOCK, GRID, MIN_PIXELS, N_LABELS
+    owner = np.full((W.SIZE, W.SIZE), -1, np.int16)
+    for i, o in enumerate(objects):
+        mask = np.zeros((W.SIZE, W.SIZE, 3), np.uint8)
+        W.draw_object(mask, o, colour=(255, 255, 255))
+        owner[mask[..., 0] > 127] = i
+    out = np.zeros((GRID * GRID, N_LABELS), np.uint8)
+    for t in range(GRID * GRID):
+        r, c = divmod(t, GRID)
+        block = owner[r * BLOCK:(r + 1) * BLOCK, c * BLOCK:(c + 1) * BLOCK]
+        for i, o in enumerate(objects):
+            if (block == i).sum() >= MIN_PIXELS:
+                out[t, list(W.COLOURS).index(o.colour)] = 1
+                out[t, len(W.COLOURS) + W.SHAPES.index(o.shape)] = 1
+                out[t, len(W.COLOURS) + len(W.SHAPES) + W.SIZES.index(o.size)] = 1
+        out[t, -1] = not out[t, :-1].any()
+    return out
+
+
 def test_vision_targets_follow_the_scene():
     import random
-    from sage_engine.tinyworld.training.vision_aux import GRID, SHAPE, clip_targets, image_targets, token_labels
+    from sage_engine.tinyworld.training.vision_aux import GRID, SHAPE, clip_targets, image_targets
     assert GRID * GRID == 9   # one merged visual token per cell of the world
     rng = random.Random(7)
     for _ in range(20):
         scene = W.sample_scene(rng)
         labels, dom = image_targets(scene)
-        assert (labels == token_labels(scene.objects)).all()
+        assert (labels == _labels_drawn_object_by_object(scene.objects)).all()
         for t in range(GRID * GRID):   # the dominant shape is one of the shapes present in the block
             assert dom[t] == -1 or labels[t, SHAPE][dom[t]] == 1
         for o in scene.objects:        # each object's own cell is its token, and no other token shows it
@@ -593,7 +615,7 @@ def test_shipped_pair_loads_through_the_engine_and_speculation_is_lossless():
 
 
 def test_attention_probe_finds_the_asked_object_and_measures_each_head(tok):
-    from sage_engine.tinyworld.attention_probe import asked_object, probe
+    from tools.attention_probe import asked_object, probe
     from sage_engine.tinyworld.evaluate import make_items
     from sage_engine.tinyworld.models import TINY, build_model, build_processor
     items = [it for it in make_items(3, 12, video_kinds=()) if it.example.kind in ("colour", "shape", "size")]

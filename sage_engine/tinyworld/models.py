@@ -33,13 +33,12 @@ TINY = PairMember(hidden=32, layers=1, heads=2, kv_heads=1, ffn=64, vis_hidden=3
 def mrope_section(head_dim: int, interleaved: bool = False) -> list[int]:
     """How the head_dim / 2 rotary frequencies are shared by the (temporal, height, width) positions.
 
-    Qwen2.5-VL gives chunk i of `mrope_section` to axis i % 3. Qwen's own split ([16, 24, 24] of 64)
-    gives the width the lowest frequencies: on a 3 x 3 grid a step of one column turns a query by at most
-    0.003 rad (rope_theta 1e4), so attention in the language model cannot tell columns apart
-    (place_probe.py measured it). interleaved=True: one frequency per chunk, t/h/w in turn (as Qwen3-VL
-    does), so each axis gets high and low frequencies (a column step: up to 0.6 rad). Text tokens (t = h = w)
-    rotate the same either way. The shipped pair interleaves (since run R2, with retrieval supervision); without
-    that supervision a run with interleaving learned place better and size worse, no better overall (RUNS.md)."""
+    Qwen2.5-VL gives chunk i of `mrope_section` to axis i % 3. Qwen's own split ([16, 24, 24] of 64) gives the
+    width the lowest frequencies: on a 3 x 3 grid a step of one column turns a query by at most 0.003 rad
+    (rope_theta 1e4), so attention in the language model can hardly tell columns apart. interleaved=True: one
+    frequency per chunk, t/h/w in turn (as Qwen3-VL does), so each axis gets high and low frequencies (a column
+    step: up to 0.6 rad). Text tokens (t = h = w) rotate the same either way. The shipped pair interleaves
+    (TrainConfig.interleaved_rope)."""
     half = head_dim // 2
     if interleaved:
         return [1] * half
@@ -87,7 +86,7 @@ def build_model(m: PairMember, tokenizer, seed: int = 0, interleaved_rope: bool 
 
 
 def build_processor(tokenizer) -> Qwen2_5_VLProcessor:
-    """Images of SIZE x SIZE stay as they are (16 visual tokens); videos arrive pre-decoded,
+    """Images of SIZE x SIZE stay as they are (9 visual tokens, one per cell); videos arrive pre-decoded,
     MODEL_FRAMES frames (kept in the video processor config as `num_frames`)."""
     pix = SIZE * SIZE
     image = Qwen2VLImageProcessor(min_pixels=pix, max_pixels=pix, size={"shortest_edge": pix, "longest_edge": pix})

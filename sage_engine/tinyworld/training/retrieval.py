@@ -1,10 +1,10 @@
-"""Retrieval supervision (training only): at each answer token, a chosen attention head of the
+"""Retrieval supervision (training only): at each answer token, chosen attention heads of the
 language model should look at the visual tokens of the object(s) the current sentence is about.
 
-attention_probe.py found the shipped target's bottleneck: its heads find objects, not THE object a
-question asks about (the asked cell's share of the visual attention is at most ~2x another object's),
-and a wrong colour is nearly always another object's colour. Nothing in the language-model loss
-says which token holds the answer; this loss says it directly, from the scene's ground truth.
+Without it the target's heads find objects but not THE object a question asks about, and a wrong answer
+is mostly another object's attribute (RUNS.md; tools/attention_probe.py measures it). Nothing in the
+language-model loss says which token holds the answer; this loss says it directly, from the scene's
+ground truth.
 
 `answer_targets` maps every answer token to a bit mask over the example's visual tokens (bit j =
 visual token j: an image's 9 cells, a clip's 9 cells of the first temporal group then 9 of the

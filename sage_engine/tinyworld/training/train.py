@@ -7,7 +7,7 @@ merged visual tokens throughout (vision_aux.py: a training-only linear head pred
 colour / shape / size, or nothing, occupies each 28 x 28 block; with shape_ce the shape of the
 object covering most of it, a whitened-patch init and per-temporal-group video targets).
 Without the auxiliary loss the language model learns the language prior and ignores the
-image (grounding_probe.py has the numbers).
+image (RUNS.md has the numbers).
 
 Each cell of the world is exactly one merged visual token (world.py), so the tower's targets are
 exact per token. `--place-weight` adds PlaceAux to the target (vision_aux.py): a training-only head

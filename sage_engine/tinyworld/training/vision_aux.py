@@ -1,24 +1,21 @@
-"""Dense auxiliary supervision of the vision tokens (training only; nothing here is saved).
+"""Dense auxiliary supervision of the visual tokens (training only; nothing here is saved with the model).
 
-The 9 merged visual tokens of an image each cover a 28 x 28 pixel block (3 x 3 grid on an
-84 px image): one cell of the world each. `token_labels` says, from the scene's ground truth,
-which colours, shapes and sizes have at least MIN_PIXELS visible pixels in each block, and
-whether the block is empty. `VisionAux` hooks the vision tower's merged output (what the language model receives in
-place of the <|image_pad|> tokens), puts a linear head on it, and returns a multi-label
-BCE loss that is added to the language-model loss. The head is thrown away after training:
-the shipped model stays a plain Qwen2_5_VLForConditionalGeneration.
+Each of an image's 9 merged visual tokens covers one 28 x 28 cell of the world. `token_targets` says, from
+the scene's ground truth, which colours, shapes and sizes show at least MIN_PIXELS pixels in each cell
+(multi-hot, plus "empty") and which shape covers most of it (`dom`, if at least DOM_PIXELS pixels). A clip
+gets the same targets per temporal patch group (sampled frames 0-1 and 2-3: before and after the event).
 
-Shape is supervised differently (grounding_probe.py has the numbers): a multi-hot shape label
-under a BCE averaged with 13 other labels gives the shape almost no gradient, and the tower
-learned it only after ~1,500 steps. Each block's shape is instead the shape of the object
-that covers most of it (at least DOM_PIXELS pixels; `token_targets` -> `dom`), trained with
-a softmax cross-entropy over the six shape logits; the other labels keep a BCE (BCE_WEIGHT x
-the mean over labels: a larger weight, e.g. the sum over labels, slowed shapes down). `whiten_patch_embed` initialises the patch embedding as a random projection of
-ZCA-whitened patches: raw pixel patches are dominated by their mean colour, and the fine
-structure that tells shapes apart sits in directions with 100-1000x less variance, which a
-randomly initialised linear embedding hardly passes on. Videos get the same labels per
-temporal patch group (frames 0-1 and 2-3 of the sampled four), so the tower also learns to
-report what is where before and after the event.
+`VisionAux` hooks the vision tower's merged output (what the language model receives in place of the pad
+tokens), puts a linear head on it and returns BCE_WEIGHT x the mean BCE of the non-shape labels plus a
+softmax cross-entropy of the dominant shape. The shape gets its own loss because a multi-hot shape label
+averaged into one BCE with the other labels gets almost no gradient, and the tower then learns shapes long
+after colours. `whiten_patch_embed` initialises the patch embedding from ZCA-whitened patches: raw pixel
+patches are dominated by their mean colour, and a random linear embedding passes on little of the fine
+structure that tells shapes apart.
+
+`PlaceAux` is a second training-only head, on an early language-model layer, that makes each visual token's
+state say where the token is (see the class). Both heads are removed after training, so the shipped model
+stays a plain Qwen2_5_VLForConditionalGeneration. The measurements behind these choices are in ../RUNS.md.
 """
 from __future__ import annotations
 
@@ -26,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..world import (COLOURS, MODEL_FRAMES, RADIUS, SHAPES, SIZE, SIZES, Clip, Obj, Scene, _centre, clip_frame_objects,
+from ..world import (COLOURS, MODEL_FRAMES, RADIUS, SHAPES, SIZE, SIZES, Clip, Obj, Scene, clip_frame_objects,
                     clip_metadata, draw_object)
 
 GRID = SIZE // 28              # merged tokens per side (3: one per cell)
@@ -37,40 +34,6 @@ SHAPE = slice(len(COLOURS), len(COLOURS) + len(SHAPES))   # the shape logits / l
 BCE_WEIGHT = 1.0               # weight of the mean BCE of the non-shape labels next to the shape cross-entropy
 N_LABELS = len(COLOURS) + len(SHAPES) + len(SIZES) + 1   # colours, shapes, sizes, empty
 _COLOURS = list(COLOURS)
-
-
-def _anchor(o: Obj) -> int:
-    """The merged token holding the object's centre."""
-    cx, cy = _centre(o.cell)
-    return min(int((cy + o.dy) // BLOCK), GRID - 1) * GRID + min(int((cx + o.dx) // BLOCK), GRID - 1)
-
-
-def token_labels(objects: tuple[Obj, ...] | list[Obj], anchor: bool = False) -> np.ndarray:
-    """uint8 (GRID^2, N_LABELS): per merged token (row-major) multi-hot colour / shape / size / empty.
-    anchor=True: shape and size only on the token holding the object's centre (colour and
-    empty stay per pixel coverage)."""
-    owner = np.full((SIZE, SIZE), -1, np.int16)          # which object each pixel shows (last drawn wins)
-    for i, o in enumerate(objects):
-        mask = np.zeros((SIZE, SIZE, 3), np.uint8)
-        draw_object(mask, o, colour=(255, 255, 255))
-        owner[mask[..., 0] > 127] = i
-    out = np.zeros((GRID * GRID, N_LABELS), np.uint8)
-    for t in range(GRID * GRID):
-        r, c = divmod(t, GRID)
-        block = owner[r * BLOCK:(r + 1) * BLOCK, c * BLOCK:(c + 1) * BLOCK]
-        for i, o in enumerate(objects):
-            if (block == i).sum() >= MIN_PIXELS:
-                out[t, _COLOURS.index(o.colour)] = 1
-                if not anchor or _anchor(o) == t:
-                    out[t, len(COLOURS) + SHAPES.index(o.shape)] = 1
-                    out[t, len(COLOURS) + len(SHAPES) + SIZES.index(o.size)] = 1
-        if not out[t, :-1].any():
-            out[t, -1] = 1
-    return out
-
-
-def scene_labels(scene: Scene) -> np.ndarray:
-    return token_labels(scene.objects)
 
 
 def drawn_size(o: Obj, radius: float | None) -> str:
@@ -102,8 +65,8 @@ def _owner_counts(frame: list[tuple[Obj, float | None, tuple[float, float] | Non
 
 def token_targets(frames: list[list[tuple[Obj, float | None, tuple[float, float] | None]]]) -> tuple[np.ndarray, np.ndarray]:
     """Targets for one group of frames that share visual tokens (an image: one frame; a video's
-    temporal patch group: two). -> (labels uint8 (GRID^2, N_LABELS): the union over the frames of
-    `token_labels`; dom int8 (GRID^2,): index of the shape with the most pixels in the block, mean over
+    temporal patch group: two). -> (labels uint8 (GRID^2, N_LABELS): the union over the frames of each
+    frame's multi-hot labels; dom int8 (GRID^2,): index of the shape with the most pixels in the block, mean over
     the frames, if at least DOM_PIXELS, else -1)."""
     labels = np.zeros((GRID * GRID, N_LABELS), np.uint8)
     px = np.zeros((GRID * GRID, len(SHAPES)), np.float64)
@@ -219,15 +182,6 @@ class VisionAux(torch.nn.Module):
 
     def remove(self) -> None:
         self._hook.remove()
-
-
-def token_accuracy(aux: VisionAux, labels: torch.Tensor) -> float:
-    """Exact-match rate of the thresholded head over all (token, label) pairs of the last forward."""
-    feats = torch.cat(aux._feats)
-    aux._feats = []
-    with torch.no_grad():
-        pred = aux.head(feats).view(labels.shape) > 0
-    return float((pred == labels.bool()).all(-1).float().mean())
 
 
 # ---------------------------------------------------------------- where each visual token is, inside the LM

@@ -1,23 +1,27 @@
 """Does each layer of a trained tinyworld model know WHERE each visual token is?
 
-  python -m sage_engine.tinyworld.place_probe MODEL_DIR   (also: grounding_probe --place MODEL_DIR)
+A linear classifier of row and one of column are fitted on the hidden state of each visual token, per layer
+(layer 0 = the vision tower's output), on fresh scenes, and scored on held-out ones (chance 1/3). An answer
+that attends to a token can only say where the token is if its state carries the place.
 
-grounding_probe.py has the findings (the shipped target never learned columns; PlaceAux does)."""
+  python -m tools.place_probe MODEL_DIR
+
+Run from the repository root. What it showed on the pairs trained so far is in sage_engine/tinyworld/RUNS.md.
+"""
 from __future__ import annotations
 
+import argparse
 import random
-import sys
 
 import torch
 
-from . import world as W
-from .tokenizer import user_turn
+from sage_engine.tinyworld import world as W
+from sage_engine.tinyworld.tokenizer import user_turn
 
 
 def place_probe(model_dir: str, n_fit: int = 800, n_held: int = 200, seed: int = 7) -> list[tuple[float, float]]:
-    """Fit a linear classifier of row and of column on the hidden state of each visual token, per layer of
-    a trained model (layer 0 = the vision tower's output), on fresh scenes; print held-out accuracy
-    (chance 1/3). The question it answers: can an answer that attends to a token read WHERE it is?"""
+    """Per layer, the held-out (row, column) accuracy of linear probes fitted on n_fit fresh scenes and
+    scored on n_held more; each layer's line is printed as it is done."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
     proc = AutoProcessor.from_pretrained(model_dir)
@@ -55,6 +59,15 @@ def place_probe(model_dir: str, n_fit: int = 800, n_held: int = 200, seed: int =
     return out
 
 
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m tools.place_probe", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", help="a model directory, e.g. assets/models/tinyworld-target")
+    p.add_argument("--threads", type=int, default=1)
+    a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    place_probe(a.model)
+
+
 if __name__ == "__main__":
-    torch.set_num_threads(1)
-    place_probe(sys.argv[1])
+    main()

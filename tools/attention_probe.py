@@ -1,35 +1,16 @@
-"""Does the target LOOK at the object a question asks about? An attention probe of a trained model.
+"""Does a trained tinyworld model LOOK at the object a question asks about? An attention probe.
 
-For each fresh-scene question of one kind (colour, shape or size of one object), teacher-forced on the
-gold answer, at the position that predicts the fact word: each head's share of its visual attention
-(over the 9 image tokens) that lands on the asked object's cell, next to the mean share on the cell of
-another object of the same scene (scenes with one object left out: there any head that finds an object
-finds the right one). A head that retrieves the asked object has a high first number and a low second.
-Also printed: how often the fact word is the model's top choice among the words of its kind, and the
-wrong choices (is the wrong word the attribute of another object in the scene?).
+For each fresh-scene question of one kind (the colour, shape or size of one object), teacher-forced on the
+gold answer, at the position that predicts the fact word: each head's share of its visual attention (over the
+image's 9 visual tokens) that lands on the asked object's cell, next to the mean share on the cells of the
+scene's other objects (single-object scenes are left out: there any head that finds an object finds the right
+one). A head that retrieves the asked object has a high first number and a low second. Also printed: how often
+the fact word is the model's top choice among the words of its kind, and each wrong choice with the scene's
+objects (is the wrong word another object's attribute?).
 
-  python -m sage_engine.tinyworld.attention_probe MODEL_DIR [--kind colour|shape|size] [--seed 3] [--n 40]
+  python -m tools.attention_probe MODEL_DIR [--kind colour|shape|size] [--seed 3] [--n 40] [--threads 2]
 
-Seen on the shipped target (Nov 2026, seed 3, n 40 scenes): the fact word is right 0.70 (colour), 0.62
-(shape), 0.65 (size), and a wrong colour is nearly always the colour of ANOTHER object in the scene (11 of
-12). No head selects the asked object: per head (layers 0-5, 4 heads) the share on the asked cell is at
-most ~2x the share on another object's cell (colour: best 0.50 vs 0.31, layer 1; shape: 0.46 vs 0.23,
-layer 2, 0.52 vs 0.22, layer 4), mostly about equal. The heads find objects, not THE object: retrieval,
-not the tower's reading of the cells (its auxiliary head reads them almost perfectly), is what fails.
-Run S of RUNS.md (interleaved M-RoPE + PlaceAux) looks the same (best colour head 0.55 vs 0.25).
-
-Supervising one head directly does not fix it quickly: the shipped target trained on for 800 steps (lr 3e-4,
-colour / shape / size questions drawn 3x) with a training-only loss -log(share of layer 2 head 0's visual
-attention on the asked cell) at the answer positions of place-addressed questions (weight 1; the loss fell
-from 3.7 to 0.5, single-object scenes included): on this probe that head gives the asked cell 0.46-0.48 vs
-0.32-0.36 for another object's (before: 0.31 vs 0.33), fact word top-1 colour 0.72, shape 0.75, size 0.75;
-the QA eval is unchanged (target 0.51 on `eval --seed 1 --n 20`, 0.48 on seed 2 n 40; shipped 0.54 / 0.48).
-
-Supervising from the start does (retrieval.py; run R in RUNS.md: interleaved M-RoPE + PlaceAux + the retrieval
-loss on layer 2 head 0 and layer 4 head 0 at every answer token, 6,000 steps): colour questions, asked cell vs
-another object's cell, layer 2 head 0 0.87 vs 0.10, layer 4 heads 0.72-0.87 vs 0.10-0.19 (unsupervised heads
-learned it too); shape 0.96 vs 0.03 (layer 2 head 0), 0.71-0.88 vs 0.06-0.14 on every head of layer 5. Fact word
-top-1 colour 0.90, shape 1.00; QA eval 0.845 (seed 1 n 20).
+Run from the repository root. What it showed on the pairs trained so far is in sage_engine/tinyworld/RUNS.md.
 """
 from __future__ import annotations
 
@@ -38,10 +19,10 @@ import dataclasses
 
 import torch
 
-from .evaluate import Item, make_items
-from .training.retrieval import prompt_objects
-from .tokenizer import user_turn
-from .world import COLOURS, SHAPES, SIZES
+from sage_engine.tinyworld.evaluate import Item, make_items
+from sage_engine.tinyworld.tokenizer import user_turn
+from sage_engine.tinyworld.training.retrieval import prompt_objects
+from sage_engine.tinyworld.world import COLOURS, SHAPES, SIZES
 
 WORDS = {"colour": tuple(COLOURS), "shape": tuple(SHAPES), "size": tuple(SIZES)}
 
@@ -104,7 +85,7 @@ def probe(model, processor, kind: str, seed: int, n: int) -> Probe:
 
 def main(argv: list[str] | None = None) -> None:
     from transformers import AutoModelForImageTextToText, AutoProcessor
-    p = argparse.ArgumentParser(prog="python -m sage_engine.tinyworld.attention_probe", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m tools.attention_probe", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model")
     p.add_argument("--kind", default="colour", choices=list(WORDS))
