@@ -149,7 +149,7 @@ class Handlers:
         spec_policy = make_policy(record.policy, s.cfg if record.policy == "sage" else None)
         engine = s.loaded.engine(s.pruning)
         race = Race(engine, s.prepared, spec_policy, record.max_new_tokens, s.loaded.lock, stop)
-        transcriber = Transcriber(s.loaded.pair.tokenizer)
+        transcriber = Transcriber()
         view = self._reset_view(record)
         yield view.row()
         figures = {f: serialized(getattr(view, f)) for f in FIGURES}  # what the plots show (resent unchanged)
@@ -192,7 +192,7 @@ class Handlers:
         lane = record.spec
         last = lane.decode_steps[-1]
         figs = dict(fig_alpha=plots.alpha_figure(lane), fig_accepted=plots.accepted_figure(lane),
-                    fig_tree=tree_figure(last, lane.bonus_texts.get(last.step, "")),
+                    fig_tree=tree_figure(last, last.bonus_text or ""),
                     fig_mapping=plots.mapping_figure(lane, cfg), fig_time=plots.time_figure(record))
         return {name: serialized(fig) for name, fig in figs.items()}
 
@@ -251,7 +251,7 @@ class Handlers:
             return empty_tree("run something first")
         want = int(step or 1)
         ev = next((s for s in record.spec.decode_steps if s.step == want), record.spec.decode_steps[-1])
-        return tree_figure(ev, record.spec.bonus_texts.get(ev.step, ""))
+        return tree_figure(ev, ev.bonus_text or "")
 
     def preview_frames(self, video: str | None, preset: str | None) -> tuple:
         """(the video shown, the frame strip) when a video is chosen: a video the browser cannot play is shown

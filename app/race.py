@@ -128,72 +128,25 @@ class Race:
 
 
 class Transcriber:
-    """Turns a lane's step events into text, split per step into accepted-draft and target parts.
-
-    Detokenises incrementally (only a short window of ids is re-decoded per part, as the engine does):
-    a byte-level token may hold half a character, so text is withheld until the character is complete,
-    and the lane's final text is one full decode, exactly like `SpecEngine.generate()`.
-    """
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self._window: dict[str, tuple[int, int]] = {}  # lane -> (prefix, read) offsets into its ids
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+    """Turns a lane's step events into its text, split by origin: the engine detokenises (each event carries
+    its text, and the part of it the accepted draft tokens wrote), so the app never decodes again."""
 
     def add(self, lane: Lane, arrival: Arrival) -> None:
         """Record one arrival in `lane`: the event, its time, the text and its origin segments."""
         if arrival.event is None:
-            self._finish(lane, arrival.at)
+            lane.seconds = arrival.at
             return
         ev = arrival.event
         lane.steps.append(ev)
         lane.arrivals.append(arrival.at)
-        n_draft = min(len(ev.accepted_tokens), len(ev.new_token_ids))  # EOS / budget may cut the path
-        parts = [(ev.new_token_ids[:n_draft], ACCEPTED), (ev.new_token_ids[n_draft:], BONUS)]
+        lane.token_ids.extend(ev.new_token_ids)
         if ev.kind == "prefill":
-            parts = [(ev.new_token_ids, FIRST)]
-        for part, label in parts:
-            if not part:
-                continue
-            added = self._append(lane, part)
-            if added:
-                lane.segments.append((added, label))
-            if label == BONUS:
-                lane.bonus_texts[ev.step] = self.tokenizer.decode(part)  # specials shown (e.g. EOS)
+            parts = [(ev.new_text, FIRST)]
+        else:
+            parts = [(ev.accepted_text, ACCEPTED), (ev.new_text[len(ev.accepted_text):], BONUS)]
+        lane.segments.extend((part, label) for part, label in parts if part)
+        lane.text += ev.new_text
         lane.text_ends.append(len(lane.text))
-
-    def _append(self, lane: Lane, part: list[int]) -> str:
-        lane.token_ids.extend(part)
-        prefix, read = self._window.get(lane.name, (0, 0))
-        before = self.decode(lane.token_ids[prefix:read])
-        window = self.decode(lane.token_ids[prefix:])
-        if window.endswith("\ufffd"):
-            return ""  # an unfinished multi-byte character: wait for the next tokens
-        self._window[lane.name] = (read, len(lane.token_ids))
-        added = window[len(before):] if window.startswith(before) else _added(lane.text, self.decode(lane.token_ids))
-        lane.text += added
-        return added
-
-    def _finish(self, lane: Lane, seconds: float) -> None:
-        lane.seconds = seconds
-        full = self.decode(lane.token_ids)
-        if full != lane.text:  # withheld bytes at the very end, or a regrouping across a window edge
-            tail = _added(lane.text, full)
-            if tail and full.startswith(lane.text):
-                lane.segments.append((tail, lane.segments[-1][1] if lane.segments else BONUS))
-            lane.text = full
-
-
-def _added(old: str, new: str) -> str:
-    """The text `new` adds to `old`."""
-    if new.startswith(old):
-        return new[len(old):]
-    i = 0
-    while i < min(len(old), len(new)) and old[i] == new[i]:
-        i += 1
-    return new[i:]
 
 
 def consume(record: RunRecord, transcriber: Transcriber, batch: list[Arrival]) -> set[str]:

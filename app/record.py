@@ -28,7 +28,6 @@ class Lane:
     segments: list[tuple[str, str]] = field(default_factory=list)  # (text, origin label) per step part
     text: str = ""
     text_ends: list[int] = field(default_factory=list)  # len(text) after each step (race replay)
-    bonus_texts: dict[int, str] = field(default_factory=dict)  # step -> text of its bonus token
     seconds: float | None = None  # wall time of the whole lane; None while it runs
 
     @property
@@ -111,8 +110,7 @@ class RunRecord:
         """The full run for download: settings, both lanes' step events with arrival times, stats."""
         def lane(x: Lane) -> dict:
             return {**x.summary(), "seconds": x.seconds,
-                    "steps": [{**s.to_dict(), "arrival_s": t, "bonus_text": x.bonus_texts.get(s.step)}
-                              for s, t in zip(x.steps, x.arrivals)]}
+                    "steps": [{**s.to_dict(), "arrival_s": t} for s, t in zip(x.steps, x.arrivals)]}
 
         return {
             "format": "sage-run/1",
@@ -133,18 +131,14 @@ class RunRecord:
         """The record back from `export()` (a cached example's run file): steps, arrival times, texts, stats,
         the bonus texts of the tree plots. Not restored: the per-step origin segments of the text."""
         def lane(name: str, x: dict) -> Lane:
-            steps, arrivals, bonus = [], [], {}
+            steps, arrivals = [], []
             for d in x["steps"]:
                 d = dict(d)
                 arrivals.append(d.pop("arrival_s"))
-                text = d.pop("bonus_text", None)
                 tree = d.pop("tree")
-                ev = StepEvent(**d, tree=TreeView(**tree) if tree else None)
-                steps.append(ev)
-                if text is not None:
-                    bonus[ev.step] = text
+                steps.append(StepEvent(**d, tree=TreeView(**tree) if tree else None))
             return Lane(name, x.get("policy", "ar"), steps=steps, token_ids=list(x["token_ids"]), arrivals=arrivals,
-                        text=x["text"], bonus_texts=bonus, seconds=x["seconds"])
+                        text=x["text"], seconds=x["seconds"])
 
         if run.get("format") != "sage-run/1":
             raise ValueError(f"not a sage-run/1 export: {run.get('format')!r}")

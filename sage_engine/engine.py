@@ -45,8 +45,10 @@ class Transcript:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def extend(self, tokens: list[int]) -> tuple[list[int], str]:
-        """Append what a step produced, truncated by the stopping rules; returns (ids added, text added)."""
+    def extend(self, tokens: list[int], drafted: int = 0) -> tuple[list[int], str, str]:
+        """Append what a step produced (its first `drafted` tokens from the draft, the rest the target's own),
+        truncated by the stopping rules; returns (ids added, text of the drafted ones, text of the rest). A
+        character whose bytes are split between tokens is given with the token that completes it."""
         take = []
         for tok in tokens:
             if len(self.ids) + len(take) >= self.budget:
@@ -58,10 +60,12 @@ class Transcript:
                 break
         if self.stop:
             take = self._cut_at_stop(take)
-        self.ids += take
-        if len(self.ids) >= self.budget and self.finish_reason is None:
+        if len(self.ids) + len(take) >= self.budget and self.finish_reason is None:
             self.finish_reason = "length"
-        return take, self._new_text()
+        self.ids += take[:drafted]
+        from_draft = self._new_text() if drafted else ""
+        self.ids += take[drafted:]
+        return take, from_draft, self._new_text()
 
     def _new_text(self) -> str:
         """Text of the newest ids, decoding only a short window (the previous chunk gives context)."""
@@ -166,8 +170,8 @@ class SpecEngine:
         t0 = time.perf_counter()
         prefill = self.target.prefill(prepared.target_inputs)
         first = int(prefill.logits.argmax())
-        ids, text = out.extend([first])
-        yield self._event(0, policy, out, ids, text, t0, target_ms=prefill.ms)
+        ids, _, text = out.extend([first])
+        yield self._event(0, policy, out, ids, ["", text], t0, target_ms=prefill.ms)
         if drafting:
             self.drafter.start(prepared.for_draft(), first)
         root, step = first, 0
@@ -195,7 +199,7 @@ class SpecEngine:
             self.costs.record(StepTiming(key, len(verdict.accepted) + 1, len(tree), wall_ms, verify.ms, draft.ms,
                                          draft.forwards, sum(tree.cum_probs)))
             policy.observe(StepOutcome(tree, verdict.accepted, len(verdict.accepted) + 1, wall_ms))
-            ids, text = out.extend(verdict.accepted_tokens + [verdict.bonus])
+            ids, *text = out.extend(verdict.accepted_tokens + [verdict.bonus], len(verdict.accepted_tokens))
             view = self._tree_view(root, tree, draft.drafted)
             root = verdict.bonus
             yield self._event(step, policy, out, ids, text, t0, target_ms=verify.ms, draft=draft, view=view,
@@ -213,7 +217,7 @@ class SpecEngine:
         return GenerationResult(name, text, ids, summarize(steps, ids, seconds), steps)
 
     # ------------------------------------------------------------------ telemetry
-    def _event(self, step: int, policy: Policy, out: Transcript, ids: list[int], text: str, t0: float, *,
+    def _event(self, step: int, policy: Policy, out: Transcript, ids: list[int], text: list[str], t0: float, *,
                target_ms: float, draft: Draft | None = None, view: TreeView | None = None,
                verdict: Verdict | None = None) -> StepEvent:
         """The StepEvent of step `step` (0: prefill; no draft), from what its stages measured."""
@@ -237,7 +241,10 @@ class SpecEngine:
             accepted_tokens=[] if verdict is None else list(verdict.accepted_tokens),
             bonus_token=None if verdict is None else verdict.bonus,
             new_token_ids=ids,
-            new_text=text,
+            new_text=text[0] + text[1],
+            accepted_text=text[0],
+            bonus_text=(self.token_text(verdict.bonus)
+                        if verdict is not None and len(ids) > len(verdict.accepted_tokens) else None),
             target_ms=target_ms,
             draft_ms=d_ms,
             other_ms=max(0.0, wall_ms - target_ms - d_ms),

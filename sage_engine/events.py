@@ -58,6 +58,8 @@ class StepEvent:
     # the draft's prefill when this step is the run's first to draft (the draft reads the prompt only then);
     # not in target_ms / draft_ms / other_ms: run statistics count it as prefill
     draft_prefill_ms: float = 0.0
+    accepted_text: str = ""  # the start of new_text that the accepted draft tokens wrote (the rest: the target's)
+    bonus_text: str | None = None  # the bonus token alone, special tokens shown (e.g. an end of sequence)
 
     def to_dict(self) -> dict:
         return asdict(self)

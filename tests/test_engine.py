@@ -27,6 +27,10 @@ def test_stream_accounting_is_consistent(setup, policy):
                                                                                   skip_special_tokens=True)
     for s in steps[1:]:
         n = len(s.tree.tokens)
+        assert s.new_text.startswith(s.accepted_text)  # the draft's part of the step's text comes first
+        assert s.accepted_text == "" or s.accepted_tokens  # only accepted draft tokens write it
+        if len(s.new_token_ids) > len(s.accepted_tokens):  # the bonus token was emitted
+            assert s.bonus_text == pair.tokenizer.decode([s.bonus_token])
         assert s.new_token_ids[: len(s.accepted_tokens)] == s.accepted_tokens[: len(s.new_token_ids)]
         assert all(0 <= i < n for i in s.accepted_nodes)
         assert [s.tree.tokens[i] for i in s.accepted_nodes] == s.accepted_tokens
