@@ -10,6 +10,7 @@ import gradio as gr
 
 from sage_engine import SageConfig
 from sage_engine.config import ALPHA_SOURCES
+from sage_engine.policy import SPECULATIVE_POLICIES
 
 from . import plots, replay, text
 from .components import UploadedImage
@@ -18,7 +19,7 @@ from .race import RunControl
 from .theme import TOKEN_COLORS
 from .tree_plot import empty_tree
 
-POLICIES = ("sage", "chain", "static", "eagle2")
+POLICIES = tuple(sorted(SPECULATIVE_POLICIES, key=lambda name: name != "sage"))  # the dropdown: sage first
 MAX_NEW_TOKENS = 512
 DEFAULT_NEW_TOKENS = 96
 

@@ -19,14 +19,13 @@ from pathlib import Path
 
 import torch
 
-from .config import POLICY_NAMES
 from .engine import SpecEngine
 from .errors import InputError
 from .events import GenerationResult
 from .hf_reference import DEFAULT_SCHEDULE, HF_POLICIES, assistant_inputs, is_hf_spec, parse_hf_spec, run_hf
 from .inputs import PreparedInput, prepare_input
 from .models import ModelPair
-from .policy import make_policy, parse_spec
+from .policy import POLICY_NAMES, make_policy, parse_spec
 from .premise import premise
 from .pruning import VisualPruning
 

@@ -11,10 +11,11 @@ import json
 import sys
 import time
 
-from .config import POLICY_NAMES
 from .errors import SageError
 from .events import summarize
-from .models import DEFAULT_DRAFT, DEFAULT_TARGET, DTYPES
+from .models import DEFAULT_DRAFT, DEFAULT_TARGET
+from .placement import DTYPES
+from .policy import POLICY_NAMES
 
 
 class _Parser(argparse.ArgumentParser):

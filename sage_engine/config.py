@@ -119,6 +119,3 @@ def sage_problem(cfg: SageConfig) -> str | None:
         return "need history_window >= 1, fallback_steps >= 0 and fallback_window >= 1"
     return None
 
-
-PolicyName = Literal["ar", "chain", "static", "eagle2", "sage"]
-POLICY_NAMES: tuple[str, ...] = ("ar", "chain", "static", "eagle2", "sage")

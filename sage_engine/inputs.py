@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 from PIL import Image
 
-from .errors import InputError
+from .errors import InputError, first_line
 from .families import GENERIC, Family, adapter_for
 from .media import VideoClip, load_image, sample_video
 from .models import ModelPair
@@ -68,8 +68,7 @@ def process(processor, prompt: str, images: list[Image.Image], video: VideoClip 
     try:
         out = processor(text=[text], return_tensors="pt", **kwargs)
     except (ValueError, RuntimeError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise InputError(f"the processor rejected this input: {first}") from None
+        raise InputError(f"the processor rejected this input: {first_line(e)}") from None
     return {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
 
 

@@ -11,13 +11,12 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import ModelError
+from .errors import ModelError, first_line
 from .families import adapter_for
-from .placement import place_pair
+from .placement import DTYPES, place_pair
 from .presets import DEFAULT_DRAFT, DEFAULT_TARGET, PRESETS, require_hub
 
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -82,8 +81,7 @@ def _load_one(name: str, dtype: torch.dtype, device: str, attn: str, device_map=
             device_map=device_map,
         )
     except (OSError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ModelError(f"cannot load model {name!r}: {first}") from None
+        raise ModelError(f"cannot load model {name!r}: {first_line(e)}") from None
     if device_map is None:
         model.to(device)
     model.eval()

@@ -23,7 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import ModelError
+from .errors import ModelError, first_line
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # the names a pair loads in
 
 GiB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -99,7 +101,7 @@ def plan_placement(
     """Plan target and draft placement from their configs (built on the meta device) and the GPUs."""
     if device not in MODES and not device.startswith("cuda:"):
         raise ModelError(f"unknown device {device!r}; choose one of {', '.join(MODES)} or cuda:N")
-    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    torch_dtype = DTYPES[dtype]
     mem = [float(gpu_memory_gb)] * n_gpus if not isinstance(gpu_memory_gb, (list, tuple)) else list(gpu_memory_gb)
     if len(mem) != n_gpus:
         raise ValueError("give one memory size per GPU")
@@ -173,6 +175,5 @@ def place_pair(target: str, draft: str | None, dtype: str, device: str) -> Place
         t_cfg = AutoConfig.from_pretrained(target, trust_remote_code=False)
         d_cfg = None if draft is None else AutoConfig.from_pretrained(draft, trust_remote_code=False)
     except (OSError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ModelError(f"cannot read the model configs to place them: {first}") from None
+        raise ModelError(f"cannot read the model configs to place them: {first_line(e)}") from None
     return plan_placement(t_cfg, d_cfg, len(mem), mem, dtype, device)

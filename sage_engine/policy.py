@@ -345,6 +345,8 @@ _POLICIES = {
     "eagle2": (Eagle2Policy, Eagle2Config),
     "sage": (SagePolicy, SageConfig),
 }
+POLICY_NAMES: tuple[str, ...] = tuple(_POLICIES)  # the one list of the engine's policy names
+SPECULATIVE_POLICIES: tuple[str, ...] = tuple(n for n, (cls, _) in _POLICIES.items() if cls.uses_draft)
 
 
 def make_policy(name: str, config=None) -> Policy:

@@ -4,7 +4,7 @@ the files installed packages ship. No model is loaded: seconds."""
 import json
 
 from sage_engine.bench import find_inputs
-from sage_engine.config import POLICY_NAMES
+from sage_engine.policy import POLICY_NAMES
 from sage_engine.report import TABLE_HEAD, default_policies, policy_row, write_markdown
 from sage_engine.suites import REAL, materialise_real, packaged_file
 
