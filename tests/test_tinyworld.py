@@ -98,8 +98,8 @@ def test_chat_template_and_special_tokens(tok):
 
 
 def test_batches_match_the_processor(tok):
-    from sage_engine.tinyworld.training.data import check_against_processor
     from sage_engine.tinyworld.models import build_processor
+    from sage_engine.tinyworld.training.data import check_against_processor
     check_against_processor(build_processor(tok))
 
 
@@ -127,6 +127,7 @@ def _labels_drawn_object_by_object(objects) -> np.ndarray:
 
 def test_vision_targets_follow_the_scene():
     import random
+
     from sage_engine.tinyworld.training.vision_aux import GRID, SHAPE, clip_targets, image_targets
     assert GRID * GRID == 9   # one merged visual token per cell of the world
     rng = random.Random(7)
@@ -164,10 +165,9 @@ def test_cell_changes_name_what_happened_where():
 
 
 def test_place_aux_reads_the_language_model_at_the_visual_tokens(tok):
-    from sage_engine.tinyworld.training.data import expand_pads
     from sage_engine.tinyworld.models import TINY, build_model
+    from sage_engine.tinyworld.training.data import expand_pads, patchify
     from sage_engine.tinyworld.training.vision_aux import GRID, PlaceAux, clip_targets
-    from sage_engine.tinyworld.training.data import patchify
     model = build_model(TINY, tok)
     place = PlaceAux(model, 0, tok.convert_tokens_to_ids("<|image_pad|>"), tok.convert_tokens_to_ids("<|video_pad|>"))
     clip = W.sample_clip(random.Random(5))
@@ -184,32 +184,17 @@ def test_place_aux_reads_the_language_model_at_the_visual_tokens(tok):
     assert torch.isfinite(loss) and loss > 0
     assert place.head.weight.grad.abs().sum() > 0 and model.model.language_model.layers[0].mlp.down_proj.weight.grad is not None
     assert place.loss(None).item() == 0   # nothing captured since: no loss
-    # before=True (run U1): the second group is also asked what its cell held before, N_LABELS more outputs
-    from sage_engine.tinyworld.training.vision_aux import N_LABELS
-    with_before = PlaceAux(model, 0, tok.convert_tokens_to_ids("<|image_pad|>"),
-                           tok.convert_tokens_to_ids("<|video_pad|>"), before=True)
-    assert with_before.head.out_features == place.head.out_features + N_LABELS
-    with_before.input_ids = ids
-    model(input_ids=ids, pixel_values_videos=patchify(frames), video_grid_thw=torch.tensor([[2, g, g]]),
-          mm_token_type_ids=(ids == tok.convert_tokens_to_ids("<|video_pad|>")).long() * 2,
-          second_per_grid_ts=torch.ones(1))
-    place.loss(None)   # (its hook captured this forward too)
-    with_before.loss(video_labels).backward()
-    assert with_before.head.weight.grad[-N_LABELS:].abs().sum() > 0
-    with_before.remove()
-    with torch.no_grad():   # row and column only: the temporal-group and change terms are dropped
-        model(input_ids=ids, pixel_values_videos=patchify(frames), video_grid_thw=torch.tensor([[2, g, g]]),
-              mm_token_type_ids=(ids == tok.convert_tokens_to_ids("<|video_pad|>")).long() * 2,
-              second_per_grid_ts=torch.ones(1))
-        place.rowcol_only = True
-        rowcol = place.loss(video_labels)
-    assert 0 < rowcol.item() < loss.item()
+    # a second-group token is also asked what its cell held before: the head's last N_LABELS outputs learn too
+    from sage_engine.tinyworld.training.vision_aux import CHANGES, N_LABELS
+    assert place.head.out_features == 2 * GRID + 2 + len(CHANGES) + N_LABELS
+    assert place.head.weight.grad[-N_LABELS:].abs().sum() > 0
     place.remove()
     assert GRID == 3
 
 
 def test_interleaved_mrope_lets_the_language_model_tell_columns_apart(tok):
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLRotaryEmbedding
+
     from sage_engine.tinyworld.models import TARGET, build_config
     # three visual tokens of one image: (t, h, w) = (5, 5, 5), (5, 5, 6), (5, 6, 5); and three text tokens
     visual = torch.tensor([[5, 5, 5], [5, 5, 5], [5, 6, 5]]).T.reshape(3, 1, 3)
@@ -231,7 +216,7 @@ def test_interleaved_mrope_lets_the_language_model_tell_columns_apart(tok):
 
 def test_content_weighted_loss(tok):
     from sage_engine.tinyworld.models import TINY, build_model
-    from sage_engine.tinyworld.training.train import content_tokens, weighted_lm_loss
+    from sage_engine.tinyworld.training.losses import content_tokens, weighted_lm_loss
     content = content_tokens(tok)
     for word in (" red", " star", " large", " left", " moves"):
         ids = tok(word, add_special_tokens=False)["input_ids"]
@@ -299,8 +284,8 @@ def test_confusable_questions_are_the_ones_a_partial_match_gets_wrong():
 
 def test_hard_weights_draw_confusable_examples_more_and_keep_each_kind_s_share(tok, tmp_path):
     from sage_engine.tinyworld.training.data import HARD_FILE, KINDS, build_cache, build_hard_flags, scene_stream
-    from sage_engine.tinyworld.training.trainset import TrainSet
     from sage_engine.tinyworld.training.retrieval import confusable
+    from sage_engine.tinyworld.training.trainset import TrainSet
     build_cache(tmp_path, tok, seed=0, n_images=200, n_videos=10, log=lambda *a: None)
     with pytest.raises(ValueError, match="hard_weights need"):
         TrainSet.load(tmp_path, tok).draw_weights(None, {"position": 3.0})
@@ -324,8 +309,8 @@ def test_hard_weights_draw_confusable_examples_more_and_keep_each_kind_s_share(t
 
 def test_prompt_targets_start_where_the_question_has_named_its_object(tok, tmp_path):
     from sage_engine.tinyworld.training.data import KINDS, build_cache, build_prompt_targets, expand_pads
-    from sage_engine.tinyworld.training.trainset import TrainSet
     from sage_engine.tinyworld.training.retrieval import addressed_at, prompt_targets, sentence_masks
+    from sage_engine.tinyworld.training.trainset import TrainSet
     q = "Is the triangle in the bottom right small or large?"
     assert q[:addressed_at(q)].endswith("bottom right")
     assert "Where is the red square?"[:addressed_at("Where is the red square?")].endswith("red square")
@@ -368,8 +353,8 @@ def test_prompt_targets_start_where_the_question_has_named_its_object(tok, tmp_p
 
 def test_retrieval_targets_point_at_the_object_each_sentence_is_about(tok, tmp_path):
     from sage_engine.tinyworld.training.data import build_cache, scene_stream
-    from sage_engine.tinyworld.training.trainset import TrainSet
     from sage_engine.tinyworld.training.retrieval import answer_targets, sentence_masks
+    from sage_engine.tinyworld.training.trainset import TrainSet
     rng = random.Random(4)
     checked = set()
     for _ in range(60):
@@ -406,18 +391,14 @@ def test_retrieval_targets_point_at_the_object_each_sentence_is_about(tok, tmp_p
         checked.add(ex.facts["yes"] and "yes" or ("no, near miss" if want else "no"))
     assert checked == {"describe", "yes", "no, near miss", "no"}, checked
     events = set()
-    for _ in range(60):   # clips: the event's evidence is before (first 9 tokens) and / or after (next 9)
+    for _ in range(60):   # clips: the event's cells (subject; a move: also its end) before (tokens 0-8) and after (9-17)
         clip = W.sample_clip(rng)
         ex = L.video_example(clip, rng, "motion")
         (_, _, bits), = sentence_masks(ex, clip)
         s, a = clip.subject, clip.after
-        want = {"appear": 1 << (9 + s.cell), "disappear": 1 << s.cell}.get(clip.event, (1 << s.cell) | (1 << (9 + (a.cell if a else 0))))
-        assert bits == want, (clip.event, bin(bits))
-        # event_groups="both" (run U1): the event's cells (subject; a move: also the end) in both groups
-        (_, _, both), = sentence_masks(ex, clip, "both")
         cells = {s.cell} | ({a.cell} if a is not None else set())
-        assert both == sum((1 << c) | (1 << (9 + c)) for c in cells), (clip.event, bin(both))
-        assert both & bits == bits and bin(both).count("1") == (4 if clip.event == "move" else 2), clip.event
+        assert bits == sum((1 << c) | (1 << (9 + c)) for c in cells), (clip.event, bin(bits))
+        assert bin(bits).count("1") == (4 if clip.event == "move" else 2), clip.event
         events.add(clip.event)
     assert {"move", "appear", "disappear"} <= events, events
     # the cache's per-token targets line up with its tokens (answer_targets asserts the token ids match)
@@ -438,12 +419,13 @@ def test_mirrored_examples_are_true_of_the_mirrored_scene(tok, tmp_path):
     bits) equal to what the mirrored scene itself gives, so that mirroring teaches the other column
     and nothing false."""
     import dataclasses
+
     from sage_engine.tinyworld.training.data import build_cache, patchify, scene_stream
-    from sage_engine.tinyworld.training.trainset import TrainSet
     from sage_engine.tinyworld.training.retrieval import answer_targets
+    from sage_engine.tinyworld.training.trainset import TrainSet
     from sage_engine.tinyworld.training.vision_aux import clip_targets, image_targets
-    build_cache(tmp_path, tok, seed=0, n_images=24, n_videos=10, log=lambda *a: None, event_groups="both")
-    data = TrainSet.load(tmp_path, tok, "both")
+    build_cache(tmp_path, tok, seed=0, n_images=24, n_videos=10, log=lambda *a: None)
+    data = TrainSet.load(tmp_path, tok)
     assert data.swap is not None
 
     def swapped(text):
@@ -458,7 +440,7 @@ def test_mirrored_examples_are_true_of_the_mirrored_scene(tok, tmp_path):
             ids = flip["input_ids"][0]
             assert tok.decode(ids) == swapped(tok.decode(plain["input_ids"][0]))
             me = dataclasses.replace(e, prompt=swapped(e.prompt), answer=swapped(e.answer))
-            assert flip["retrieval_targets"][0, p:].tolist() == answer_targets(me, mirrored, tok, ids[p:].tolist(), "both")
+            assert flip["retrieval_targets"][0, p:].tolist() == answer_targets(me, mirrored, tok, ids[p:].tolist())
             labels, dom = (image_targets if m == "image" else clip_targets)(mirrored)
             got = flip["vision_targets"][m]
             assert np.array_equal(got[0][0].numpy(), labels) and np.array_equal(got[1][0].numpy(), dom), e
@@ -507,18 +489,19 @@ def test_retrieval_loss_rewards_attention_on_the_target_tokens():
 
 
 @pytest.mark.parametrize("options", [["--place-weight", "0.3"], ["--place-weight", "0", "--no-interleaved-rope"],
-                                     ["--place-weight", "0.1", "--place-rowcol-only", "--interleaved-rope",
+                                     ["--place-weight", "0.1", "--interleaved-rope",
                                       "--content-weight", "4", "--kind-weight", "describe=0.4",
                                       "--kind-weight", "motion=1.5", "--draft-kind-weight", "describe=2"],
                                      ["--retrieval-weight", "0.3", "--interleaved-rope", "--mirror", "0.5",
-                                      "--hard-weight", "position=3", "--prompt-targets", "shape,motion"],
-                                     ["--no-place-before", "--event-targets", "evidence"]])
-def test_training_script_runs_a_few_steps(tmp_path, options, capsys):
+                                      "--hard-weight", "position=3", "--prompt-targets", "shape,motion"]])
+def test_training_script_runs_a_few_steps(tmp_path, options):
     from transformers import AutoModelForImageTextToText, AutoProcessor
+
     from sage_engine.tinyworld.__main__ import main
-    from sage_engine.tinyworld.training.train import TrainConfig
+    from sage_engine.tinyworld.training.config import TrainConfig
     main(["train", "--tiny", "--steps", "2", *options, "--out", str(tmp_path / "m"), "--cache", str(tmp_path / "cache")])
-    config = json.loads(re.search(r"\[train\] config (\{.*\})", capsys.readouterr().out).group(1))
+    summary = json.loads((tmp_path / "m" / "summary.json").read_text())
+    config = summary["config"]
     assert config["draft_kind_weights"] == ([["describe", 2.0]] if "--draft-kind-weight" in options else [])
     assert config["mirror"] == (0.5 if "--mirror" in options else TrainConfig().mirror)
     assert config["prompt_targets"] == (["shape", "motion"] if "--prompt-targets" in options
@@ -526,9 +509,16 @@ def test_training_script_runs_a_few_steps(tmp_path, options, capsys):
     assert (tmp_path / "cache" / "retrieval_prompt_v2.pt").exists()   # built with the cache, used when asked
     assert config["hard_weights"] == ([["position", 3.0]] if "--hard-weight" in options else
                                       [list(x) for x in TrainConfig().hard_weights])
-    t1 = "--no-place-before" in options   # run T1's recipe; the defaults are the shipped pair's (U2)
-    assert config["place_before"] == (not t1) and config["event_targets"] == ("evidence" if t1 else "both")
-    assert (tmp_path / "cache" / ("retrieval_v2.pt" if t1 else "retrieval_v3_both.pt")).exists()
+    assert (tmp_path / "cache" / "retrieval_v3_both.pt").exists()
+    # the summary: what ran, how long each stage took, the final smoothed losses
+    assert summary["threads"] == torch.get_num_threads() and not summary["only_draft"] and summary["examples"] > 0
+    assert set(summary["seconds"]) == {"cache", "target", "draft", "total"} and summary["seconds"]["cache"] > 0
+    assert summary["target"]["steps"] == summary["draft"]["steps"] == 2
+    assert summary["target"]["vision"]["steps"] == summary["draft"]["vision"]["steps"] == 2
+    final = summary["target"]["final"]
+    place_weight = float(options[options.index("--place-weight") + 1]) if "--place-weight" in options else 0.1
+    assert {"loss", "aux"} <= set(final) and ("place" in final) == (place_weight > 0)
+    assert {"kl", "top1_agree", "aux"} == set(summary["draft"]["final"])
     for role in ("target", "draft"):
         path = tmp_path / "m" / f"tinyworld-{role}"
         model = AutoModelForImageTextToText.from_pretrained(path)
@@ -540,6 +530,7 @@ def test_training_script_runs_a_few_steps(tmp_path, options, capsys):
 
 def _shipped_scores(n: int, seed: int, roles=("target", "draft")) -> dict:
     from transformers import AutoModelForImageTextToText, AutoProcessor
+
     from sage_engine.tinyworld.evaluate import generate, make_items, score_all
     processor = AutoProcessor.from_pretrained(ASSETS / "tinyworld-target")
     items = make_items(seed=seed, n=n, image_kinds=("count", "colour", "shape", "size", "position", "yesno"),
@@ -615,9 +606,9 @@ def test_shipped_pair_loads_through_the_engine_and_speculation_is_lossless():
 
 
 def test_attention_probe_finds_the_asked_object_and_measures_each_head(tok):
-    from tools.attention_probe import asked_object, probe
     from sage_engine.tinyworld.evaluate import make_items
     from sage_engine.tinyworld.models import TINY, build_model, build_processor
+    from tools.attention_probe import asked_object, probe
     items = [it for it in make_items(3, 12, video_kinds=()) if it.example.kind in ("colour", "shape", "size")]
     for it in items:
         obj = asked_object(it)
@@ -650,3 +641,19 @@ def test_card_status_reads_the_pooled_table_and_names_each_seed_below_the_bar():
     pooled["target"]["by_kind"]["motion"] = 0.94
     assert "does not meet" in _status(pooled) and "motion 0.94" in _status(pooled)
     assert "seed" not in _status({"n": 20, "target": res(), "draft": res()})   # one seed's result: no seed notes
+
+
+@pytest.mark.skipif(not (ASSETS / "tinyworld-target" / "README.md").exists(), reason="no model card")
+def test_card_writes_the_shipped_training_section_from_a_summary():
+    """The shipped card's training section, written again from a summary.json of its run (TrainConfig's defaults,
+    2 threads, the seconds behind the minutes on the card), is the card's text word for word."""
+    import dataclasses
+
+    from sage_engine.tinyworld.training.card import _training_text
+    from sage_engine.tinyworld.training.config import TrainConfig
+    card = (ASSETS / "tinyworld-target" / "README.md").read_text()
+    section = card[card.index("## Training"):card.index("## Evaluation")].rstrip("\n")
+    note = re.search(r"2 thread\(s\), (.*): cache 174 s", section).group(1)
+    summary = {"config": dataclasses.asdict(TrainConfig()), "threads": 2, "only_draft": False,
+               "seconds": {"cache": 174.0, "target": 86.1 * 60, "draft": 18.5 * 60, "total": 107.6 * 60}}
+    assert _training_text(json.loads(json.dumps(summary)), 2, note) == section

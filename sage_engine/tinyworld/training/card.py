@@ -1,78 +1,59 @@
-"""Model cards (README.md) for the shipped pair, written from measured numbers only:
-an `eval --json` result, the training log, and `timing.measure` run here and now."""
+"""Model cards (README.md) for the shipped pair, written from measured numbers only: an `eval --json`
+result, the summary.json the training run wrote (train.py: its config, steps and seconds), and
+`timing.measure` run here and now."""
 from __future__ import annotations
 
 import json
-import re
+from pathlib import Path
 
 import torch
-from pathlib import Path
 
 from .data import IMAGE_TOKENS, VIDEO_TOKENS
 from ..world import CLIP_FPS, CLIP_FRAMES, MODEL_FRAMES, SIZE
-
-
-def _train_minutes(log: str) -> dict:
-    out = {}
-    for key, pat in (("target", r"\[target\] trained in ([\d.]+) min"), ("draft", r"\[draft\] distilled in ([\d.]+) min"),
-                     ("total", r"\[train\] done in ([\d.]+) min")):
-        m = re.search(pat, log)
-        if m:
-            out[key] = float(m.group(1))
-    m = re.search(r"\[data\] cache built in (\d+)s", log)
-    if m:
-        out["cache_s"] = int(m.group(1))
-    return out
 
 
 ATTRIBUTES = ("colour", "shape", "size", "position", "count", "yesno", "motion")
 BAR = 0.95
 
 
-def _train_config(log: str) -> dict:
-    m = re.search(r"\[train\] config (\{.*\})", log)
-    return json.loads(m.group(1)) if m else {}
-
-
 def _aux_text(tc: dict) -> str:
-    if tc.get("shape_ce") and tc.get("place_weight"):
-        return ("which colours / sizes, or nothing, fill each 28x28 cell and the shape of the object covering most\n"
-                "of it, images and each temporal patch group of the clips; patch embedding initialised from whitened\n"
-                f"patches. While the target's language model trains, a second training-only head (weight "
-                f"{tc['place_weight']}) on its layer-{tc.get('place_layer', 1)} state at\n"
-                + ("each visual token predicts the token's row and column\n" if tc.get("place_rowcol_only") else
-                   "each visual token predicts the token's row, column, temporal group and whether its cell changed\n"
-                   + ("and, for a clip's second temporal group, what its cell held before\n" if tc.get("place_before") else ""))
-                + "(vision_aux.PlaceAux), so that later layers can read WHERE an attended object is")
-    if tc.get("shape_ce"):
-        return ("which colours / sizes, or nothing, fill each 28x28 block and the shape of the object covering most\n"
-                "of it, images and each temporal patch group of the clips; patch embedding initialised from whitened patches")
-    return "which colour / shape / size, or nothing, fills each 28x28 block"
+    """What the auxiliary heads predict, as the card's clause (PlaceAux only with a place weight)."""
+    text = ("which colours / sizes, or nothing, fill each 28x28 cell and the shape of the object covering most\n"
+            "of it, images and each temporal patch group of the clips")
+    if tc["whiten_eps"] > 0:
+        text += "; patch embedding initialised from whitened\npatches"
+    if tc["place_weight"] > 0:
+        text += (f". While the target's language model trains, a second training-only head (weight "
+                 f"{tc['place_weight']}) on its layer-{tc['place_layer']} state at\n"
+                 "each visual token predicts the token's row, column, temporal group and whether its cell changed\n"
+                 "and, for a clip's second temporal group, what its cell held before\n"
+                 "(vision_aux.PlaceAux), so that later layers can read WHERE an attended object is")
+    return text
 
 
 def _mix_text(tc: dict) -> str:
     """The data-mix options of the training config, as a clause (empty for the plain recipe)."""
     out = ""
-    if tc.get("content_weight", 1.0) != 1.0:
+    if tc["content_weight"] != 1.0:
         out += f"; answer tokens that name a fact weigh {tc['content_weight']:g}x the phrasing"
-    if tc.get("kind_weights"):
+    if tc["kind_weights"]:
         out += "; examples" + _weights_text(tc["kind_weights"])
-    if tc.get("hard_weights"):
+    if tc["hard_weights"]:
         out += ("; within a kind, questions a partial match answers wrongly (another object shares the named one's "
                 "colour or shape) drawn " + ", ".join(f"{k} {w:g}x" for k, w in tc["hard_weights"])
                 + " as often, each kind's share unchanged")
-    if tc.get("mirror"):
+    if tc["mirror"]:
         out += (f"; {tc['mirror']:.0%} of the examples shown left-right mirrored (picture flipped, 'left' / 'right'"
                 " swapped, per-token targets moved with their tokens)")
-    if tc.get("interleaved_rope"):
+    if tc["interleaved_rope"]:
         out += "; M-RoPE frequencies interleaved over t / h / w"
-    if tc.get("retrieval_weight", 0.0) > 0:
-        heads = ", ".join(f"layer {l} head {h}" for l, h in tc.get("retrieval_heads", ()))
+    if tc["retrieval_weight"] > 0:
+        heads = ", ".join(f"layer {l} head {h}" for l, h in tc["retrieval_heads"])
         out += f"; retrieval loss {tc['retrieval_weight']:g} on the attention of {heads} (retrieval.py"
-        if tc.get("prompt_targets"):
+        if tc["prompt_targets"]:
             out += ("; also on a question's tokens once it has named its object, for "
                     + ", ".join(tc["prompt_targets"]) + " questions")
-        out += "; an event sentence's target: its cells in both temporal groups)" if tc.get("event_targets") == "both" else ")"
+        out += "; an event sentence's target: its cells in both temporal groups)"
     return out
 
 
@@ -81,8 +62,8 @@ def _weights_text(weights) -> str:
 
 
 def _draft_draw(tc: dict) -> str:
-    """How the draft's distillation drew its examples (configs before draft_kind_weights used the target's draw)."""
-    weights = tc.get("draft_kind_weights", tc.get("kind_weights"))
+    """How the draft's distillation drew its examples."""
+    weights = tc["draft_kind_weights"]
     return "," + _weights_text(weights) if weights else ", drawn in their natural mix (descriptions carry most answer tokens)"
 
 
@@ -178,31 +159,43 @@ def _bench_text(bench: dict | None) -> str:
     return out
 
 
-def _training_text(tc: dict, mins: dict, train_threads: int, train_note: str) -> str:
-    """The card's training section, from the logged TrainConfig and the logged minutes."""
+def _minutes_text(summary: dict) -> str:
+    """Cache, target, draft and total time of the run, from summary.json's seconds."""
+    sec = summary["seconds"]
+    cache = f"{sec['cache']:.0f} s" if sec.get("cache") is not None else "reused from an earlier run of the same seed"
+    mins = {k: f"{sec[k] / 60:.1f}" if sec.get(k) is not None else "?" for k in ("target", "draft", "total")}
+    if summary.get("only_draft"):
+        return (f"cache {cache},\ntarget {mins['target']} min (an earlier run), draft re-distilled alone in "
+                f"{mins['draft']} min.")
+    return f"cache {cache},\ntarget {mins['target']} min, draft {mins['draft']} min, total {mins['total']} min."
+
+
+def _training_text(summary: dict, train_threads: int, train_note: str) -> str:
+    """The card's training section, from the run's summary.json (its TrainConfig and its seconds)."""
+    tc = summary["config"]
     return f"""## Training
 
-`python -m sage_engine.tinyworld train --threads {train_threads}` (seeded; writes both models). Data: 24,000
-rendered images x 3 questions and 8,000 clips (through an MP4 round trip) x 2 questions: detailed
+`python -m sage_engine.tinyworld train --threads {train_threads}` (seeded; writes both models). Data: {tc['n_images']:,}
+rendered images x 3 questions and {tc['n_videos']:,} clips (through an MP4 round trip) x 2 questions: detailed
 descriptions, count, colour, shape, size, position, yes/no, "what happens". Each model's vision tower
-first trains alone for {tc.get('vision_steps', '?')} steps (draft: {tc.get('draft_vision_steps', tc.get('vision_steps', '?'))}) on a dense auxiliary loss (a training-only linear head on the merged
+first trains alone for {tc['vision_steps']} steps (draft: {tc['draft_vision_steps']}) on a dense auxiliary loss (a training-only linear head on the merged
 visual tokens predicts {_aux_text(tc)}: scene ground truth), which then stays
-on (weight {tc.get('aux_weight', '?')}; the tower then learns at {tc.get('tower_lr_scale', 1.0)}x the language model's rate); the head is not saved.
+on (weight {tc['aux_weight']}; the tower then learns at {tc['tower_lr_scale']}x the language model's rate); the head is not saved.
 Each of the world's 3x3 cells is exactly one merged visual token, so these targets are exact per token. The target is trained with
-cross-entropy on the answers ({tc.get('target_steps', 0):,} steps of batch {tc.get('batch_size', '?')}, AdamW, cosine{_mix_text(tc)}); the draft is distilled from
-the target, teacher-forced KL(p_target || q_draft) on the same answers{_draft_draw(tc)} ({tc.get('draft_steps', 0):,} steps).
-Measured on this 2-core CPU, {train_threads} thread(s), {train_note}: cache {str(mins['cache_s']) + ' s' if 'cache_s' in mins else 'reused from an earlier run of the same seed'},
-target {mins.get('target', '?')} min, draft {mins.get('draft', '?')} min, total {mins.get('total', '?')} min."""
+cross-entropy on the answers ({tc['target_steps']:,} steps of batch {tc['batch_size']}, AdamW, cosine{_mix_text(tc)}); the draft is distilled from
+the target, teacher-forced KL(p_target || q_draft) on the same answers{_draft_draw(tc)} ({tc['draft_steps']:,} steps).
+Measured on this 2-core CPU, {train_threads} thread(s), {train_note}: {_minutes_text(summary)}"""
 
 
-def write_cards(models_dir: Path, eval_result: dict, train_log: str, timing: dict, eval_cmd: str,
-                bench: dict | None = None, train_threads: int = 1, train_note: str = "shared with other work",
+def write_cards(models_dir: Path, eval_result: dict, summary: dict, timing: dict, eval_cmd: str,
+                bench: dict | None = None, train_threads: int | None = None, train_note: str = "shared with other work",
                 eval_note: str = "") -> None:
+    """Write README.md into both model folders. summary: the training run's summary.json; train_threads
+    defaults to the threads it records."""
     from transformers import AutoModelForImageTextToText
+    train_threads = summary["threads"] if train_threads is None else train_threads
     pair = {r: AutoModelForImageTextToText.from_pretrained(models_dir / f"tinyworld-{r}") for r in ("target", "draft")}
     n = {r: sum(p.numel() for p in m.parameters()) for r, m in pair.items()}
-    mins = _train_minutes(train_log)
-    tc = _train_config(train_log)
     dtype = json.loads((models_dir / "tinyworld-target" / "config.json").read_text()).get("dtype", "float32")
     storage = ("Stored in bfloat16 (safetensors, to keep the repository small); the engine loads it in float32 by default\n"
                "  (`--dtype`)." if dtype == "bfloat16" else "Stored in float32 (safetensors).")
@@ -237,7 +230,7 @@ backgrounds, and short clips in which one thing happens. Not a general-purpose m
 - Tokenizer: byte-level BPE (any text encodes) trained on the world's corpus, Qwen chat template and
   special tokens, shared by target and draft.
 
-{_training_text(tc, mins, train_threads, train_note)}
+{_training_text(summary, train_threads, train_note)}
 ## Evaluation (fresh scenes, never seen in training)
 
 `{eval_cmd}`: greedy answers scored against the ground truth
@@ -250,7 +243,7 @@ A description counts as right when it names exactly the true (size, colour, shap
 
 ## Per-forward cost on this CPU (fp32, {torch.get_num_threads()} thread(s), 130-token cached prefix, median ms)
 
-Measured by `python -m sage_engine.tinyworld card` (sage_engine/tinyworld/timing.py) on a machine shared with other work.
+Measured by `python -m sage_engine.tinyworld card` (sage_engine/tinyworld/training/timing.py) on a machine shared with other work.
 
 | forward | ms |
 |---|---|

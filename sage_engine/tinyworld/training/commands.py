@@ -11,13 +11,13 @@ from pathlib import Path
 def cmd_train(a) -> None:
     import torch
     from .. import models as M
-    from .train import TrainConfig, run
+    from .config import TrainConfig
+    from .train import run
     torch.set_num_threads(a.threads)
     options = {"place_weight": a.place_weight, "content_weight": a.content_weight, "prompt_targets": a.prompt_targets,
-               "retrieval_weight": a.retrieval_weight, "place_before": a.place_before, "event_targets": a.event_targets,
-               "interleaved_rope": a.interleaved_rope, "mirror": a.mirror,
+               "retrieval_weight": a.retrieval_weight, "interleaved_rope": a.interleaved_rope, "mirror": a.mirror,
                "kind_weights": tuple(a.kind_weight) or None, "draft_kind_weights": tuple(a.draft_kind_weight) or None,
-               "hard_weights": tuple(a.hard_weight) or None, "place_rowcol_only": a.place_rowcol_only or None}
+               "hard_weights": tuple(a.hard_weight) or None}
     cfg = TrainConfig(seed=a.seed, **{k: v for k, v in options.items() if v is not None})   # unset: TrainConfig's
     if a.tiny:   # smoke test: a few steps of the real script on a tiny config
         cfg = dataclasses.replace(cfg, n_images=32, n_videos=8, batch_size=4, target_steps=a.steps or 3,
@@ -57,8 +57,8 @@ def cmd_card(a) -> None:
         bench = {"cmd": a.bench_cmd, "float32": json.loads(Path(a.bench_json).read_text())}
         if a.bench_bf16_json:
             bench["bfloat16"] = json.loads(Path(a.bench_bf16_json).read_text())
-    write_cards(models, json.loads(Path(a.eval_json).read_text()), Path(a.train_log).read_text(), timing, a.eval_cmd,
-                bench, a.train_threads, a.train_note, a.eval_note)
+    write_cards(models, json.loads(Path(a.eval_json).read_text()), json.loads(Path(a.train_summary).read_text()),
+                timing, a.eval_cmd, bench, a.train_threads, a.train_note, a.eval_note)
 
 
 def _kind_weight(value: str) -> tuple[str, float]:
@@ -95,13 +95,6 @@ def _train_parser(t: argparse.ArgumentParser, assets: Path) -> None:
     t.add_argument("--tiny", action="store_true", help="tiny models and data: a smoke test of the script")
     t.add_argument("--place-weight", type=float, default=None,
                    help="weight of the target's PlaceAux loss (default: TrainConfig's; 0 = off)")
-    t.add_argument("--place-rowcol-only", action="store_true", help="PlaceAux asks for row and column only")
-    t.add_argument("--place-before", action=argparse.BooleanOptionalAction, default=None,
-                   help="PlaceAux also asks each second-group video token what its cell held before "
-                        "(default: TrainConfig's, on; run T1: off)")
-    t.add_argument("--event-targets", choices=["evidence", "both"], default=None,
-                   help="retrieval target of an event sentence: both temporal groups (default) or the group "
-                        "showing the evidence (run T1; retrieval.py)")
     t.add_argument("--kind-weight", action="append", default=[], metavar="KIND=W", type=_kind_weight,
                    help="drawing weight of the training examples of a question kind (repeatable; 1 if absent)")
     t.add_argument("--draft-kind-weight", action="append", default=[], metavar="KIND=W", type=_kind_weight,
@@ -135,16 +128,17 @@ def add_ship_and_card_commands(sub, assets: Path) -> None:
     s.add_argument("src", help="the --out folder of a training run")
     s.add_argument("--to", default=str(assets))
     s.set_defaults(fn=cmd_ship)
-    c = sub.add_parser("card", help="write the model cards from an eval --json file and the training log")
+    c = sub.add_parser("card", help="write the model cards from an eval --json file and the training run's summary.json")
     c.add_argument("--models", default=str(assets))
     c.add_argument("--eval-json", required=True)
     c.add_argument("--eval-cmd", required=True, help="the eval command line that produced --eval-json")
-    c.add_argument("--train-log", required=True)
+    c.add_argument("--train-summary", required=True, metavar="SUMMARY_JSON",
+                   help="the summary.json a training run writes beside the models (train --out)")
     c.add_argument("--bench-json", default=None, help="a float32 `python -m sage_engine bench --out` report")
     c.add_argument("--bench-bf16-json", default=None, help="the same benchmark in bfloat16")
     c.add_argument("--bench-cmd", default="", help="the bench command line that produced --bench-json")
     c.add_argument("--threads", type=int, default=2)
-    c.add_argument("--train-threads", type=int, default=1, help="the --threads of the training run in --train-log")
+    c.add_argument("--train-threads", type=int, default=None, help="override the training threads summary.json records")
     c.add_argument("--train-note", default="shared with other work", help="how busy the machine was during training")
     c.add_argument("--eval-note", default="", help="appended to the status line (e.g. single seeds vs the pooled table)")
     c.set_defaults(fn=cmd_card)

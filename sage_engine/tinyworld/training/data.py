@@ -5,13 +5,15 @@ Layout of a cache directory:
   images.npy   uint8 (N_img, S, S, 3)              rendered scenes
   videos.npy   uint8 (N_vid, MODEL_FRAMES, S, S, 3) frames as the models see them (after an MP4 round trip)
   examples.pt  dict of tensors: tokens (flat), offsets, prompt_len, media (0 image / 1 video), index, kind
-  image_labels.npy uint8 (N_img, IMAGE_TOKENS, vision_aux.N_LABELS) per-visual-token ground truth (training-only
-               auxiliary loss); added to an older cache by replaying its seeded scene stream
-  hard_v1.pt   bool per example: retrieval.confusable (a partial match of the named object answers it wrongly);
-               replayed from the scene stream when missing (build_hard_flags)
+  tokenizer/   the tokenizer the tokens were made with
+  image_labels.npy uint8 (N_img, IMAGE_TOKENS, vision_aux.N_LABELS): per-visual-token multi-hot labels
   vision_targets.npz  image_dom int8 (N_img, IMAGE_TOKENS), video_labels uint8 (N_vid, VIDEO_TOKENS, N_LABELS),
-               video_dom int8 (N_vid, VIDEO_TOKENS): vision_aux.token_targets for images and videos (replayed
-               the same way when missing)
+               video_dom int8 (N_vid, VIDEO_TOKENS): vision_aux.token_targets for images and videos
+  retrieval_v3_both.pt  int64 per cached token: retrieval.answer_targets (retrieval.TARGETS_FILE)
+  retrieval_prompt_v2.pt  int64 per cached token: retrieval.prompt_targets (retrieval.PROMPT_TARGETS_FILE)
+  hard_v1.pt   bool per example: retrieval.confusable (a partial match of the named object answers it wrongly)
+Every file after tokenizer/ can be rebuilt from the seeded scene stream (scene_stream) without rendering
+again, so train.prepare adds to a reused cache whatever it lacks.
 
 `patchify` reproduces the Qwen2-VL image/video processor (rescale, normalise,
 2 x 14 x 14 patches in 2 x 2 merge order) so batches never go through the
@@ -27,7 +29,7 @@ import numpy as np
 import torch
 
 from ..language import IMAGE_KINDS, VIDEO_KINDS, image_example, video_example
-from .retrieval import PROMPT_TARGETS_FILE, answer_targets, confusable, prompt_targets, targets_file
+from .retrieval import PROMPT_TARGETS_FILE, TARGETS_FILE, answer_targets, confusable, prompt_targets
 from ..tokenizer import user_turn
 from .vision_aux import N_LABELS, clip_targets, image_targets
 from ..world import (MODEL_FRAMES, SIZE, read_video, render_clip, render_image, sample_clip, sample_scene,
@@ -88,7 +90,7 @@ def scene_stream(seed: int, n_images: int, n_videos: int, per_image: int = 3, pe
 
 
 def build_cache(out: Path, tok, seed: int, n_images: int, n_videos: int, per_image: int = 3, per_video: int = 2,
-                log=print, event_groups: str = "evidence") -> None:
+                log=print) -> None:
     out.mkdir(parents=True, exist_ok=True)
     images = np.lib.format.open_memmap(out / "images.npy", "w+", np.uint8, (n_images, SIZE, SIZE, 3))
     videos = np.lib.format.open_memmap(out / "videos.npy", "w+", np.uint8, (n_videos, MODEL_FRAMES, SIZE, SIZE, 3))
@@ -126,7 +128,7 @@ def build_cache(out: Path, tok, seed: int, n_images: int, n_videos: int, per_ima
         "media": torch.tensor(media), "index": torch.tensor(index), "kind": torch.tensor(kinds),
     }, out / "examples.pt")
     log(f"  cache: {len(seqs)} examples, mean length {lens.float().mean():.1f} tokens, max {lens.max()}")
-    build_retrieval_targets(out, tok, seed, n_images, n_videos, per_image, per_video, event_groups)
+    build_retrieval_targets(out, tok, seed, n_images, n_videos, per_image, per_video)
 
 
 def _replay_token_targets(out: Path, seed: int, n_images: int, n_videos: int, per_image: int, per_video: int,
@@ -147,20 +149,20 @@ def _replay_token_targets(out: Path, seed: int, n_images: int, n_videos: int, pe
 
 
 def build_retrieval_targets(out: Path, tok, seed: int, n_images: int, n_videos: int, per_image: int = 3,
-                            per_video: int = 2, event_groups: str = "evidence") -> None:
-    """retrieval.targets_file(event_groups): int64 per cached token, the visual-token bit mask
-    retrieval.answer_targets gives (0 on prompt tokens and on answer tokens without a target)."""
+                            per_video: int = 2) -> None:
+    """retrieval.TARGETS_FILE: int64 per cached token, the visual-token bit mask retrieval.answer_targets
+    gives (0 on prompt tokens and on answer tokens without a target)."""
     bits = _replay_token_targets(out, seed, n_images, n_videos, per_image, per_video, lambda m, sc, e, p_ids, a_ids:
-                                 [0] * len(p_ids) + answer_targets(e, sc, tok, a_ids, event_groups))
-    torch.save(bits, out / targets_file(event_groups))
+                                 [0] * len(p_ids) + answer_targets(e, sc, tok, a_ids))
+    torch.save(bits, out / TARGETS_FILE)
 
 
 def build_prompt_targets(out: Path, tok, seed: int, n_images: int, n_videos: int, per_image: int = 3,
-                         per_video: int = 2, event_groups: str = "evidence") -> None:
+                         per_video: int = 2) -> None:
     """retrieval.PROMPT_TARGETS_FILE: int64 per cached token, retrieval.prompt_targets on the prompt tokens
     (0 on answer tokens)."""
     bits = _replay_token_targets(out, seed, n_images, n_videos, per_image, per_video, lambda m, sc, e, p_ids, a_ids:
-                                 prompt_targets(e, sc, tok, expand_pads(user_turn(m, e.prompt)), p_ids, event_groups)
+                                 prompt_targets(e, sc, tok, expand_pads(user_turn(m, e.prompt)), p_ids)
                                  + [0] * len(a_ids))
     torch.save(bits, out / PROMPT_TARGETS_FILE)
 

@@ -11,14 +11,11 @@ visual token j: an image's 9 cells, a clip's 9 cells of the first temporal group
 second), sentence by sentence:
 - a sentence that names objects ("a small red star", "the red star") -> their cells (a clip: the
   first group);
-- an event sentence -> where its evidence is. event_groups="evidence" (run T1 in RUNS.md): the
-  subject's cell in the group that shows it (a move: the start cell before and the end cell after; a
-  disappearance: before only). event_groups="both" (runs U2 and M1, the shipped pair; first tried in U1): the
-  subject's (and a move's end) cell in BOTH groups. The language model is causal: a first-group token never sees the second
-  group, so only a second-group token can know that its cell changed (PlaceAux asks layer 1 to write
-  that, and with place_before what the cell held before, into it); "evidence" asks the head to find a
-  vanished object by a token that cannot know it vanished. U1 and U2 answered (almost) every motion
-  question right (T1: 0.85-0.89);
+- an event sentence -> the event's cells (the subject's, and a move's destination) in BOTH temporal
+  groups. The language model is causal: a first-group token never sees the second group, so only a
+  second-group token can know that its cell changed (PlaceAux asks layer 1 to write that, and what the
+  cell held before, into it); a target on the first group alone would ask the head to find a vanished
+  object by a token that cannot know it vanished;
 - a sentence that names none but counts shapes ("There are three shapes.") -> every object's cell;
 - a short answer that names nothing ("It is red.") -> the object the question names (by colour and
   shape, by shape alone, or by place);
@@ -40,12 +37,7 @@ from ..language import POSITION_RE, NUMBERS, Example, parse_position
 from ..world import POSITIONS, SHAPES, Clip, Obj, Scene
 
 N_CELLS = len(POSITIONS)
-EVENT_GROUPS = ("evidence", "both")
-
-
-def targets_file(event_groups: str = "evidence") -> str:
-    """The cache's per-token targets file; the name changes whenever the rules above do."""
-    return {"evidence": "retrieval_v2.pt", "both": "retrieval_v3_both.pt"}[event_groups]
+TARGETS_FILE = "retrieval_v3_both.pt"   # the cache's per-token answer targets; renamed whenever the rules above change
 _SENTENCE = re.compile(r"[^.]*(?:\.|$)")
 _COUNTS = re.compile(r"\b(" + "|".join(NUMBERS[1:]) + r")\b[^.]*\bshapes?\b")
 _EVENT = re.compile(r"\b(moves|appears|disappears|vanishes|grows|shrinks|turns|changes colour)\b")
@@ -60,16 +52,9 @@ def _named(text: str, objects) -> list[Obj]:
     return [o for o in objects if f"{o.colour} {o.shape}" in t]
 
 
-def _event_bits(clip: Clip, event_groups: str = "evidence") -> int:
-    s, a = clip.subject, clip.after
-    if event_groups == "both":
-        cells = [s.cell] + ([a.cell] if a is not None else [])
-        return _bits(cells, 0) | _bits(cells, 1)
-    if clip.event == "appear":
-        return _bits([s.cell], 1)
-    if clip.event == "disappear":
-        return _bits([s.cell], 0)
-    return _bits([s.cell], 0) | _bits([a.cell], 1)
+def _event_bits(clip: Clip) -> int:
+    cells = [clip.subject.cell] + ([clip.after.cell] if clip.after is not None else [])
+    return _bits(cells, 0) | _bits(cells, 1)
 
 
 def prompt_objects(prompt: str, objects) -> list[Obj]:
@@ -103,7 +88,7 @@ def confusable(ex: Example, objects) -> bool:
                                for x in objects)
 
 
-def sentence_masks(ex: Example, media: Scene | Clip, event_groups: str = "evidence") -> list[tuple[int, int, int]]:
+def sentence_masks(ex: Example, media: Scene | Clip) -> list[tuple[int, int, int]]:
     """[(start, end, bits)]: character spans of the answer's sentences and their visual-token masks."""
     clip = media if isinstance(media, Clip) else None
     start_objs = list((clip.start if clip else media).objects)
@@ -114,7 +99,7 @@ def sentence_masks(ex: Example, media: Scene | Clip, event_groups: str = "eviden
             continue
         low, bits = s.lower(), 0
         if clip is not None and _EVENT.search(low) and _named(low, [clip.subject]):
-            bits = _event_bits(clip, event_groups)
+            bits = _event_bits(clip)
         elif clip is not None and ("at the end" in low or "ends with" in low):
             bits = _bits([o.cell for o in clip.end.objects], 1)
         else:
@@ -144,8 +129,7 @@ def addressed_at(question: str) -> int:
     return max(ends, default=len(question))
 
 
-def prompt_targets(ex: Example, media: Scene | Clip, tok, prompt_text: str, prompt_ids: list[int],
-                   event_groups: str = "evidence") -> list[int]:
+def prompt_targets(ex: Example, media: Scene | Clip, tok, prompt_text: str, prompt_ids: list[int]) -> list[int]:
     """One visual-token bit mask per prompt token (prompt_text: the whole user turn as cached, pads expanded):
     for a short question (PROMPT_KINDS), every token after the point where the question has said which object
     it asks about gets the first answer sentence's mask, so that the supervised heads find the object while the
@@ -155,7 +139,7 @@ def prompt_targets(ex: Example, media: Scene | Clip, tok, prompt_text: str, prom
     out = [0] * len(prompt_ids)
     if ex.kind not in PROMPT_KINDS:
         return out
-    spans = sentence_masks(ex, media, event_groups)
+    spans = sentence_masks(ex, media)
     bits = spans[0][2] if spans else 0
     q = prompt_text.rfind(ex.prompt)
     if not bits or q < 0:
@@ -166,11 +150,11 @@ def prompt_targets(ex: Example, media: Scene | Clip, tok, prompt_text: str, prom
     return [bits if a >= start else 0 for a, _ in enc["offset_mapping"]]
 
 
-def answer_targets(ex: Example, media: Scene | Clip, tok, answer_ids: list[int], event_groups: str = "evidence") -> list[int]:
+def answer_targets(ex: Example, media: Scene | Clip, tok, answer_ids: list[int]) -> list[int]:
     """One visual-token bit mask per answer token (answer_ids: the cache's tokens of answer + <|im_end|>)."""
     enc = tok(ex.answer + "<|im_end|>", add_special_tokens=False, return_offsets_mapping=True)
     assert enc["input_ids"] == answer_ids, "answer tokens differ from the cache's"
-    spans = sentence_masks(ex, media, event_groups)
+    spans = sentence_masks(ex, media)
     out = []
     for a, b in enc["offset_mapping"]:
         mid = (a + b) / 2 if b > a else a

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from .data import HARD_FILE, IMAGE_TOKENS, KINDS, MODEL_FRAMES, PATCH, SIZE, TEMPORAL, VIDEO_TOKENS, patchify
-from .retrieval import PROMPT_TARGETS_FILE, targets_file
+from .retrieval import PROMPT_TARGETS_FILE, TARGETS_FILE
 from ..world import mirror_cell
 
 MIRROR_WORDS = ("left", "right")
@@ -55,17 +55,18 @@ class TrainSet:
     pad: int
     labels: np.ndarray | None = None   # (N_img, IMAGE_TOKENS, N_LABELS) per-token vision targets
     targets: dict | None = None        # vision_targets.npz: image_dom, video_labels, video_dom
-    retrieval: torch.Tensor | None = None   # retrieval.targets_file(): per cached token, a visual-token bit mask (retrieval.py)
+    retrieval: torch.Tensor | None = None   # retrieval.TARGETS_FILE: per cached token, a visual-token bit mask (retrieval.py)
     swap: torch.Tensor | None = None        # mirror_vocab(tok): the left / right swap of a mirrored example
     hard: torch.Tensor | None = None        # HARD_FILE: bool per example (retrieval.confusable)
 
     @classmethod
-    def load(cls, path: Path, tok, event_groups: str = "evidence", prompt_kinds: tuple[str, ...] = ()) -> "TrainSet":
+    def load(cls, path: Path, tok, prompt_kinds: tuple[str, ...] = ()) -> "TrainSet":
         """prompt_kinds: for the examples of these kinds the retrieval targets also cover the question
         (retrieval.prompt_targets; needs PROMPT_TARGETS_FILE, build_prompt_targets)."""
-        lab = np.load(path / "image_labels.npy") if (path / "image_labels.npy").exists() else None
-        tg = dict(np.load(path / "vision_targets.npz")) if (path / "vision_targets.npz").exists() else None
-        ret_file = path / targets_file(event_groups)
+        lab, tg = None, None
+        if (path / "image_labels.npy").exists() and (path / "vision_targets.npz").exists():
+            lab, tg = np.load(path / "image_labels.npy"), dict(np.load(path / "vision_targets.npz"))
+        ret_file = path / TARGETS_FILE
         ret = torch.load(ret_file) if ret_file.exists() else None
         if ret is not None and prompt_kinds:
             ex = torch.load(path / "examples.pt")
@@ -85,9 +86,8 @@ class TrainSet:
         """Aux targets of a batch: {"image": (labels, dom) or None, "video": (labels, dom) or None}."""
         tg = self.targets
         out = {"image": None, "video": None}
-        if img_ids and self.labels is not None:
-            out["image"] = (torch.from_numpy(self.labels[img_ids]),
-                            torch.from_numpy(tg["image_dom"][img_ids]) if tg is not None else None)
+        if img_ids and tg is not None:
+            out["image"] = (torch.from_numpy(self.labels[img_ids]), torch.from_numpy(tg["image_dom"][img_ids]))
         if vid_ids and tg is not None:
             out["video"] = (torch.from_numpy(tg["video_labels"][vid_ids]), torch.from_numpy(tg["video_dom"][vid_ids]))
         return out
@@ -100,8 +100,8 @@ class TrainSet:
             if targets[key] is None or not any(f):
                 continue
             f = torch.tensor(f)
-            out[key] = tuple(None if t is None else torch.where(
-                f.view(-1, *[1] * (t.dim() - 1)), t[:, MIRROR_TOKENS[:t.shape[1]]], t) for t in targets[key])
+            out[key] = tuple(torch.where(f.view(-1, *[1] * (t.dim() - 1)), t[:, MIRROR_TOKENS[:t.shape[1]]], t)
+                             for t in targets[key])
         return out
 
     def image_pixels(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

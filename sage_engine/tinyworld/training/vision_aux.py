@@ -146,18 +146,16 @@ class VisionAux(torch.nn.Module):
               if bool((dom >= 0).any()) else logits.sum() * 0)
         return BCE_WEIGHT * bce.mean() + ce
 
-    def loss(self, labels: torch.Tensor, dom: torch.Tensor | None = None, video: tuple | None = None) -> torch.Tensor:
-        """labels: (n_images, GRID^2, N_LABELS) in the batch's image order. Without `dom`: the original
-        mean BCE over all labels (grounding_probe's reference). With `dom` (n_images, GRID^2): see `_one`;
-        `video` = (labels (n_videos, 2 GRID^2, N_LABELS), dom (n_videos, 2 GRID^2)) adds the videos' term."""
+    def loss(self, image: tuple | None, video: tuple | None) -> torch.Tensor:
+        """The loss of the forwards since the last clear(): `image` = (labels (n_images, GRID^2, N_LABELS),
+        dom (n_images, GRID^2)) in the batch's image order, `video` = the same for the clips (2 GRID^2 tokens
+        each); a term is left out when its targets are None or the tower saw no such input."""
         feats = torch.cat(self._feats) if self._feats else None
         vfeats = torch.cat(self._vfeats) if self._vfeats else None
         self.clear()
         total = torch.zeros(())
-        if feats is not None and labels is not None and labels.numel():
-            if dom is None:
-                return F.binary_cross_entropy_with_logits(self.head(feats).view(labels.shape), labels.float())
-            total = total + self._one(feats, labels, dom)
+        if feats is not None and image is not None and image[0].numel():
+            total = total + self._one(feats, *image)
         if vfeats is not None and video is not None:
             total = total + self._one(vfeats, *video)
         return total
@@ -201,9 +199,9 @@ def cell_changes(video_labels: torch.Tensor) -> torch.Tensor:
 
 class PlaceAux(torch.nn.Module):
     """A training-only linear head on the language model's hidden state at the visual tokens after
-    decoder layer `layer`: it must tell each token's row and column (and, in a video, its temporal
-    group, and for the second group whether that cell changed: CHANGES, and with before=True what
-    the cell held before: the first group's colour / shape / size / empty labels of the same cell).
+    decoder layer `layer`: it must tell each token's row and column, and in a clip its temporal group and,
+    for a second-group token, whether its cell changed (CHANGES) and what the cell held before (the
+    first group's colour / shape / size / empty labels of the same cell).
 
     Why: neither the vision tower (2D RoPE, no absolute position) nor RoPE in the language model puts
     WHERE a token is into its value vector, so an answer can pick a token by content ("the star")
@@ -213,13 +211,10 @@ class PlaceAux(torch.nn.Module):
     second-group token can, and an answer about a vanished or recoloured object must read the
     object's former look from there (retrieval.py points event sentences at both groups)."""
 
-    def __init__(self, model, layer: int, image_token: int, video_token: int, rowcol_only: bool = False,
-                 before: bool = False):
+    def __init__(self, model, layer: int, image_token: int, video_token: int):
         super().__init__()
-        self.rowcol_only = rowcol_only   # True: row and column only (no temporal group, no change)
-        self.before = before             # True: the second group is also asked its cell's former labels
         hidden = model.config.text_config.hidden_size
-        self.head = torch.nn.Linear(hidden, 2 * GRID + 2 + len(CHANGES) + (N_LABELS if before else 0))
+        self.head = torch.nn.Linear(hidden, 2 * GRID + 2 + len(CHANGES) + N_LABELS)   # row, column, group, change, before
         self.image_token, self.video_token = image_token, video_token
         self.input_ids: torch.Tensor | None = None
         self._h: torch.Tensor | None = None
@@ -245,17 +240,16 @@ class PlaceAux(torch.nn.Module):
             m = logits.shape[0]
             total = total + F.cross_entropy(logits[..., :GRID].reshape(-1, GRID), rows.repeat(m))
             total = total + F.cross_entropy(logits[..., GRID:2 * GRID].reshape(-1, GRID), cols.repeat(m))
-            if per == 2 * n and not self.rowcol_only:
+            if per == 2 * n:
                 total = total + F.cross_entropy(logits[..., 2 * GRID:2 * GRID + 2].reshape(-1, 2), group.repeat(m))
                 if video_labels is not None:
                     change = cell_changes(video_labels).long()                           # (items, n)
                     c0 = 2 * GRID + 2
                     total = total + 2 * F.cross_entropy(logits[:, n:, c0:c0 + len(CHANGES)].reshape(-1, len(CHANGES)),
                                                         change.reshape(-1))
-                    if self.before:
-                        was = video_labels[:, :n].float()                                # (items, n, N_LABELS)
-                        total = total + F.binary_cross_entropy_with_logits(
-                            logits[:, n:, c0 + len(CHANGES):], was, reduction="sum") / was[..., 0].numel()
+                    was = video_labels[:, :n].float()                                    # (items, n, N_LABELS)
+                    total = total + F.binary_cross_entropy_with_logits(
+                        logits[:, n:, c0 + len(CHANGES):], was, reduction="sum") / was[..., 0].numel()
         return total
 
     def remove(self) -> None:

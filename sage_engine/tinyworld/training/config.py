@@ -1,0 +1,64 @@
+"""TrainConfig: the recipe of the tinyworld pair. Its defaults train the shipped pair; every field is an option
+a user may vary (the `train` command sets the common ones). RUNS.md has the recipes measured on the way.
+
+The recipe, in the order train.py runs it:
+- the tokenizer and a cache of rendered scenes with their questions and per-token targets (data.py);
+- each model's vision tower first trains alone on a dense auxiliary loss over its merged visual tokens
+  (vision_aux.VisionAux: what colours / sizes show in each cell and which shape covers most of it), which
+  stays on afterwards with weight aux_weight; the patch embedding starts from whitened patches (whiten_eps);
+- the target: cross-entropy on the answers, plus PlaceAux (place_weight: an early language-model layer must
+  say where each visual token is and what changed there) and the retrieval loss (retrieval_weight: chosen
+  attention heads must look at the object each answer sentence, and each short question once it has named
+  its object, is about); examples drawn with kind_weights and hard_weights, a share `mirror` of them shown
+  left-right mirrored; the tower learns at tower_lr_scale x the language model's rate;
+- the draft: distilled from the target, teacher-forced KL(p_target || q_draft) on the same answers.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from .. import models as M
+from .retrieval import PROMPT_KINDS
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    seed: int = 0                 # seeds the corpus, the cache, the init and the batch order
+    n_images: int = 24_000        # rendered image scenes (3 questions each)
+    n_videos: int = 8_000         # rendered clips (2 questions each)
+    batch_size: int = 16
+    target_steps: int = 11_000
+    target_lr: float = 1.5e-3
+    draft_steps: int = 4_000
+    draft_lr: float = 3e-3
+    warmup: int = 200
+    eval_every: int = 1_000       # quick QA eval (fresh scenes) every so many steps; 0 = never
+    aux_weight: float = 1.0       # weight of the per-visual-token auxiliary loss (0 = off)
+    vision_steps: int = 800       # vision-only steps (auxiliary loss alone) before the target's language model trains
+    draft_vision_steps: int = 800  # the same before the draft's distillation
+    vision_batch: int = 32        # images per vision-only step
+    vision_video_batch: int = 8   # clips per vision-only step
+    vision_lr: float = 2e-3
+    whiten_eps: float = 1e-3      # patch-embedding init from whitened patches (vision_aux.whiten_patch_embed; 0 = random)
+    place_weight: float = 0.1     # weight of the target's PlaceAux loss (0 = off)
+    place_layer: int = 1          # the target decoder layer whose output PlaceAux reads
+    interleaved_rope: bool = True  # M-RoPE frequencies shared t/h/w in turn (models.mrope_section); False: Qwen's split
+    content_weight: float = 1.0   # loss weight of answer tokens that name a fact (losses.content_tokens) vs phrasing
+    tower_lr_scale: float = 0.3   # learning rate of the vision tower while the language model trains, x target_lr
+    # (kind, weight): how often the target draws the examples of a kind (data.KINDS; 1 if absent)
+    kind_weights: tuple[tuple[str, float], ...] = (("motion", 2.0), ("colour", 2.0), ("yesno", 2.5), ("shape", 1.5),
+                                                   ("position", 1.5))
+    # (kind, factor): within the kind, confusable examples (retrieval.confusable) are drawn factor x as often,
+    # the kind's total draw unchanged
+    hard_weights: tuple[tuple[str, float], ...] = (("position", 3.0), ("yesno", 2.0), ("size", 2.0))
+    # (kind, weight) for the draft's distillation; empty: the natural draw, where descriptions (the long answers
+    # speculation pays on) carry most answer tokens
+    draft_kind_weights: tuple[tuple[str, float], ...] = ()
+    retrieval_weight: float = 0.3  # weight of the retrieval loss (retrieval.py) on the target's retrieval_heads (0 = off)
+    retrieval_heads: tuple[tuple[int, int], ...] = ((2, 0), (4, 0))   # (decoder layer, attention head) pairs it supervises
+    # kinds whose question tokens the retrieval loss also supervises once the question has named its object
+    # (retrieval.prompt_targets)
+    prompt_targets: tuple[str, ...] = PROMPT_KINDS   # every kind that has question targets
+    mirror: float = 0.5           # share of training examples shown left-right mirrored (trainset.TrainSet.collate)
+    target: M.PairMember = M.TARGET
+    draft: M.PairMember = M.DRAFT
