@@ -27,9 +27,9 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
-from typing import Callable
 
 import gradio as gr
 from gradio import utils as gr_utils
@@ -88,9 +88,7 @@ class ExampleRuns:
     def runner(self, media: str) -> Callable[[str, str], tuple]:
         def run_example(file: str, prompt: str) -> tuple:
             image, video = (file, None) if media == "image" else (None, file)
-            final = None
-            for final in self.h.compare(image, video, prompt, DEFAULT_NEW_TOKENS, POLICY, self.h.default_preset):
-                pass
+            *_, final = self.h.compare(image, video, prompt, DEFAULT_NEW_TOKENS, POLICY, self.h.default_preset)
             v = dict(zip(NAMES, final))
             record: RunRecord = v["run_state"]
             raced_at = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

@@ -18,7 +18,8 @@ What ZeroGPU requires of the app, and where it is done:
 from __future__ import annotations
 
 import os
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 F = TypeVar("F", bound=Callable)
 

@@ -11,8 +11,8 @@ import math
 import os
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import Iterator
 
 import gradio as gr
 from gradio.components.plot import PlotData

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
 
 from sage_engine import ModelError, ModelPair, SpecEngine, load_pair
 from sage_engine.pruning import VisualPruning

@@ -9,8 +9,8 @@ The pairs themselves (paths or hub ids, dtype, device, why the tokenizers match)
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import Iterable, Mapping
 
 from sage_engine.presets import PRESETS as ENGINE_PRESETS
 from sage_engine.presets import Preset

@@ -11,8 +11,8 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 from sage_engine import PreparedInput, SpecEngine, StepEvent
 from sage_engine.policy import Policy, make_policy
@@ -46,7 +46,7 @@ class RunControl:
     def __init__(self):
         self.switch = threading.Event()  # set = stop the current run
 
-    def __deepcopy__(self, memo) -> "RunControl":
+    def __deepcopy__(self, memo) -> RunControl:
         return RunControl()
 
     def arm(self) -> None:
@@ -70,7 +70,7 @@ class Race:
         self._quit = threading.Event()  # the handler is gone (closed generator) or done
         self._thread = threading.Thread(target=self._work, name="sage-race", daemon=True)
 
-    def start(self) -> "Race":
+    def start(self) -> Race:
         self._thread.start()
         return self
 

@@ -127,7 +127,7 @@ class RunRecord:
         }
 
     @classmethod
-    def from_export(cls, run: dict) -> "RunRecord":
+    def from_export(cls, run: dict) -> RunRecord:
         """The record back from `export()` (a cached example's run file): steps, arrival times, texts, stats,
         the bonus texts of the tree plots. Not restored: the per-step origin segments of the text."""
         def lane(name: str, x: dict) -> Lane:

@@ -13,8 +13,8 @@ import json
 import os
 import resource
 import statistics
-from itertools import zip_longest
 from dataclasses import dataclass
+from itertools import zip_longest
 from pathlib import Path
 
 import torch
@@ -203,7 +203,8 @@ def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], ma
         "threads": torch.get_num_threads(),
         "models": pair.describe(),
         "max_new_tokens": max_new_tokens,
-        "draft_pruning": None if draft_pruning is None else {"image": draft_pruning.image, "video": draft_pruning.video},
+        "draft_pruning": (None if draft_pruning is None
+                          else {"image": draft_pruning.image, "video": draft_pruning.video}),
         "tree_forward": {"target": engine.target.tree_forward,
                          "draft": None if engine.draft is None else engine.draft.tree_forward},
         "inputs": len(inputs),

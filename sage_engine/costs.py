@@ -107,10 +107,10 @@ class CostMeter:
         return self.typical_rate(mine) if len(mine) >= self.min_steps else None
 
     def plain_rate(self) -> float | None:
-        """Typical tokens per ms of a plain step (one target forward): measured on recent plain steps of any policy; where
-        there are none, estimated as one token per the verify time of a tree of no node (the intercept of the
-        drafted steps' verify time on their node count, which a plain step never exceeds: the estimate errs
-        towards drafting). None when neither can be had."""
+        """Typical tokens per ms of a plain step (one target forward): measured on recent plain steps of any
+        policy; where there are none, estimated as one token per the verify time of a tree of no node (the
+        intercept of the drafted steps' verify time on their node count, which a plain step never exceeds: the
+        estimate errs towards drafting). None when neither can be had."""
         plain = [s for s in self.steps if s.plain][-self.policy_window :]
         if len(plain) >= self.min_steps:
             return self.typical_rate(plain)
@@ -151,7 +151,7 @@ class CostMeter:
             return None
         return BreakEven(rate=rate, node_ms=prices[0], level_ms=prices[1], trust=self.trust(policy))
 
-    def quote(self, policy: str) -> "Quote":
+    def quote(self, policy: str) -> Quote:
         """The prices `policy` (a policy key) decides a step with; computed only when asked for."""
         return Quote(self, policy)
 

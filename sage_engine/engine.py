@@ -16,7 +16,7 @@ The output equals the target's own greedy decoding: every emitted token is a tar
 from __future__ import annotations
 
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 from .costs import CostMeter, StepTiming
 from .draft import Draft, Drafter

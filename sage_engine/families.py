@@ -208,7 +208,7 @@ def vocab_rows(model: torch.nn.Module) -> int:
     if head is not None and hasattr(head, "out_features"):
         return int(head.out_features)
     cfg = model.config
-    return int(getattr(getattr(cfg, "text_config", None) or cfg, "vocab_size"))
+    return int((getattr(cfg, "text_config", None) or cfg).vocab_size)
 
 
 def shared_vocab(target: torch.nn.Module, draft: torch.nn.Module) -> int:

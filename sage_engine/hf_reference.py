@@ -118,7 +118,7 @@ class _Hooks:
             self.ms[role].append((time.perf_counter() - self.starts[role][-1]) * 1e3)
         return hook
 
-    def __enter__(self) -> "_Hooks":
+    def __enter__(self) -> _Hooks:
         for role, model in self.models.items():
             if model is not None:
                 self._handles.append(model.register_forward_pre_hook(self._pre(role), with_kwargs=True))

@@ -17,8 +17,6 @@ from .placement import DTYPES, place_pair
 from .presets import DEFAULT_DRAFT, DEFAULT_TARGET, PRESETS, require_hub
 
 
-
-
 @dataclass
 class ModelPair:
     """A target VLM, an optional draft VLM sharing its tokenizer, and the processor(s) that feed them."""

@@ -14,8 +14,8 @@ Pairs never cross from one run to the next. Measured best on a policy whose tree
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Iterable, Sequence
 
 from .events import StepEvent
 

@@ -25,6 +25,7 @@ Sources (read Nov 2026 through the project's search tools; "hub" = the model's p
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import threading
 import urllib.error
@@ -34,7 +35,20 @@ from pathlib import Path
 
 from .errors import ModelError
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
+
+def _assets() -> Path:
+    """The embedded pair and examples: assets/ beside the package in a checkout; the installed copy (the package
+    `sage_assets` that `pip install .` writes from assets/) otherwise."""
+    checkout = Path(__file__).resolve().parent.parent / "assets"
+    if (checkout / "models").is_dir():
+        return checkout
+    spec = importlib.util.find_spec("sage_assets")
+    if spec is not None and spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations)))
+    return checkout
+
+
+ASSETS = _assets()
 DEFAULT_TARGET = str(ASSETS / "models" / "tinyworld-target")  # the embedded default pair
 DEFAULT_DRAFT = str(ASSETS / "models" / "tinyworld-draft")
 HUB_PROBE_SECONDS = 2.0

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .families import Family, TEXT
+from .families import TEXT, Family
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ class DraftTree:
         self.draft_slots.append(-1)
         return len(self.tokens) - 1
 
-    def subtree(self, keep: list[int]) -> "DraftTree":
+    def subtree(self, keep: list[int]) -> DraftTree:
         """The tree restricted to `keep` (must be closed under ancestors), renumbered in level order."""
         keep = sorted(keep, key=lambda i: (self.depths[i], i))
         new_index = {old: new for new, old in enumerate(keep)}

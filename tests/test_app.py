@@ -13,12 +13,12 @@ import time
 import urllib.request
 from dataclasses import fields
 
+import app_server
 import plotly.graph_objects as go
 import pytest
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 
-import app_server
 from sage_engine import RunStats
 
 pytestmark = pytest.mark.timeout(300)
@@ -308,10 +308,11 @@ def test_stop_switch_ends_the_race_early():
     """The Stop switch, on the real engine: the decoding thread quits within a step or two."""
     import threading
 
+    from tiny_models import image, qwen25_pair
+
     from app.race import Race, RunControl, Transcriber, consume
     from app.record import Lane, RunRecord
     from sage_engine import SpecEngine, make_policy, prepare_input
-    from tiny_models import image, qwen25_pair
 
     pair = qwen25_pair("noisy")
     prepared = prepare_input(pair, "describe the image", images=[image(0)])
@@ -360,6 +361,7 @@ def _event(step: int, alpha: float, depth: int, width: int, d_max: int):
 
 def test_alpha_figure_draws_the_node_price_only_when_the_steps_carry_one():
     from dataclasses import replace
+
     from app.plots import alpha_figure
     from app.record import Lane
 
@@ -537,6 +539,7 @@ def test_unplayable_video_gets_a_playable_preview_and_the_model_reads_the_upload
     import shutil
 
     import hostile_media as hm
+
     from app.media import Previews, browser_playable
     from sage_engine.media import sample_video
 
@@ -567,5 +570,6 @@ def test_unplayable_video_gets_a_playable_preview_and_the_model_reads_the_upload
 
     tiny = {app_server.TINY.name: app_server.TINY}
     h = Handlers(PairPool(tiny, app_server.pair_factory), RunFiles(), app_server.TINY.name, previews=previews)
-    final = dict(zip([f.name for f in fields(View)], list(h.compare(None, str(cached), "What happens?", 4, "sage"))[-1]))
+    *_, last = h.compare(None, str(cached), "What happens?", 4, "sage")
+    final = dict(zip([f.name for f in fields(View)], last))
     assert final["run_state"].media["video"] == "mp4v.mp4"

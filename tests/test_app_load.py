@@ -13,11 +13,10 @@ import threading
 import time
 from pathlib import Path
 
+import app_server
 import pytest
 from gradio_client import Client, handle_file
 from gradio_client.utils import Status
-
-import app_server
 from test_app import OUT, check_summary
 
 pytestmark = pytest.mark.timeout(300)

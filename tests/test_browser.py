@@ -12,9 +12,8 @@ import shutil
 import time
 from pathlib import Path
 
-import pytest
-
 import app_server
+import pytest
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
@@ -157,7 +156,7 @@ def test_stop_then_run_again(page):
     tokens = page.locator("#max-new-tokens input[type=number]")
     tokens.fill("512")
     tokens.press("Enter")
-    for attempt in range(3):  # on a busy machine the run can finish before the Stop request is served
+    for _attempt in range(3):  # on a busy machine the run can finish before the Stop request is served
         page.click("#run")
         page.wait_for_function("document.querySelector('#status').innerText.includes('Running 1/2')",
                                timeout=60_000)

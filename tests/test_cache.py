@@ -2,12 +2,12 @@
 
 import numpy as np
 import torch
+from tiny_models import image, qwen25_pair
 from transformers import DynamicCache
 
 from sage_engine.cache import compact
 from sage_engine.runner import ModelRunner
 from sage_engine.tree import DraftTree, verify_allowed
-from tiny_models import image, qwen25_pair
 
 
 def test_compact_moves_kept_columns_to_the_front_of_the_region():

@@ -6,11 +6,11 @@ import subprocess
 import sys
 
 import cv2
+import hostile_media as hm
 import numpy as np
 import pytest
 from PIL import Image
 
-import hostile_media as hm
 from sage_engine.cli import main
 
 ROOT = os.path.dirname(os.path.dirname(__file__))

@@ -3,9 +3,9 @@
 import json
 
 import pytest
+from tiny_models import image, qwen25_pair
 
 from sage_engine import InputError, SpecEngine, prepare_input
-from tiny_models import image, qwen25_pair
 
 
 @pytest.fixture(scope="module")

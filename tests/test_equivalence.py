@@ -10,12 +10,12 @@ import itertools
 
 import pytest
 import torch
+from tiny_models import clip, image, llava_pair, qwen25_pair
 
 from sage_engine import SageConfig, SpecEngine, make_policy, prepare_input
 from sage_engine import verify as verify_mod
 from sage_engine.config import Eagle2Config
 from sage_engine.runner import ModelRunner
-from tiny_models import clip, image, llava_pair, qwen25_pair
 
 MAX_NEW = 40
 POLICIES = {
@@ -51,8 +51,8 @@ def media_kwargs(media, seed):
 CASES = [
     (family, media, kind, seed)
     for family, (_, medias) in FAMILIES.items()
-    for media, (kind, seed) in itertools.product(medias, (("noisy", 0), ("noisy", 1), ("noisy", 2), ("noisy", 3), ("copy", 0),
-                                                    ("independent", 0)))
+    for media, (kind, seed) in itertools.product(
+        medias, (("noisy", 0), ("noisy", 1), ("noisy", 2), ("noisy", 3), ("copy", 0), ("independent", 0)))
 ] + [("qwen2.5-vl", "two-images", "noisy", 2)]
 
 

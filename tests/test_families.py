@@ -9,10 +9,10 @@ and processor, so the two models read prompts of different lengths).
 
 import pytest
 import torch
-
-from sage_engine import SpecEngine, prepare_input
 from tiny_families import llava_ov_pair, qwen2vl_pair, smolvlm_pair
 from tiny_models import clip, image
+
+from sage_engine import SpecEngine, prepare_input
 
 MAX_NEW = 24
 POLICIES = ("chain", "static", "eagle2", "sage")

@@ -16,8 +16,16 @@ IMG, VID = 91, 92  # token ids given to the tiny configs (any ids: the adapters 
 
 def _configs():
     """Tiny configs of every registered family, built the way tests/tiny_families.py builds them."""
-    from transformers import (Idefics3Config, LlamaConfig, LlavaConfig, LlavaOnevisionConfig, Qwen2_5_VLConfig,
-                              Qwen2Config, Qwen2VLConfig, SmolVLMConfig)
+    from transformers import (
+        Idefics3Config,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaOnevisionConfig,
+        Qwen2_5_VLConfig,
+        Qwen2Config,
+        Qwen2VLConfig,
+        SmolVLMConfig,
+    )
 
     text = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
                 num_key_value_heads=2)
@@ -168,10 +176,11 @@ def _pair(name):
 @pytest.mark.parametrize("medium", ["image", "video"])
 def test_zero_pruning_through_each_family_adapter_equals_a_normal_prefill(name, adapter, medium):
     """The adapter's LM submodule, token ids and position rows reproduce the normal prefill exactly."""
+    from tiny_models import clip, image
+
     from sage_engine import prepare_input
     from sage_engine.pruning import VisualPruning
     from sage_engine.runner import ModelRunner
-    from tiny_models import clip, image
 
     pair = _pair(name)
     assert adapter_for(pair.target) is adapter and adapter_for(pair.draft) is adapter

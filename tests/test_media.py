@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 
+import hostile_media as hm
 import numpy as np
 import pytest
 
-import hostile_media as hm
 from sage_engine import InputError
 from sage_engine.media import MAX_VIDEO_FRAMES, load_image, sample_video
 

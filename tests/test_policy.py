@@ -7,8 +7,17 @@ import pytest
 import torch
 
 from sage_engine.config import MEDUSA_25, Eagle2Config, SageConfig
-from sage_engine.policy import (ChainPolicy, Eagle2Policy, Frontier, SagePolicy, StaticTreePolicy, StepOutcome,
-                                confidence, make_policy, parse_spec)
+from sage_engine.policy import (
+    ChainPolicy,
+    Eagle2Policy,
+    Frontier,
+    SagePolicy,
+    StaticTreePolicy,
+    StepOutcome,
+    confidence,
+    make_policy,
+    parse_spec,
+)
 from sage_engine.tree import DraftTree
 
 

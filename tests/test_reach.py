@@ -15,10 +15,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import app_server
 import pytest
 from gradio_client import Client
-
-import app_server
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(300)

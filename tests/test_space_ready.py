@@ -69,6 +69,7 @@ def test_readme_front_matter_describes_a_gradio_space():
 def test_the_page_says_what_the_embedded_pair_knows():
     """Beside the model pair: what tinyworld was trained on and what it does with other pictures."""
     import app_server
+
     from app.handlers import Handlers
     from app.media import RunFiles
     from app.pool import PairPool

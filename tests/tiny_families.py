@@ -18,9 +18,9 @@ or an independent smaller model of the same family.
 from __future__ import annotations
 
 import torch
+from tiny_models import QWEN_SPECIALS, QWEN_TEMPLATE, _draft, train_tokenizer
 
 from sage_engine.models import ModelPair
-from tiny_models import QWEN_SPECIALS, QWEN_TEMPLATE, _draft, train_tokenizer
 
 QWEN_EXTRA = {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>",
               "vision_start_token": "<|vision_start|>", "vision_end_token": "<|vision_end|>"}
@@ -46,8 +46,13 @@ SMOL_TEMPLATE = (  # SmolVLM2's template shape: "User:<image>text<end_of_utteran
 
 def qwen2vl_pair(draft_kind: str = "noisy", seed: int = 0, sigma: float = 0.1) -> ModelPair:
     """Tiny Qwen2-VL (M-RoPE) target and draft with the official Qwen2VLProcessor."""
-    from transformers import (Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessor,
-                              Qwen2VLProcessor, Qwen2VLVideoProcessor)
+    from transformers import (
+        Qwen2VLConfig,
+        Qwen2VLForConditionalGeneration,
+        Qwen2VLImageProcessor,
+        Qwen2VLProcessor,
+        Qwen2VLVideoProcessor,
+    )
 
     tok = train_tokenizer(QWEN_SPECIALS, QWEN_EXTRA, QWEN_TEMPLATE)
     size = {"shortest_edge": 56 * 56, "longest_edge": 112 * 112}
@@ -84,9 +89,15 @@ def llava_ov_pair(draft_kind: str = "noisy", seed: int = 0, sigma: float = 0.1) 
     The independent draft's embedding matrix has 64 more rows than the target's (padding only:
     the tokenizer is shared), like llava-hf's 0.5B (152000 rows) vs 7B/72B (152128 rows).
     """
-    from transformers import (LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration,
-                              LlavaOnevisionImageProcessor, LlavaOnevisionProcessor,
-                              LlavaOnevisionVideoProcessor, Qwen2Config, SiglipVisionConfig)
+    from transformers import (
+        LlavaOnevisionConfig,
+        LlavaOnevisionForConditionalGeneration,
+        LlavaOnevisionImageProcessor,
+        LlavaOnevisionProcessor,
+        LlavaOnevisionVideoProcessor,
+        Qwen2Config,
+        SiglipVisionConfig,
+    )
 
     tok = train_tokenizer(["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>", "<video>"],
                           {"image_token": "<image>", "video_token": "<video>"}, OV_TEMPLATE)

@@ -80,8 +80,13 @@ def sharpen(model, factor: float):
 
 def qwen25_pair(draft_kind: str = "noisy", seed: int = 0, sigma: float = 0.1, sharpness: float = 1.0) -> ModelPair:
     """Tiny Qwen2.5-VL (M-RoPE) target and draft with the official Qwen2_5_VLProcessor."""
-    from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor,
-                              Qwen2VLImageProcessor, Qwen2VLVideoProcessor)
+    from transformers import (
+        Qwen2_5_VLConfig,
+        Qwen2_5_VLForConditionalGeneration,
+        Qwen2_5_VLProcessor,
+        Qwen2VLImageProcessor,
+        Qwen2VLVideoProcessor,
+    )
 
     tok = train_tokenizer(QWEN_SPECIALS, {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>",
                                           "vision_start_token": "<|vision_start|>",
@@ -121,8 +126,14 @@ def qwen25_pair(draft_kind: str = "noisy", seed: int = 0, sigma: float = 0.1, sh
 
 def llava_pair(draft_kind: str = "noisy", seed: int = 0, sigma: float = 0.1, sharpness: float = 1.0) -> ModelPair:
     """Tiny LLaVA (CLIP vision tower + Llama text) with the official LlavaProcessor."""
-    from transformers import (CLIPImageProcessor, CLIPVisionConfig, LlamaConfig, LlavaConfig,
-                              LlavaForConditionalGeneration, LlavaProcessor)
+    from transformers import (
+        CLIPImageProcessor,
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+    )
 
     tok = train_tokenizer(["</s>", "<image>"], {"image_token": "<image>"}, LLAVA_TEMPLATE)
     proc = LlavaProcessor(
