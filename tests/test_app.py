@@ -158,6 +158,33 @@ def hostile(tmp_path_factory) -> dict[str, str]:
     return {**files, **hm.odd_images(d), **hm.wrong_extensions(d)}
 
 
+def export_of(server, final) -> dict:
+    with urllib.request.urlopen(f"{server.url}/gradio_api/file={final['export']['value']}") as r:
+        return json.loads(r.read())
+
+
+def test_the_speculative_lane_uses_the_draft_and_each_knob_changes_its_trees(client, server, media):
+    """On the default pair's own example the draft is accepted (tau > 1, accepted draft text); D_max, N_max and
+    k each change what the trees look like, and none of them changes the output."""
+    base = dict(image=handle_file(media.image), video=None, prompt=media.image_prompt, max_new_tokens=40,
+                policy="sage", threshold="paper")  # the paper's rule drafts every step
+    runs = {name: run(client, **base, **knobs)[1] for name, knobs in [
+        ("default", {}), ("shallow", dict(d_min=2, d_max=2)), ("few nodes", dict(n_max=3)), ("k=2", dict(k=2))]}
+    ids = {name: final["summary"]["speculative"]["token_ids"] for name, final in runs.items()}
+    assert all(i == runs["default"]["summary"]["ar"]["token_ids"] for i in ids.values())
+    steps = {name: [s for s in export_of(server, final)["speculative"]["steps"] if s["kind"] == "decode"]
+             for name, final in runs.items()}
+    default = steps["default"]
+    assert runs["default"]["summary"]["speculative"]["stats"]["mean_accepted"] > 1
+    assert any(s["accepted_text"] for s in default) and all(s["draft_forwards"] > 0 for s in default)
+    assert max(max(s["tree"]["depths"], default=0) for s in default) > 2
+    assert all(max(s["tree"]["depths"], default=0) <= 2 for s in steps["shallow"])
+    assert max(len(s["tree"]["tokens"]) for s in default) > 3
+    assert all(len(s["tree"]["tokens"]) <= 3 for s in steps["few nodes"])
+    alphas = {name: [s["root_alpha"] for s in steps[name]] for name in ("default", "k=2")}
+    assert alphas["default"][0] != alphas["k=2"][0]  # alpha is the entropy over the top k
+
+
 BAD = [
     ("broken image", dict(image="broken_image"), "cannot read image"),
     ("huge image", dict(image="huge_image"), "image is too large"),
