@@ -94,7 +94,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=2)
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
-    model = AutoModelForImageTextToText.from_pretrained(a.model, dtype=torch.float32, attn_implementation="eager").eval()
+    model = AutoModelForImageTextToText.from_pretrained(a.model, dtype=torch.float32,
+                                                        attn_implementation="eager").eval()
     print(probe(model, AutoProcessor.from_pretrained(a.model), a.kind, a.seed, a.n).table())
 
 

@@ -118,13 +118,18 @@ def describe_scene(scene: Scene, rng: random.Random) -> str:
         closing.append(rng.choice(("The shapes do not overlap.", "None of the shapes overlap.",
                                    "Each shape has its own place.")))
     if n > 1 and rng.random() < 0.6:
-        s, l = sizes.count("small"), sizes.count("large")
-        if s and l:
+        s, big = sizes.count("small"), sizes.count("large")
+        if s and big:
             closing.append(f"In total, {NUMBERS[s]} {plural(s)} {'is' if s == 1 else 'are'} small and "
-                           f"{NUMBERS[l]} {'is' if l == 1 else 'are'} large.")
+                           f"{NUMBERS[big]} {'is' if big == 1 else 'are'} large.")
         else:
             closing.append(f"All of the shapes are {sizes[0]}.")
     return " ".join([opening, *body, *closing])
+
+
+def _to(phrase: str) -> str:
+    """A position phrase as a destination: 'in the top left' -> 'to the top left'."""
+    return phrase.replace('in the', 'to the').replace('at the', 'to the').replace('on the', 'to the')
 
 
 def event_sentence(clip: Clip, rng: random.Random) -> str:
@@ -132,7 +137,7 @@ def event_sentence(clip: Clip, rng: random.Random) -> str:
     the = f"the {s.colour} {s.shape}"
     if clip.event == "move":
         return rng.choice((f"{cap(the)} moves from {where(s.cell, rng)[3:]} to {where(a.cell, rng)[3:]}.",
-                           f"{cap(the)} moves {where(a.cell, rng).replace('in the', 'to the').replace('at the', 'to the').replace('on the', 'to the')}."))
+                           f"{cap(the)} moves {_to(where(a.cell, rng))}."))
     if clip.event == "appear":
         return rng.choice((f"{cap(a_obj(s))} appears {where(s.cell, rng)}.",
                            f"{cap(where(s.cell, rng))}, {a_obj(s)} appears."))
@@ -156,7 +161,8 @@ def describe_clip(clip: Clip, rng: random.Random) -> str:
     n = len(sc.objects)
     opening = rng.choice((
         f"The video shows {NUMBERS[n]} {plural(n)} on a {sc.background} background.",
-        f"At the start of the video, there {'is' if n == 1 else 'are'} {NUMBERS[n]} {plural(n)} on a {sc.background} background.",
+        f"At the start of the video, there {'is' if n == 1 else 'are'} {NUMBERS[n]} {plural(n)} "
+        f"on a {sc.background} background.",
         f"This clip begins with {NUMBERS[n]} {plural(n)} on a {sc.background} background.",
     ))
     body = describe_objects(sc, rng)
@@ -215,7 +221,8 @@ def image_example(scene: Scene, rng: random.Random, kind: str) -> Example:
         a = rng.choice((f"It is {o.size}.", f"The {o.colour} {o.shape} is {o.size}.", f"{cap(o.size)}."))
         return Example(kind, q, a, {"size": o.size})
     if kind == "position":
-        q = rng.choice((f"Where is the {o.colour} {o.shape}?", f"In which part of the image is the {o.colour} {o.shape}?"))
+        q = rng.choice((f"Where is the {o.colour} {o.shape}?",
+                        f"In which part of the image is the {o.colour} {o.shape}?"))
         a = rng.choice((f"It is {w}.", f"The {o.colour} {o.shape} is {w}.", f"{cap(w)}."))
         return Example(kind, q, a, {"position": o.position})
     raise ValueError(kind)
@@ -228,8 +235,10 @@ def video_example(clip: Clip, rng: random.Random, kind: str) -> Example:
         return Example(kind, rng.choice(MOTION_PROMPTS), event_sentence(clip, rng), {"clip": clip})
     if kind == "count":
         n = len(clip.start.objects)
-        q = rng.choice(("How many shapes are there at the start?", "How many shapes are there at the beginning of the video?"))
-        a = rng.choice((f"At the start there {'is' if n == 1 else 'are'} {NUMBERS[n]} {plural(n)}.", f"{cap(NUMBERS[n])}."))
+        q = rng.choice(("How many shapes are there at the start?",
+                        "How many shapes are there at the beginning of the video?"))
+        a = rng.choice((f"At the start there {'is' if n == 1 else 'are'} {NUMBERS[n]} {plural(n)}.",
+                        f"{cap(NUMBERS[n])}."))
         return Example(kind, q, a, {"count": n})
     raise ValueError(kind)
 

@@ -53,7 +53,8 @@ def build_config(m: PairMember, tokenizer, interleaved_rope: bool = False) -> Qw
         vocab_size=len(tokenizer), hidden_size=m.hidden, intermediate_size=m.ffn, num_hidden_layers=m.layers,
         num_attention_heads=m.heads, num_key_value_heads=m.kv_heads, max_position_embeddings=4096,
         rms_norm_eps=1e-6, tie_word_embeddings=True,
-        rope_parameters={"rope_type": "default", "rope_theta": 1e4, "mrope_section": mrope_section(head_dim, interleaved_rope)},
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                         "mrope_section": mrope_section(head_dim, interleaved_rope)},
         bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
@@ -74,7 +75,8 @@ def build_config(m: PairMember, tokenizer, interleaved_rope: bool = False) -> Qw
     return cfg
 
 
-def build_model(m: PairMember, tokenizer, seed: int = 0, interleaved_rope: bool = False) -> Qwen2_5_VLForConditionalGeneration:
+def build_model(m: PairMember, tokenizer, seed: int = 0,
+                interleaved_rope: bool = False) -> Qwen2_5_VLForConditionalGeneration:
     import torch
     torch.manual_seed(seed)
     model = Qwen2_5_VLForConditionalGeneration(build_config(m, tokenizer, interleaved_rope))

@@ -204,7 +204,8 @@ def _polygon(shape: str, cx: float, cy: float, r: float) -> np.ndarray:
                 cy + (r if k % 2 == 0 else r * 0.42) * math.sin(-math.pi / 2 + k * math.pi / 5)) for k in range(10)]
     elif shape == "cross":
         a, b = r * 0.33, r * 0.95
-        pts = [(-a, -b), (a, -b), (a, -a), (b, -a), (b, a), (a, a), (a, b), (-a, b), (-a, a), (-b, a), (-b, -a), (-a, -a)]
+        pts = [(-a, -b), (a, -b), (a, -a), (b, -a), (b, a), (a, a), (a, b), (-a, b), (-a, a), (-b, a), (-b, -a),
+               (-a, -a)]
         pts = [(cx + x, cy + y) for x, y in pts]
     else:
         raise ValueError(shape)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from ...policy import POLICY_NAMES
 from .data import IMAGE_TOKENS, VIDEO_TOKENS
 from ..world import CLIP_FPS, CLIP_FRAMES, MODEL_FRAMES, SIZE
 
@@ -48,7 +49,7 @@ def _mix_text(tc: dict) -> str:
     if tc["interleaved_rope"]:
         out += "; M-RoPE frequencies interleaved over t / h / w"
     if tc["retrieval_weight"] > 0:
-        heads = ", ".join(f"layer {l} head {h}" for l, h in tc["retrieval_heads"])
+        heads = ", ".join(f"layer {layer} head {h}" for layer, h in tc["retrieval_heads"])
         out += f"; retrieval loss {tc['retrieval_weight']:g} on the attention of {heads} (retrieval.py"
         if tc["prompt_targets"]:
             out += ("; also on a question's tokens once it has named its object, for "
@@ -64,7 +65,9 @@ def _weights_text(weights) -> str:
 def _draft_draw(tc: dict) -> str:
     """How the draft's distillation drew its examples."""
     weights = tc["draft_kind_weights"]
-    return "," + _weights_text(weights) if weights else ", drawn in their natural mix (descriptions carry most answer tokens)"
+    if weights:
+        return "," + _weights_text(weights)
+    return ", drawn in their natural mix (descriptions carry most answer tokens)"
 
 
 def _seed_dips(eval_result: dict) -> list[str]:
@@ -88,7 +91,8 @@ def _status(eval_result: dict, note: str = "") -> str:
     if seeds:
         dips = _seed_dips(eval_result)
         note = (f"Pooled over {len(seeds)} fresh seeds; "
-                + ("every seed alone also meets it." if not dips else "single seeds dip below it: " + ", ".join(dips) + ".")
+                + ("every seed alone also meets it." if not dips
+                   else "single seeds dip below it: " + ", ".join(dips) + ".")
                 + (f" {note}" if note else ""))
     note = f" {note}" if note else ""
     if not below:
@@ -108,15 +112,13 @@ def store_bf16(src, dst) -> None:
 def _arch(model) -> str:
     t, v = model.config.text_config, model.config.vision_config
     sec = t.rope_parameters["mrope_section"]
-    rope = (f"M-RoPE interleaved ({len(sec)} one-frequency sections, t / h / w in turn)" if len(sec) > 3 and set(sec) == {1}
+    interleaved = len(sec) > 3 and set(sec) == {1}
+    rope = (f"M-RoPE interleaved ({len(sec)} one-frequency sections, t / h / w in turn)" if interleaved
             else f"M-RoPE sections {sec}")
     return (f"text: {t.num_hidden_layers} layer(s), hidden {t.hidden_size}, {t.num_attention_heads} heads "
             f"({t.num_key_value_heads} KV), FFN {t.intermediate_size}, vocab {t.vocab_size}, {rope}; "
             f"vision: {v.depth} block(s), hidden {v.hidden_size}, "
             f"patch 14, 2x2 merge")
-
-
-POLICIES = ("ar", "chain", "static", "eagle2", "sage")
 
 
 def _tree_forward_text(report: dict) -> str:
@@ -131,9 +133,11 @@ def _bench_text(bench: dict | None) -> str:
     if not bench:
         return ""
     fp = bench["float32"]
-    names = [k for k in POLICIES if k in fp["policies"]] + [k for k in fp["policies"] if k not in POLICIES]  # then specs
-    rows = "\n".join(f"| {k} | {p['mean_accepted']:.2f} | {p['tokens_per_second']:.1f} | {p['speedup_vs_ar'] or 1:.2f}x | "
-                     f"{p['exact_match_vs_ar']:.2f} |" for k, p in ((k, fp["policies"][k]) for k in names))
+    # the engine's policies in their order, then any other spec the benchmark ran (e.g. sage:threshold=cost)
+    names = [k for k in POLICY_NAMES if k in fp["policies"]] + [k for k in fp["policies"] if k not in POLICY_NAMES]
+    rows = "\n".join(f"| {k} | {p['mean_accepted']:.2f} | {p['tokens_per_second']:.1f} | "
+                     f"{p['speedup_vs_ar'] or 1:.2f}x | {p['exact_match_vs_ar']:.2f} |"
+                     for k, p in ((k, fp["policies"][k]) for k in names))
     sage, static = fp["policies"].get("sage"), fp["policies"].get("static")
     out = f"""
 ## Speculative decoding with this pair (the engine's benchmark)
@@ -146,16 +150,16 @@ def _bench_text(bench: dict | None) -> str:
 {rows}
 """
     if sage and static:
-        out += (f"\nsage tau / static tau = {sage['mean_accepted'] / static['mean_accepted']:.2f}. The draft's alpha varies "
-                f"within a run (mean std {sage['alpha_std_within_run']:.2f} for sage).\n")
+        out += (f"\nsage tau / static tau = {sage['mean_accepted'] / static['mean_accepted']:.2f}. "
+                f"The draft's alpha varies within a run (mean std {sage['alpha_std_within_run']:.2f} for sage).\n")
     bf = bench.get("bfloat16")
     if bf and "sage" in bf["policies"]:
         b = bf["policies"]
+        faster = fp["policies"]["sage"]["tokens_per_second"] >= b["sage"]["tokens_per_second"]
         out += (f"In bfloat16 (`--dtype bfloat16`): ar {b['ar']['tokens_per_second']:.1f} tok/s, sage "
                 f"{b['sage']['tokens_per_second']:.1f} tok/s ({b['sage']['speedup_vs_ar']:.2f}x of bf16 ar, tau "
                 f"{b['sage']['mean_accepted']:.2f}, exact match {b['sage']['exact_match_vs_ar']:.2f}); float32 is "
-                f"{'faster' if fp['policies']['sage']['tokens_per_second'] >= b['sage']['tokens_per_second'] else 'slower'} "
-                f"here and is the default.\n")
+                f"{'faster' if faster else 'slower'} here and is the default.\n")
     return out
 
 
@@ -175,14 +179,19 @@ def _training_text(summary: dict, train_threads: int, train_note: str) -> str:
     tc = summary["config"]
     return f"""## Training
 
-`python -m sage_engine.tinyworld train --threads {train_threads}` (seeded; writes both models). Data: {tc['n_images']:,}
+`python -m sage_engine.tinyworld train --threads {train_threads}` (seeded; writes both models). \
+Data: {tc['n_images']:,}
 rendered images x 3 questions and {tc['n_videos']:,} clips (through an MP4 round trip) x 2 questions: detailed
 descriptions, count, colour, shape, size, position, yes/no, "what happens". Each model's vision tower
-first trains alone for {tc['vision_steps']} steps (draft: {tc['draft_vision_steps']}) on a dense auxiliary loss (a training-only linear head on the merged
+first trains alone for {tc['vision_steps']} steps (draft: {tc['draft_vision_steps']}) on a dense auxiliary loss \
+(a training-only linear head on the merged
 visual tokens predicts {_aux_text(tc)}: scene ground truth), which then stays
-on (weight {tc['aux_weight']}; the tower then learns at {tc['tower_lr_scale']}x the language model's rate); the head is not saved.
-Each of the world's 3x3 cells is exactly one merged visual token, so these targets are exact per token. The target is trained with
-cross-entropy on the answers ({tc['target_steps']:,} steps of batch {tc['batch_size']}, AdamW, cosine{_mix_text(tc)}); the draft is distilled from
+on (weight {tc['aux_weight']}; the tower then learns at {tc['tower_lr_scale']}x the language model's rate); \
+the head is not saved.
+Each of the world's 3x3 cells is exactly one merged visual token, so these targets are exact per token. \
+The target is trained with
+cross-entropy on the answers ({tc['target_steps']:,} steps of batch {tc['batch_size']}, AdamW, \
+cosine{_mix_text(tc)}); the draft is distilled from
 the target, teacher-forced KL(p_target || q_draft) on the same answers{_draft_draw(tc)} ({tc['draft_steps']:,} steps).
 Measured on this 2-core CPU, {train_threads} thread(s), {train_note}: {_minutes_text(summary)}"""
 
@@ -197,8 +206,8 @@ def write_cards(models_dir: Path, eval_result: dict, summary: dict, timing: dict
     pair = {r: AutoModelForImageTextToText.from_pretrained(models_dir / f"tinyworld-{r}") for r in ("target", "draft")}
     n = {r: sum(p.numel() for p in m.parameters()) for r, m in pair.items()}
     dtype = json.loads((models_dir / "tinyworld-target" / "config.json").read_text()).get("dtype", "float32")
-    storage = ("Stored in bfloat16 (safetensors, to keep the repository small); the engine loads it in float32 by default\n"
-               "  (`--dtype`)." if dtype == "bfloat16" else "Stored in float32 (safetensors).")
+    storage = ("Stored in bfloat16 (safetensors, to keep the repository small); the engine loads it in float32 "
+               "by default\n  (`--dtype`)." if dtype == "bfloat16" else "Stored in float32 (safetensors).")
     kinds = sorted(eval_result["target"]["by_kind"])
     seeds = eval_result.get("per_seed", {})
     lowest = {k: min((r["target"]["by_kind"][k], seed) for seed, r in seeds.items()) for k in kinds} if seeds else {}
@@ -223,7 +232,8 @@ backgrounds, and short clips in which one thing happens. Not a general-purpose m
 - Parameters: {n[role]:,} (target {n['target']:,} = {n['target'] / n['draft']:.1f}x the draft's {n['draft']:,}).
 - {storage} Load with `AutoModelForImageTextToText.from_pretrained` and
   `AutoProcessor.from_pretrained`; both work offline (`HF_HUB_OFFLINE=1`).
-- Inputs: images are resized to {SIZE}x{SIZE} pixels = {IMAGE_TOKENS} visual tokens (one per cell of the world's 3x3 grid). Videos: pass
+- Inputs: images are resized to {SIZE}x{SIZE} pixels = {IMAGE_TOKENS} visual tokens \
+(one per cell of the world's 3x3 grid). Videos: pass
   {MODEL_FRAMES} frames sampled uniformly (`video_processor.num_frames` = {MODEL_FRAMES}) with
   `do_sample_frames=False` and `video_metadata`; the training clips are {CLIP_FRAMES}-frame MP4s at
   {CLIP_FPS:g} fps ({VIDEO_TOKENS} visual tokens: two temporal groups, before and after the event).
@@ -234,7 +244,8 @@ backgrounds, and short clips in which one thing happens. Not a general-purpose m
 ## Evaluation (fresh scenes, never seen in training)
 
 `{eval_cmd}`: greedy answers scored against the ground truth
-(n = {eval_result['n']} images with one question of each image kind, and {eval_result['n']} clips with one of each video kind{_seeds_text(eval_result)}).
+(n = {eval_result['n']} images with one question of each image kind, and {eval_result['n']} clips \
+with one of each video kind{_seeds_text(eval_result)}).
 A description counts as right when it names exactly the true (size, colour, shape) triples.
 
 {header}
@@ -243,7 +254,8 @@ A description counts as right when it names exactly the true (size, colour, shap
 
 ## Per-forward cost on this CPU (fp32, {torch.get_num_threads()} thread(s), 130-token cached prefix, median ms)
 
-Measured by `python -m sage_engine.tinyworld card` (sage_engine/tinyworld/training/timing.py) on a machine shared with other work.
+Measured by `python -m sage_engine.tinyworld card` (sage_engine/tinyworld/training/timing.py) \
+on a machine shared with other work.
 
 | forward | ms |
 |---|---|

@@ -96,7 +96,8 @@ def _train_parser(t: argparse.ArgumentParser, assets: Path) -> None:
     t.add_argument("--place-weight", type=float, default=None,
                    help="weight of the target's PlaceAux loss (default: TrainConfig's; 0 = off)")
     t.add_argument("--kind-weight", action="append", default=[], metavar="KIND=W", type=_kind_weight,
-                   help="drawing weight of the training examples of a question kind (repeatable; 1 if absent)")
+                   help="drawing weight of the training examples of a question kind (repeatable; given at all, they "
+                        "replace TrainConfig's weights and unnamed kinds weigh 1)")
     t.add_argument("--draft-kind-weight", action="append", default=[], metavar="KIND=W", type=_kind_weight,
                    help="the same for the draft's distillation (default: the natural draw)")
     t.add_argument("--prompt-targets", default=None, metavar="KIND,KIND|none", type=_prompt_kinds,
@@ -104,7 +105,7 @@ def _train_parser(t: argparse.ArgumentParser, assets: Path) -> None:
                         "named its object (retrieval.prompt_targets; default: TrainConfig's)")
     t.add_argument("--hard-weight", action="append", default=[], metavar="KIND=F", type=_kind_weight,
                    help="within a kind, draw confusable examples (retrieval.confusable) F x as often, the kind's "
-                        "total unchanged (repeatable; default: TrainConfig's)")
+                        "total unchanged (repeatable; given at all, they replace TrainConfig's)")
     t.add_argument("--interleaved-rope", action=argparse.BooleanOptionalAction, default=None,
                    help="interleave the M-RoPE t/h/w frequencies (default: TrainConfig's, on)")
     t.add_argument("--content-weight", type=float, default=None,
@@ -128,7 +129,8 @@ def add_ship_and_card_commands(sub, assets: Path) -> None:
     s.add_argument("src", help="the --out folder of a training run")
     s.add_argument("--to", default=str(assets))
     s.set_defaults(fn=cmd_ship)
-    c = sub.add_parser("card", help="write the model cards from an eval --json file and the training run's summary.json")
+    c = sub.add_parser("card",
+                       help="write the model cards from an eval --json file and the training run's summary.json")
     c.add_argument("--models", default=str(assets))
     c.add_argument("--eval-json", required=True)
     c.add_argument("--eval-cmd", required=True, help="the eval command line that produced --eval-json")
@@ -140,5 +142,6 @@ def add_ship_and_card_commands(sub, assets: Path) -> None:
     c.add_argument("--threads", type=int, default=2)
     c.add_argument("--train-threads", type=int, default=None, help="override the training threads summary.json records")
     c.add_argument("--train-note", default="shared with other work", help="how busy the machine was during training")
-    c.add_argument("--eval-note", default="", help="appended to the status line (e.g. single seeds vs the pooled table)")
+    c.add_argument("--eval-note", default="",
+                   help="appended to the status line (e.g. single seeds vs the pooled table)")
     c.set_defaults(fn=cmd_card)

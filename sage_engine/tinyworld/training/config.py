@@ -39,7 +39,7 @@ class TrainConfig:
     vision_batch: int = 32        # images per vision-only step
     vision_video_batch: int = 8   # clips per vision-only step
     vision_lr: float = 2e-3
-    whiten_eps: float = 1e-3      # patch-embedding init from whitened patches (vision_aux.whiten_patch_embed; 0 = random)
+    whiten_eps: float = 1e-3      # init the patch embedding from whitened patches (whiten_patch_embed); 0: random init
     place_weight: float = 0.1     # weight of the target's PlaceAux loss (0 = off)
     place_layer: int = 1          # the target decoder layer whose output PlaceAux reads
     interleaved_rope: bool = True  # M-RoPE frequencies shared t/h/w in turn (models.mrope_section); False: Qwen's split
@@ -54,8 +54,8 @@ class TrainConfig:
     # (kind, weight) for the draft's distillation; empty: the natural draw, where descriptions (the long answers
     # speculation pays on) carry most answer tokens
     draft_kind_weights: tuple[tuple[str, float], ...] = ()
-    retrieval_weight: float = 0.3  # weight of the retrieval loss (retrieval.py) on the target's retrieval_heads (0 = off)
-    retrieval_heads: tuple[tuple[int, int], ...] = ((2, 0), (4, 0))   # (decoder layer, attention head) pairs it supervises
+    retrieval_weight: float = 0.3  # weight of the retrieval loss (retrieval.py) on retrieval_heads (0 = off)
+    retrieval_heads: tuple[tuple[int, int], ...] = ((2, 0), (4, 0))   # the (decoder layer, head) pairs it supervises
     # kinds whose question tokens the retrieval loss also supervises once the question has named its object
     # (retrieval.prompt_targets)
     prompt_targets: tuple[str, ...] = PROMPT_KINDS   # every kind that has question targets

@@ -42,7 +42,8 @@ IMAGE_TOKENS = (SIZE // PATCH) ** 2 // MERGE ** 2                       # 9: one
 VIDEO_TOKENS = IMAGE_TOKENS * MODEL_FRAMES // TEMPORAL                  # 18
 
 KINDS = IMAGE_KINDS + tuple(k for k in VIDEO_KINDS if k not in IMAGE_KINDS)
-IMAGE_WEIGHTS = {"describe": 0.25, "count": 0.08, "colour": 0.2, "shape": 0.15, "size": 0.1, "position": 0.12, "yesno": 0.1}
+IMAGE_WEIGHTS = {"describe": 0.25, "count": 0.08, "colour": 0.2, "shape": 0.15, "size": 0.1, "position": 0.12,
+                 "yesno": 0.1}
 VIDEO_WEIGHTS = {"describe_video": 0.45, "motion": 0.4, "count": 0.15}
 
 
@@ -110,11 +111,15 @@ def build_cache(out: Path, tok, seed: int, n_images: int, n_videos: int, per_ima
                 videos[i] = np.stack(read_video(path)[0])
                 video_labels[i], video_dom[i] = clip_targets(sc)
             for ex in exs:
-                prompts.append(user_turn(m, ex.prompt)); answers.append(ex.answer)
-                media.append(int(m == "video")); index.append(i); kinds.append(KINDS.index(ex.kind))
+                prompts.append(user_turn(m, ex.prompt))
+                answers.append(ex.answer)
+                media.append(int(m == "video"))
+                index.append(i)
+                kinds.append(KINDS.index(ex.kind))
             if (i + 1) % (5000 if m == "image" else 2000) == 0:
                 log(f"  rendered {i + 1}/{n_images if m == 'image' else n_videos} {m}s")
-    images.flush(); videos.flush()
+    images.flush()
+    videos.flush()
     np.save(out / "image_labels.npy", labels)
     np.savez(out / "vision_targets.npz", image_dom=image_dom, video_labels=video_labels, video_dom=video_dom)
     p_ids = tok([expand_pads(p) for p in prompts], add_special_tokens=False)["input_ids"]
@@ -170,7 +175,8 @@ def build_prompt_targets(out: Path, tok, seed: int, n_images: int, n_videos: int
 HARD_FILE = "hard_v1.pt"
 
 
-def build_hard_flags(out: Path, seed: int, n_images: int, n_videos: int, per_image: int = 3, per_video: int = 2) -> None:
+def build_hard_flags(out: Path, seed: int, n_images: int, n_videos: int, per_image: int = 3,
+                     per_video: int = 2) -> None:
     """HARD_FILE: for each cached example, whether it is retrieval.confusable in its scene (replayed from the
     scene stream, like build_retrieval_targets)."""
     flags = [confusable(e, (sc.start if m == "video" else sc).objects)
@@ -197,7 +203,8 @@ def replay_image_labels(out: Path, seed: int, n_images: int, n_videos: int | Non
         n = n_images if m == "image" else n_videos
         checked = i % max(1, n // check) == 0 or i == n - 1
         if m == "image":
-            assert not checked or np.array_equal(render_image(sc, noise_seed=noise), images[i]), f"cache {out} is not seed {seed}"
+            same = not checked or np.array_equal(render_image(sc, noise_seed=noise), images[i])
+            assert same, f"cache {out} is not seed {seed}"
             labels[i], image_dom[i] = image_targets(sc)
         else:
             if checked:   # MP4 round trip: close, not equal
@@ -215,7 +222,8 @@ def check_against_processor(processor, seed: int = 0) -> None:
     img = render_image(sample_scene(rng))
     text = user_turn("image", "Describe.")
     ref = processor(text=[text], images=[img], return_tensors="pt")
-    assert torch.allclose(ref["pixel_values"], patchify(torch.from_numpy(img).unsqueeze(0).expand(2, -1, -1, -1)), atol=1e-5)
+    ours = patchify(torch.from_numpy(img).unsqueeze(0).expand(2, -1, -1, -1))
+    assert torch.allclose(ref["pixel_values"], ours, atol=1e-5)
     ids = processor.tokenizer(expand_pads(text), add_special_tokens=False)["input_ids"]
     assert ref["input_ids"][0].tolist() == ids
     frames = render_clip(sample_clip(rng))[:MODEL_FRAMES]

@@ -16,7 +16,8 @@ def forward_ms(model, n_tokens: int, prefix: int = 130, repeats: int = 15, dtype
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
         cache = model(input_ids=ids, use_cache=True).past_key_values
         x = torch.randint(10, vocab - 10, (1, n_tokens), generator=g)
-        pos = torch.arange(prefix, prefix + n_tokens).view(1, 1, -1).expand(3, 1, -1)   # (3, B, n): M-RoPE text positions
+        # (3, B, n): the M-RoPE positions of text tokens
+        pos = torch.arange(prefix, prefix + n_tokens).view(1, 1, -1).expand(3, 1, -1)
         times = []
         for _ in range(repeats):
             t = time.perf_counter()

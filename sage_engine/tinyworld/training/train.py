@@ -40,7 +40,8 @@ def prepare(cache: Path, cfg: TrainConfig, log=print):
     if (cache / "examples.pt").exists() and (cache / "tokenizer").exists():
         log(f"[data] reusing cache {cache}")
         tok = PreTrainedTokenizerFast.from_pretrained(cache / "tokenizer")
-        if cfg.aux_weight > 0 and not ((cache / "image_labels.npy").exists() and (cache / "vision_targets.npz").exists()):
+        vision_files = (cache / "image_labels.npy").exists() and (cache / "vision_targets.npz").exists()
+        if cfg.aux_weight > 0 and not vision_files:
             t0 = time.time()
             replay_image_labels(cache, cfg.seed, cfg.n_images, cfg.n_videos)
             log(f"[data] per-token vision labels replayed in {time.time() - t0:.0f}s")
@@ -135,8 +136,8 @@ def _language_heads(model, data: TrainSet, cfg: TrainConfig):
     retrieval = None
     if cfg.retrieval_weight > 0 and data.retrieval is not None:
         tc = model.config.text_config   # a smaller config (tests) gets the nearest layer / head
-        heads = tuple(sorted({(min(l, tc.num_hidden_layers - 1), h % tc.num_attention_heads)
-                              for l, h in cfg.retrieval_heads}))
+        heads = tuple(sorted({(min(layer, tc.num_hidden_layers - 1), h % tc.num_attention_heads)
+                              for layer, h in cfg.retrieval_heads}))
         retrieval = RetrievalAux(heads, data.image_token, data.video_token)
         model.set_attn_implementation("eager")   # the loss reads attention weights
     return place, retrieval
@@ -213,7 +214,8 @@ def distil_draft(draft, target, data: TrainSet, processor, cfg: TrainConfig, log
     opt = torch.optim.AdamW(params, lr=cfg.draft_lr, betas=(0.9, 0.98), weight_decay=0.01)
     batches = data.batches(cfg.batch_size, random.Random(cfg.seed + 2), kind_weights=dict(cfg.draft_kind_weights),
                            mirror=cfg.mirror)
-    target.eval(); draft.train()
+    target.eval()
+    draft.train()
     t0, smooth = time.time(), Smoothed(0.98)
     for step in range(cfg.draft_steps):
         for g in opt.param_groups:
@@ -222,13 +224,14 @@ def distil_draft(draft, target, data: TrainSet, processor, cfg: TrainConfig, log
         labels = batch.pop("labels")
         vis_labels = batch.pop("vision_targets", None)
         batch.pop("retrieval_targets", None)
-        mask = labels[:, 1:] != -100                                           # (B, L-1): positions predicting an answer token
+        mask = labels[:, 1:] != -100                                    # (B, L-1): positions predicting an answer token
         with torch.no_grad():
             p_logits = target(**batch).logits[:, :-1][mask]                     # (N, V)
         if aux:
             aux.clear()
         q_logits = draft(**batch).logits[:, :-1][mask]                          # (N, V)
-        loss = F.kl_div(F.log_softmax(q_logits, -1), F.log_softmax(p_logits, -1), log_target=True, reduction="batchmean")
+        loss = F.kl_div(F.log_softmax(q_logits, -1), F.log_softmax(p_logits, -1), log_target=True,
+                        reduction="batchmean")
         a_loss = aux_loss(aux, vis_labels)
         opt.zero_grad(set_to_none=True)
         (loss + cfg.aux_weight * a_loss).backward()
@@ -261,7 +264,9 @@ def run(out: Path, cache: Path, cfg: TrainConfig, log=print, only_draft: bool = 
     log(f"[train] config {json.dumps(dataclasses.asdict(cfg))}")
     tok, processor, data, cache_seconds = prepare(cache, cfg, log)
     log(f"[data] {len(data)} training examples")
-    items = [it for it in make_items(seed=-1, n=6) if not it.example.kind.startswith("describe")] if cfg.eval_every else None
+    items = None   # the quick evaluation's questions: fresh short ones
+    if cfg.eval_every:
+        items = [it for it in make_items(seed=-1, n=6) if not it.example.kind.startswith("describe")]
     earlier = json.loads((out / SUMMARY).read_text()) if only_draft and (out / SUMMARY).exists() else {}
     summary = {"config": dataclasses.asdict(cfg), "threads": torch.get_num_threads(), "only_draft": only_draft,
                "examples": len(data), "seconds": {"cache": cache_seconds}, "target": earlier.get("target")}

@@ -55,7 +55,7 @@ class TrainSet:
     pad: int
     labels: np.ndarray | None = None   # (N_img, IMAGE_TOKENS, N_LABELS) per-token vision targets
     targets: dict | None = None        # vision_targets.npz: image_dom, video_labels, video_dom
-    retrieval: torch.Tensor | None = None   # retrieval.TARGETS_FILE: per cached token, a visual-token bit mask (retrieval.py)
+    retrieval: torch.Tensor | None = None   # retrieval.TARGETS_FILE: per cached token, a visual-token bit mask
     swap: torch.Tensor | None = None        # mirror_vocab(tok): the left / right swap of a mirrored example
     hard: torch.Tensor | None = None        # HARD_FILE: bool per example (retrieval.confusable)
 
@@ -94,7 +94,8 @@ class TrainSet:
 
     @staticmethod
     def _mirrored(targets: dict, flips: list[list[bool]]) -> dict:
-        """vision_targets with the rows of flipped items permuted to the mirrored tokens; flips = [image flags, video flags]."""
+        """vision_targets with the rows of flipped items permuted to the mirrored tokens;
+        flips = [image flags, video flags]."""
         out = dict(targets)
         for key, f in zip(("image", "video"), flips):
             if targets[key] is None or not any(f):
@@ -209,11 +210,13 @@ class TrainSet:
             if int(ex["media"][i]) == 0:
                 img = torch.from_numpy(np.array(self.images[j]))
                 img = img.flip(1) if flips[b] else img
-                img_pix.append(patchify(img.unsqueeze(0).expand(TEMPORAL, -1, -1, -1))); n_img += 1
+                img_pix.append(patchify(img.unsqueeze(0).expand(TEMPORAL, -1, -1, -1)))
+                n_img += 1
                 img_ids.append(j)
             else:
                 vid = torch.from_numpy(np.array(self.videos[j]))
-                vid_pix.append(patchify(vid.flip(2) if flips[b] else vid)); n_vid += 1
+                vid_pix.append(patchify(vid.flip(2) if flips[b] else vid))
+                n_vid += 1
                 vid_ids.append(j)
         mm = torch.zeros_like(input_ids)
         mm[input_ids == self.image_token] = 1

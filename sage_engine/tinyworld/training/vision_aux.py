@@ -63,7 +63,8 @@ def _owner_counts(frame: list[tuple[Obj, float | None, tuple[float, float] | Non
     return labels, shape_px
 
 
-def token_targets(frames: list[list[tuple[Obj, float | None, tuple[float, float] | None]]]) -> tuple[np.ndarray, np.ndarray]:
+def token_targets(frames: list[list[tuple[Obj, float | None, tuple[float, float] | None]]]
+                  ) -> tuple[np.ndarray, np.ndarray]:
     """Targets for one group of frames that share visual tokens (an image: one frame; a video's
     temporal patch group: two). -> (labels uint8 (GRID^2, N_LABELS): the union over the frames of each
     frame's multi-hot labels; dom int8 (GRID^2,): index of the shape with the most pixels in the block, mean over
@@ -214,7 +215,8 @@ class PlaceAux(torch.nn.Module):
     def __init__(self, model, layer: int, image_token: int, video_token: int):
         super().__init__()
         hidden = model.config.text_config.hidden_size
-        self.head = torch.nn.Linear(hidden, 2 * GRID + 2 + len(CHANGES) + N_LABELS)   # row, column, group, change, before
+        # outputs: row, column, temporal group, change, the cell's former labels
+        self.head = torch.nn.Linear(hidden, 2 * GRID + 2 + len(CHANGES) + N_LABELS)
         self.image_token, self.video_token = image_token, video_token
         self.input_ids: torch.Tensor | None = None
         self._h: torch.Tensor | None = None
