@@ -194,6 +194,12 @@ def test_place_aux_reads_the_language_model_at_the_visual_tokens(tok):
     assert GRID == 3
 
 
+def _largest_turn(cos, sin, a, b) -> float:
+    """The largest angle, over the rotary frequencies, by which a query turns between positions a and b."""
+    return torch.atan2(sin[0, a] * cos[0, b] - cos[0, a] * sin[0, b],
+                       cos[0, a] * cos[0, b] + sin[0, a] * sin[0, b]).abs().max().item()
+
+
 def test_interleaved_mrope_lets_the_language_model_tell_columns_apart(tok):
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLRotaryEmbedding
 
@@ -206,11 +212,7 @@ def test_interleaved_mrope_lets_the_language_model_tell_columns_apart(tok):
     for interleaved in (False, True):
         rot = Qwen2_5_VLRotaryEmbedding(build_config(TARGET, tok, interleaved).text_config)
         cos, sin = rot(torch.zeros(1, 1, 4), visual)
-        # the angle by which each frequency turns between two tokens, and its largest value over frequencies
-        def angle(a, b):
-            return torch.atan2(sin[0, a] * cos[0, b] - cos[0, a] * sin[0, b],
-                               cos[0, a] * cos[0, b] + sin[0, a] * sin[0, b]).abs().max().item()
-        turn[interleaved] = (angle(1, 0), angle(2, 0))   # one column, one row
+        turn[interleaved] = (_largest_turn(cos, sin, 1, 0), _largest_turn(cos, sin, 2, 0))   # one column, one row
         turn[interleaved, "text"] = rot(torch.zeros(1, 1, 4), text)[0]
     assert turn[False][0] < 0.01 and turn[False][1] < 0.11   # Qwen's contiguous split: a column step is invisible
     assert turn[True][0] > 0.5 and turn[True][1] > 0.7       # interleaved: a column or a row step turns a query

@@ -29,7 +29,7 @@ def place_probe(model_dir: str, n_fit: int = 800, n_held: int = 200, seed: int =
     rng = random.Random(seed)
     feats = []
     with torch.no_grad():
-        for k in range(0, n_fit + n_held, 50):
+        for _ in range(0, n_fit + n_held, 50):
             imgs = [W.render_image(W.sample_scene(rng), noise_seed=rng.randrange(1 << 30)) for _ in range(50)]
             enc = proc(text=[user_turn("image", "Describe the image.")] * len(imgs), images=imgs, return_tensors="pt")
             hs = model(**enc, output_hidden_states=True).hidden_states

@@ -26,6 +26,7 @@ def cmd_examples(a) -> None:
 def cmd_eval(a) -> None:
     import torch
     from transformers import AutoModelForImageTextToText, AutoProcessor
+
     from .evaluate import generate, make_items, score_all
     torch.set_num_threads(a.threads)
     runs = a.seeds or [(a.seed, a.n)]

@@ -7,8 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor,
-                          Qwen2VLImageProcessor, Qwen2VLVideoProcessor)
+from transformers import (
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen2_5_VLProcessor,
+    Qwen2VLImageProcessor,
+    Qwen2VLVideoProcessor,
+)
 
 from .world import MODEL_FRAMES, SIZE
 

@@ -9,9 +9,8 @@ from pathlib import Path
 import torch
 
 from ...policy import POLICY_NAMES
-from .data import IMAGE_TOKENS, VIDEO_TOKENS
 from ..world import CLIP_FPS, CLIP_FRAMES, MODEL_FRAMES, SIZE
-
+from .data import IMAGE_TOKENS, VIDEO_TOKENS
 
 ATTRIBUTES = ("colour", "shape", "size", "position", "count", "yesno", "motion")
 BAR = 0.95

@@ -10,6 +10,7 @@ from pathlib import Path
 
 def cmd_train(a) -> None:
     import torch
+
     from .. import models as M
     from .config import TrainConfig
     from .train import run
@@ -44,6 +45,7 @@ def cmd_ship(a) -> None:
 def cmd_card(a) -> None:
     import torch
     from transformers import AutoModelForImageTextToText
+
     from .card import write_cards
     from .timing import measure
     torch.set_num_threads(a.threads)

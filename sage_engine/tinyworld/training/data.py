@@ -29,11 +29,10 @@ import numpy as np
 import torch
 
 from ..language import IMAGE_KINDS, VIDEO_KINDS, image_example, video_example
-from .retrieval import PROMPT_TARGETS_FILE, TARGETS_FILE, answer_targets, confusable, prompt_targets
 from ..tokenizer import user_turn
+from ..world import MODEL_FRAMES, SIZE, read_video, render_clip, render_image, sample_clip, sample_scene, write_mp4
+from .retrieval import PROMPT_TARGETS_FILE, TARGETS_FILE, answer_targets, confusable, prompt_targets
 from .vision_aux import N_LABELS, clip_targets, image_targets
-from ..world import (MODEL_FRAMES, SIZE, read_video, render_clip, render_image, sample_clip, sample_scene,
-                    write_mp4)
 
 MEAN = torch.tensor([0.48145466, 0.4578275, 0.40821073])
 STD = torch.tensor([0.26862954, 0.26130258, 0.27577711])

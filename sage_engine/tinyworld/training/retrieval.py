@@ -33,7 +33,7 @@ import re
 
 import torch
 
-from ..language import POSITION_RE, NUMBERS, Example, parse_position
+from ..language import NUMBERS, POSITION_RE, Example, parse_position
 from ..world import POSITIONS, SHAPES, Clip, Obj, Scene
 
 N_CELLS = len(POSITIONS)

@@ -22,8 +22,15 @@ from .. import models as M
 from ..evaluate import evaluate, make_items
 from ..tokenizer import build_tokenizer, world_corpus
 from .config import TrainConfig
-from .data import (HARD_FILE, build_cache, build_hard_flags, build_prompt_targets, build_retrieval_targets,
-                   check_against_processor, replay_image_labels)
+from .data import (
+    HARD_FILE,
+    build_cache,
+    build_hard_flags,
+    build_prompt_targets,
+    build_retrieval_targets,
+    check_against_processor,
+    replay_image_labels,
+)
 from .losses import Smoothed, aux_loss, content_tokens, cosine, weighted_lm_loss
 from .retrieval import PROMPT_TARGETS_FILE, TARGETS_FILE, RetrievalAux
 from .trainset import TrainSet

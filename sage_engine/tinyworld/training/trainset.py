@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..world import mirror_cell
 from .data import HARD_FILE, IMAGE_TOKENS, KINDS, MODEL_FRAMES, PATCH, SIZE, TEMPORAL, VIDEO_TOKENS, patchify
 from .retrieval import PROMPT_TARGETS_FILE, TARGETS_FILE
-from ..world import mirror_cell
 
 MIRROR_WORDS = ("left", "right")
 MIRROR_TOKENS = torch.tensor([g * IMAGE_TOKENS + mirror_cell(c)
@@ -60,7 +60,7 @@ class TrainSet:
     hard: torch.Tensor | None = None        # HARD_FILE: bool per example (retrieval.confusable)
 
     @classmethod
-    def load(cls, path: Path, tok, prompt_kinds: tuple[str, ...] = ()) -> "TrainSet":
+    def load(cls, path: Path, tok, prompt_kinds: tuple[str, ...] = ()) -> TrainSet:
         """prompt_kinds: for the examples of these kinds the retrieval targets also cover the question
         (retrieval.prompt_targets; needs PROMPT_TARGETS_FILE, build_prompt_targets)."""
         lab, tg = None, None

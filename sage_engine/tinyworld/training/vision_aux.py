@@ -23,8 +23,20 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..world import (COLOURS, MODEL_FRAMES, RADIUS, SHAPES, SIZE, SIZES, Clip, Obj, Scene, clip_frame_objects,
-                    clip_metadata, draw_object)
+from ..world import (
+    COLOURS,
+    MODEL_FRAMES,
+    RADIUS,
+    SHAPES,
+    SIZE,
+    SIZES,
+    Clip,
+    Obj,
+    Scene,
+    clip_frame_objects,
+    clip_metadata,
+    draw_object,
+)
 
 GRID = SIZE // 28              # merged tokens per side (3: one per cell)
 BLOCK = SIZE // GRID           # 28 px
