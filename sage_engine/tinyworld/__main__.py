@@ -6,9 +6,10 @@ import json
 import sys
 from pathlib import Path
 
+from ..presets import ASSETS as _ASSETS
 from .training.commands import add_ship_and_card_commands, add_train_command
 
-ASSETS = Path(__file__).resolve().parents[2] / "assets" / "models"
+ASSETS = _ASSETS / "models"  # the embedded pair (a checkout's assets/, or the installed copy)
 
 
 def cmd_render(a) -> None:
