@@ -68,7 +68,7 @@ def _seed_runs(value: str) -> list[tuple[int, int]]:
     return runs
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m sage_engine.tinyworld", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("render", help="write N images + N MP4 videos with truth.jsonl and prompts.jsonl")
@@ -92,7 +92,11 @@ def main(argv: list[str] | None = None) -> None:
                         "own in the JSON's per_seed (overrides --seed / --n)")
     e.set_defaults(fn=cmd_eval)
     add_ship_and_card_commands(sub, ASSETS)
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = build_parser().parse_args(argv)
     a.fn(a)
 
 

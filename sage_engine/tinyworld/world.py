@@ -22,6 +22,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from ..media import sample_video
+
 SIZE = 84             # image side in pixels: 3 cells of 28 (one merged visual token each)
 CLIP_FRAMES = 8       # frames written to each MP4
 CLIP_FPS = 4.0        # frames per second of the MP4
@@ -291,22 +293,12 @@ def write_mp4(frames: list[np.ndarray], path: str | Path, fps: float = CLIP_FPS)
 
 
 def read_video(path: str | Path, num_frames: int = MODEL_FRAMES) -> tuple[list[np.ndarray], dict]:
-    """Uniformly sample `num_frames` RGB frames (indices arange(n) * total // n), the
-    way the engine does, and return them with the metadata the processor wants."""
-    cap = cv2.VideoCapture(str(path))
-    total = int(cap.get(cv2.CAP_PROP_FRAME_COUNT))
-    fps = cap.get(cv2.CAP_PROP_FPS) or CLIP_FPS
-    all_frames = []
-    while True:
-        ok, fr = cap.read()
-        if not ok:
-            break
-        all_frames.append(cv2.cvtColor(fr, cv2.COLOR_BGR2RGB))
-    cap.release()
-    total = len(all_frames)
-    idx = [i * total // num_frames for i in range(num_frames)]
-    meta = {"total_num_frames": total, "fps": fps, "duration": total / fps, "frames_indices": idx}
-    return [all_frames[i] for i in idx], meta
+    """`num_frames` RGB frames sampled the way the engine samples any video (media.sample_video), with the
+    metadata the processor wants."""
+    clip = sample_video(str(path), num_frames)
+    meta = {"total_num_frames": clip.total_num_frames, "fps": clip.fps, "duration": clip.duration,
+            "frames_indices": clip.frames_indices}
+    return clip.frames, meta
 
 
 def clip_metadata(num_frames: int = MODEL_FRAMES) -> dict:

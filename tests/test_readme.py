@@ -1,0 +1,66 @@
+"""Every command the README shows runs as written: `generate` commands run, `render` renders (into a
+temporary folder), and the commands that take minutes to hours (bench, report, train, eval, ship, card)
+are parsed by their own command-line parsers, so a renamed or removed flag fails here."""
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def readme_commands() -> list[list[str]]:
+    """The `python -m sage_engine...` / `sage ...` lines of the README's bash blocks, as argv lists."""
+    commands, in_bash = [], False
+    for line in (ROOT / "README.md").read_text().splitlines():
+        if line.startswith("```"):
+            in_bash = line.strip() == "```bash"
+            continue
+        if not in_bash:
+            continue
+        argv = shlex.split(line, comments=True)
+        while argv and "=" in argv[0]:  # environment assignments (HF_HUB_OFFLINE=1)
+            argv = argv[1:]
+        if argv[:2] == ["python", "-m"] and argv[2].startswith("sage_engine"):
+            commands.append(argv[2:])
+        elif argv[:1] == ["sage"]:
+            commands.append(["sage_engine", *argv[1:]])
+    return commands
+
+
+COMMANDS = readme_commands()
+
+
+def test_the_readme_shows_each_kind_of_command():
+    kinds = {(c[0], c[1]) for c in COMMANDS if len(c) > 1}
+    assert {("sage_engine", "generate"), ("sage_engine", "bench"), ("sage_engine.tinyworld", "render"),
+            ("sage_engine.tinyworld", "train")} <= kinds
+
+
+@pytest.mark.parametrize("argv", COMMANDS, ids=[" ".join(c)[:60] for c in COMMANDS])
+def test_readme_command_runs_as_written(argv, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    module, args = argv[0], argv[1:]
+    if module == "sage_engine":
+        from sage_engine.cli import build_parser, main
+
+        if args[0] == "generate":
+            assert main(args) == 0, capsys.readouterr().err
+        else:
+            build_parser().parse_args(args)
+    elif module == "sage_engine.tinyworld":
+        from sage_engine.tinyworld.__main__ import build_parser, main
+
+        if args[0] == "render":
+            out = args.index("--out") + 1
+            main([*args[:out], str(tmp_path / "fresh"), *args[out + 1:]])
+            assert any((tmp_path / "fresh").glob("*.png")) and any((tmp_path / "fresh").glob("*.mp4"))
+        else:
+            build_parser().parse_args(args)
+    elif module == "sage_engine.report":
+        from sage_engine.report import build_parser
+
+        build_parser().parse_args(args)
+    else:
+        pytest.fail(f"the README shows a command this test does not know: {' '.join(argv)}")
