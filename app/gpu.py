@@ -11,8 +11,8 @@ What ZeroGPU requires of the app, and where it is done:
   (a pair loaded lazily inside the worker would be loaded again on every run);
 - picklable arguments and results: `Handlers.compare` passes the GPU call plain values only (the Stop
   switch, a threading.Event, stays behind: on ZeroGPU a run ends at its token budget);
-- a torch that ZeroGPU accepts (2.8-2.11 per shared/reference/GRADIO.md; this repo pins 2.14.1, so a
-  ZeroGPU Space needs its own requirements, see docs/MODELS.md).
+- a torch that ZeroGPU accepts (its documentation lists 2.8-2.11; this repo pins 2.14.1, so a ZeroGPU
+  Space needs its own requirements, see docs/MODELS.md).
 """
 
 from __future__ import annotations

