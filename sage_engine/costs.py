@@ -67,6 +67,19 @@ class BreakEven:
         return self.rate * self.level_ms / self.trust
 
 
+SPIKE = 3.0  # a step that took over SPIKE x the median step's time was slowed by something else
+
+
+def robust_rate(steps: list[tuple[int, float]]) -> float | None:
+    """Tokens per ms over (tokens, ms) steps, leaving out the steps slower than SPIKE x the median step."""
+    if not steps:
+        return None
+    limit = SPIKE * float(np.median([ms for _, ms in steps]))
+    kept = [(t, ms) for t, ms in steps if ms <= limit]
+    wall = sum(ms for _, ms in kept)
+    return sum(t for t, _ in kept) / wall if wall > 0 else None
+
+
 class CostMeter:
     """Sliding windows of step timings: the engine's recent steps (for the prices) and each policy's (its rate)."""
 
@@ -96,10 +109,11 @@ class CostMeter:
 
     @staticmethod
     def typical_rate(steps) -> float | None:
-        """The median step's tokens per ms: the judge of drafted against plain steps. A median, because on a
-        shared machine one step in a few can take many times its usual time (another process got the core)."""
-        rates = [s.tokens / s.wall_ms for s in steps if s.wall_ms > 0]
-        return float(np.median(rates)) if rates else None
+        """Tokens per ms of `steps`, those that took over `SPIKE` times the median step left out: the judge of
+        drafted against plain steps. On a shared machine one step in a few can take many times its usual time
+        (another process got the core); a median of per-step rates would be robust too, but biased against
+        drafted steps, whose accepted lengths are skewed (a few long paths carry the throughput)."""
+        return robust_rate([(s.tokens, s.wall_ms) for s in steps])
 
     def drafted_rate(self, policy: str) -> float | None:
         """Typical tokens per ms of `policy`'s last `recent` drafted steps, None before it has `min_steps` of them."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import ChainConfig, Eagle2Config, SageConfig, StaticConfig
-from .costs import BreakEven, Quote
+from .costs import BreakEven, Quote, robust_rate
 from .tree import DraftTree
 
 
@@ -268,7 +268,7 @@ class SagePolicy(Policy):
         if self._trying or len(recent) < 2 or plain is None:
             self._trying = False  # the try has been judged with the window it joined
             return False
-        if float(np.median([t / ms for t, ms in recent])) >= plain:
+        if (robust_rate(recent) or 0.0) >= plain:
             self._backoff = self.cfg.fallback_steps
             return False
         return self._fall_back()
