@@ -83,18 +83,27 @@ def robust_rate(steps: list[tuple[int, float]]) -> float | None:
 class CostMeter:
     """Sliding windows of step timings: the engine's recent steps (for the prices) and each policy's (its rate)."""
 
-    def __init__(self, window: int = 96, policy_window: int = 24, min_steps: int = 3, recent: int = 8):
+    def __init__(self, window: int = 96, policy_window: int = 24, min_steps: int = 3, recent: int = 8,
+                 refit: int = 4):
         self.steps: deque[StepTiming] = deque(maxlen=window)
         self.by_policy: dict[str, deque[StepTiming]] = {}
         self.drafted: dict[str, deque[StepTiming]] = {}  # each policy's last `recent` drafted steps
+        self.plain: deque[StepTiming] = deque(maxlen=policy_window)  # the last plain steps, of any policy
         self.policy_window = policy_window
         self.min_steps = min_steps
         self.recent = recent  # drafted steps that judge the draft now (trust, drafted rate)
+        self.refit = refit  # drafted steps between two fits of the prices (they move slowly; a fit costs ~0.1 ms)
+        self._counts = [0, 0]  # plain, drafted steps recorded so far
+        self._plain_rate: tuple[int, float | None] | None = None  # (plain count, value) of the last computation
+        self._prices: tuple[int, tuple[float, float] | None] | None = None  # (drafted count, prices) of the last fit
 
     def record(self, timing: StepTiming) -> None:
         self.steps.append(timing)
         self.by_policy.setdefault(timing.policy, deque(maxlen=self.policy_window)).append(timing)
-        if not timing.plain:
+        self._counts[not timing.plain] += 1
+        if timing.plain:
+            self.plain.append(timing)
+        else:
             self.drafted.setdefault(timing.policy, deque(maxlen=self.recent)).append(timing)
 
     @staticmethod
@@ -125,9 +134,11 @@ class CostMeter:
         policy; where there are none, estimated as one token per the verify time of a tree of no node (the
         intercept of the drafted steps' verify time on their node count, which a plain step never exceeds: the
         estimate errs towards drafting). None when neither can be had."""
-        plain = [s for s in self.steps if s.plain][-self.policy_window :]
-        if len(plain) >= self.min_steps:
-            return self.typical_rate(plain)
+        if self._plain_rate is None or self._plain_rate[0] != self._counts[0]:  # a new plain step since
+            rate = self.typical_rate(self.plain) if len(self.plain) >= self.min_steps else None
+            self._plain_rate = (self._counts[0], rate)
+        if self._plain_rate[1] is not None:
+            return self._plain_rate[1]
         drafted = [s for s in self.steps if not s.plain]
         if len(drafted) < self.min_steps or len({s.nodes for s in drafted}) < 2:
             return None
@@ -147,16 +158,21 @@ class CostMeter:
         """(ms per verified node, ms per draft level): least squares of a drafted step's wall time on its node count
         and draft forwards, over recent drafted steps of every policy (their trees differ in size and depth, which
         is what makes both slopes measurable). Everything a step costs is charged to one or the other: a node
-        also costs its share of the draft forward that feeds it and of the bookkeeping; never negative."""
+        also costs its share of the draft forward that feeds it and of the bookkeeping; never negative. Refitted
+        every `refit` drafted steps."""
+        done = self._counts[1]
+        if self._prices is None or done - self._prices[0] >= self.refit or (self._prices[1] is None and done):
+            self._prices = (done, self._fit())
+        return self._prices[1]
+
+    def _fit(self) -> tuple[float, float] | None:
         drafted = [s for s in self.steps if not s.plain]
         if len(drafted) < self.min_steps:
             return None
         x = np.array([[1.0, s.nodes, s.draft_forwards] for s in drafted])
         y = np.array([s.wall_ms for s in drafted])
-        if np.linalg.matrix_rank(x) < 3:
-            return None
-        _, node, level = np.linalg.lstsq(x, y, rcond=None)[0]
-        return max(0.0, float(node)), max(0.0, float(level))
+        (_, node, level), _, rank, _ = np.linalg.lstsq(x, y, rcond=None)
+        return None if rank < 3 else (max(0.0, float(node)), max(0.0, float(level)))
 
     def break_even(self, policy: str) -> BreakEven | None:
         """The current prices for `policy`, None until enough steps are measured."""
