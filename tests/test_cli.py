@@ -5,11 +5,9 @@ import os
 import subprocess
 import sys
 
-import cv2
 import hostile_media as hm
-import numpy as np
 import pytest
-from PIL import Image
+from tiny_models import write_noise_media
 
 from sage_engine.cli import main
 
@@ -19,12 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(__file__))
 @pytest.fixture(scope="module")
 def media(tmp_path_factory):
     d = tmp_path_factory.mktemp("media")
-    rng = np.random.default_rng(0)
-    Image.fromarray(rng.integers(0, 255, (56, 56, 3), dtype=np.uint8)).save(d / "a.png")
-    writer = cv2.VideoWriter(str(d / "b.mp4"), cv2.VideoWriter_fourcc(*"mp4v"), 4, (56, 56))
-    for _ in range(8):
-        writer.write(rng.integers(0, 255, (56, 56, 3), dtype=np.uint8))
-    writer.release()
+    write_noise_media(d, seed=0)
     (d / "prompts.jsonl").write_text(json.dumps({"file": "a.png", "prompt": "what colour is it?"}) + "\n")
     (d / "broken.png").write_bytes(b"this is not an image")
     (d / "empty.mp4").write_bytes(b"")

@@ -2,10 +2,8 @@
 
 import json
 
-import cv2
-import numpy as np
 import pytest
-from PIL import Image
+from tiny_models import write_noise_media
 
 from sage_engine.cli import main
 from sage_engine.engine import SpecEngine
@@ -76,12 +74,7 @@ def test_bad_hf_specs_are_refused(spec, error):
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
     d = tmp_path_factory.mktemp("hf_inputs")
-    rng = np.random.default_rng(1)
-    Image.fromarray(rng.integers(0, 255, (56, 56, 3), dtype=np.uint8)).save(d / "a.png")
-    writer = cv2.VideoWriter(str(d / "b.mp4"), cv2.VideoWriter_fourcc(*"mp4v"), 4, (56, 56))
-    for _ in range(8):
-        writer.write(rng.integers(0, 255, (56, 56, 3), dtype=np.uint8))
-    writer.release()
+    write_noise_media(d, seed=1)
     return d
 
 

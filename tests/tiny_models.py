@@ -182,3 +182,15 @@ def clip(seed: int, frames: int = 4, size: int = 56) -> VideoClip:
     rng = np.random.default_rng(seed)
     arr = [rng.integers(0, 256, (size, size, 3), dtype=np.uint8) for _ in range(frames)]
     return VideoClip(arr, frames, 4.0, frames / 4.0, list(range(frames)), size, size)
+
+
+def write_noise_media(folder, seed: int = 0) -> None:
+    """`a.png` (a 56 px noise image) and `b.mp4` (8 noise frames, mp4v, 4 fps) in `folder`: inputs the CLI reads."""
+    import cv2
+
+    rng = np.random.default_rng(seed)
+    Image.fromarray(rng.integers(0, 255, (56, 56, 3), dtype=np.uint8)).save(f"{folder}/a.png")
+    writer = cv2.VideoWriter(f"{folder}/b.mp4", cv2.VideoWriter_fourcc(*"mp4v"), 4, (56, 56))
+    for _ in range(8):
+        writer.write(rng.integers(0, 255, (56, 56, 3), dtype=np.uint8))
+    writer.release()
