@@ -246,10 +246,10 @@ class SagePolicy(Policy):
         The judge is this run's last `fallback_window` drafted steps against the engine's plain rate (measured
         on plain steps, else estimated from drafted steps, costs.py); a run's first step is judged by the
         engine's last drafted steps of this policy (a draft that kept losing on the last inputs starts a new
-        one with the longest wait of plain steps; the draft reads the prompt only when tried, so a short answer
-        never pays for it). While they lose, the next
-        `_backoff` steps are plain, then the draft is tried once more; each losing try doubles the wait (up to
-        8x `fallback_steps`), a winning one resets it."""
+        one with 4x `fallback_steps` plain steps; the draft reads the prompt only when tried, so a short answer
+        never pays for it, while a longer one on an input the draft knows loses only its first steps). While
+        they lose, the next `_backoff` steps are plain, then the draft is tried once more; each losing try
+        doubles the wait (up to 8x `fallback_steps`), a winning one resets it."""
         self._skipped = False
         if self.cfg.threshold != "cost" or quote is None or self.cfg.fallback_steps < 1:
             return False
@@ -262,7 +262,7 @@ class SagePolicy(Policy):
             self._started = True
             earlier = quote.drafted_rate()
             if plain is not None and earlier is not None and earlier < plain:
-                self._backoff = 8 * self.cfg.fallback_steps  # the longest wait: the draft lost on earlier inputs
+                self._backoff = 4 * self.cfg.fallback_steps  # a long wait: the draft lost on earlier inputs
                 return self._fall_back()
         recent = self._drafted[-self.cfg.fallback_window :]
         if self._trying or len(recent) < 2 or plain is None:
