@@ -20,6 +20,7 @@ from gradio.components.plot import PlotData
 from sage_engine import InputError, PreparedInput, SageConfig, SageError, StepEvent, make_policy, prepare_input
 from sage_engine.inputs import DEFAULT_NUM_FRAMES, video_frames_for
 from sage_engine.media import sample_video
+from sage_engine.policy import Policy, parse_spec, spec_knobs
 from sage_engine.pruning import VisualPruning
 
 from . import plots, replay, text
@@ -48,6 +49,23 @@ def serialized(fig) -> PlotData:
 
 
 INT_KNOBS = ("d_min", "d_max", "w_min", "w_max", "k", "n_max")
+
+
+def speculative_policy(spec: str, knobs: dict):
+    """(name, config) of the speculative lane from the API's `policy`: a name of the list, or a name with knobs
+    as `bench` and `generate` take them (`chain:k=3`, `sage:n_max=16`); for sage the knobs panel's settings,
+    with the spec's own knobs on top. InputError (one line) for anything else."""
+    name = spec.split(":")[0] if isinstance(spec, str) else spec
+    if name not in POLICIES:
+        raise InputError(f"unknown policy {spec!r}; choose one of {', '.join(POLICIES)}, optionally with knobs "
+                         "(e.g. chain:k=3)")
+    try:
+        name, changes = spec_knobs(spec)
+        if name != "sage":
+            return name, parse_spec(spec)[1]
+        return name, replace(sage_config(knobs), **changes)
+    except ValueError as e:
+        raise InputError(str(e)) from None
 
 
 def sage_config(knobs: dict) -> SageConfig:
@@ -84,7 +102,8 @@ class Setup:
 
     loaded: Loaded
     prepared: PreparedInput
-    cfg: SageConfig
+    policy: Policy  # the speculative lane's
+    cfg: SageConfig  # the knobs panel's (the SAGE lane's own), drawn by the alpha -> (D, W) figure
     pruning: VisualPruning | None
     record: RunRecord
 
@@ -129,26 +148,24 @@ class Handlers:
     def _setup(self, image, video, prompt, max_new_tokens, policy, preset, knobs) -> Setup:
         if not (prompt or "").strip():
             raise InputError("the prompt is empty: type a question about the image or video")
-        if policy not in POLICIES:
-            raise InputError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+        name, cfg = speculative_policy(policy, knobs)
         n = new_tokens(max_new_tokens)
         pruning = VisualPruning() if knobs.pop("draft_prune", False) else None
-        cfg = sage_config(knobs)
         loaded = self.pool.get(preset)
         clip = sample_video(video, video_frames_for(loaded.pair.processor)) if video else None
         prepared = prepare_input(loaded.pair, prompt, images=[image] if image else [], video=clip)
         media = {"image": os.path.basename(image) if image else None,
                  "video": os.path.basename(video) if video else None, "frames": len(clip.frames) if clip else 0}
-        settings = {**(vars(cfg) if policy == "sage" else {}),
+        settings = {**(vars(cfg) if cfg is not None else {}),
                     "draft_pruning": None if pruning is None else vars(pruning)}
         record = RunRecord(preset, prepared.prompt, n, policy, settings, media, spec=Lane("spec", policy))
-        return Setup(loaded, prepared, cfg, pruning, record)
+        sage_cfg = cfg if name == "sage" else sage_config(knobs)
+        return Setup(loaded, prepared, make_policy(name, cfg), sage_cfg, pruning, record)
 
     def _race(self, s: Setup, stop: threading.Event) -> Iterator[tuple]:
         record = s.record
-        spec_policy = make_policy(record.policy, s.cfg if record.policy == "sage" else None)
         engine = s.loaded.engine(s.pruning)
-        race = Race(engine, s.prepared, spec_policy, record.max_new_tokens, s.loaded.lock, stop)
+        race = Race(engine, s.prepared, s.policy, record.max_new_tokens, s.loaded.lock, stop)
         transcriber = Transcriber()
         view = self._reset_view(record)
         yield view.row()

@@ -118,7 +118,9 @@ def _inputs(presets: Mapping[str, Preset], default_preset: str) -> dict:
     with gr.Row():
         max_new = gr.Slider(1, MAX_NEW_TOKENS, DEFAULT_NEW_TOKENS, step=1, label="Max new tokens",
                             elem_id="max-new-tokens")
-        policy = gr.Dropdown(list(POLICIES), value="sage", label="Speculative policy", elem_id="policy")
+        policy = gr.Dropdown(list(POLICIES), value="sage", label="Speculative policy", elem_id="policy",
+                             allow_custom_value=True,  # or a spec with knobs, as bench takes it: chain:k=3
+                             info="or type one with knobs, as the CLI takes it: chain:k=3, sage:n_max=16")
     preset = gr.Dropdown(list(presets), value=default_preset, label="Model pair (configured presets only)",
                          elem_id="preset", interactive=len(presets) > 1,
                          info=_pair_line(presets[default_preset]))

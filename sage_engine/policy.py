@@ -366,6 +366,14 @@ def make_policy(name: str, config=None) -> Policy:
 def parse_spec(spec: str):
     """'sage:n_max=32:theta_scale=0.2' -> ('sage', SageConfig(n_max=32, theta_scale=0.2)): a policy with some
     scalar knobs of its config dataclass changed (for benchmarks that compare settings); ValueError if unknown."""
+    name, changes = spec_knobs(spec)
+    cfg_cls = _POLICIES[name][1]
+    return name, None if cfg_cls is None else dataclasses.replace(cfg_cls(), **changes)
+
+
+def spec_knobs(spec: str) -> tuple[str, dict]:
+    """'chain:k=3' -> ('chain', {'k': 3}): the policy's name and the knobs the spec changes, typed like its
+    config's fields; ValueError (one line) for an unknown policy, knob or value."""
     name, *pairs = spec.split(":")
     if name not in _POLICIES:
         raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(_POLICIES)}")
@@ -373,7 +381,7 @@ def parse_spec(spec: str):
     if cfg_cls is None:
         if pairs:
             raise ValueError(f"policy {name!r} has no knobs")
-        return name, None
+        return name, {}
     cfg = cfg_cls()
     changes = {}
     for pair in pairs:
@@ -385,4 +393,5 @@ def parse_spec(spec: str):
             changes[key] = type(current)(value)
         except ValueError:
             raise ValueError(f"{spec!r}: {key} must be a {type(current).__name__} (got {value!r})") from None
-    return name, dataclasses.replace(cfg, **changes)
+    dataclasses.replace(cfg, **changes)  # the config checks the values (SageConfig: one "SAGE knobs:" line)
+    return name, changes

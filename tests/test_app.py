@@ -185,6 +185,21 @@ def test_the_speculative_lane_uses_the_draft_and_each_knob_changes_its_trees(cli
     assert alphas["default"][0] != alphas["k=2"][0]  # alpha is the entropy over the top k
 
 
+def test_the_app_takes_the_policy_specs_bench_and_generate_take(client, server, media):
+    base = dict(image=handle_file(media.image), video=None, prompt=media.image_prompt, max_new_tokens=24)
+    for spec, most_nodes in [("chain:k=3", 3), ("sage:n_max=3:threshold=paper", 3), ("eagle2:total_nodes=5", 5)]:
+        _, final = run(client, **base, policy=spec)
+        summary = final["summary"]
+        assert summary["speculative"]["policy"] == spec and summary["identical"], spec
+        steps = [s for s in export_of(server, final)["speculative"]["steps"] if s["kind"] == "decode"]
+        assert max(len(s["tree"]["tokens"]) for s in steps) == most_nodes, spec  # the spec's knob took effect
+    for bad, message in [("beam", "unknown policy"), ("chain:k=x", "must be a int"), ("sage:k=1", "k >= 2"),
+                         ("ar", "unknown policy"), ("/etc/passwd", "unknown policy")]:
+        with pytest.raises(Exception, match=message):
+            run(client, **base, policy=bad)
+    assert run(client, **base, policy="sage")[1]["summary"]["identical"]  # and the next request works
+
+
 BAD = [
     ("broken image", dict(image="broken_image"), "cannot read image"),
     ("huge image", dict(image="huge_image"), "image is too large"),
