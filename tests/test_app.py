@@ -122,10 +122,17 @@ def test_other_policies(client, media, policy):
     check_summary(final, policy)
 
 
-def test_draft_pruning_keeps_the_output(client, media):
-    _, final = run(client, image=handle_file(media.image), video=None, prompt=media.image_prompt,
-                   max_new_tokens=24, policy="sage", draft_prune=True)
-    check_summary(final)
+def test_draft_pruning_keeps_the_output_and_changes_what_the_draft_saw(client, server, media):
+    runs = {prune: run(client, image=handle_file(media.image), video=None, prompt=media.image_prompt,
+                       max_new_tokens=24, policy="sage", threshold="paper", draft_prune=prune)[1]
+            for prune in (False, True)}
+    check_summary(runs[True])
+    assert runs[True]["summary"]["speculative"]["token_ids"] == runs[False]["summary"]["ar"]["token_ids"]
+    exports = {prune: export_of(server, final) for prune, final in runs.items()}
+    assert exports[True]["policy_config"]["draft_pruning"] and not exports[False]["policy_config"]["draft_pruning"]
+    first = {prune: next(s for s in x["speculative"]["steps"] if s["kind"] == "decode")
+             for prune, x in exports.items()}
+    assert first[True]["root_alpha"] != first[False]["root_alpha"]  # the draft read fewer visual tokens
 
 
 def test_export_download(client, server, media):
