@@ -7,7 +7,8 @@ server (the tinyworld pair and the tiny random pair, whose long runs are needed 
 torch thread per core but one as `python app.py` uses, its temp files under a fresh TMPDIR. Against it:
 1. load: N visitors submit /compare at once (tools/reliability_phases.py);
 2. soak: consecutive runs; server RSS, threads and temp files before/after, tokens/s first vs last 10;
-3. leaving mid-run: a gradio_client job cancelled, and a Chromium tab closed, mid-stream; time to the next run.
+3. leaving mid-run: a gradio_client job cancelled, a Chromium tab closed, and Stop pressed in the page, mid-stream;
+   time to the next run.
 The child reports how many decoding threads were alive at once (tests/test_app_load.races_alive, sampled).
 """
 
@@ -128,8 +129,6 @@ def server_log_counts(path: Path) -> tuple[int, int]:
 
 
 NOT_MEASURED = [
-    "Stop pressed in the page: not timed here (tests/test_browser.py::test_stop_then_run_again checks that a "
-    "stopped run reports and the next run is correct).",
     "A real Space (network latency, Hugging Face's proxy, CPU basic's 2 vCPUs shared with other tenants): "
     "all figures are from a server on this machine with the clients on the same machine (loopback), which also "
     "share its 2 cores with the server.",

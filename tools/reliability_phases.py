@@ -173,8 +173,9 @@ def after_leaving(child, nxt: Client, media: list[dict], t_leave: float, cancell
                 float("nan")), peak_races=child.peak(), correct=ok and cancelled())
 
 
-def leave_by_closing_tab(child, media: list[dict], browser, long_preset: str) -> dict | None:
-    """A Chromium tab starts a long run and is closed after its first streamed text; None if it ended first."""
+def leave_in_tab(child, media: list[dict], browser, long_preset: str, how: str) -> dict | None:
+    """A Chromium tab starts a long run and, after its first streamed text, is closed (`how` "close") or presses
+    Stop (`how` "stop"); the next visitor's run is timed from then. None if the run ended first."""
     from test_browser import pick_preset
 
     page = browser.new_page()
@@ -193,6 +194,14 @@ def leave_by_closing_tab(child, media: list[dict], browser, long_preset: str) ->
     nxt = Client(child.url, verbose=False)
     child.peak()
     t_leave = time.perf_counter()
+    if how == "stop":
+        page.click("#stop")
+        row = after_leaving(child, nxt, media, t_leave)
+        page.wait_for_function("/Stopped after|Done/.test(document.querySelector('#status').innerText)",
+                               timeout=60_000)
+        row["correct"] = row["correct"] and "Stopped after" in page.inner_text("#status")
+        page.close()
+        return row
     page.close()
     return after_leaving(child, nxt, media, t_leave)
 
@@ -200,7 +209,8 @@ def leave_by_closing_tab(child, media: list[dict], browser, long_preset: str) ->
 def leave(child, media: list[dict], reps: int, browser: bool) -> dict:
     """`reps` leaves of each kind, each followed by the next visitor's run."""
     long_preset = app_server.TINY.name
-    modes: dict[str, list[dict]] = {"gradio_client job cancelled": [], "Chromium tab closed": []}
+    modes: dict[str, list[dict]] = {"gradio_client job cancelled": [], "Chromium tab closed": [],
+                                    "Stop pressed in the page": []}
     notes = []
     for _ in range(reps):
         row = leave_by_cancel(child, media, long_preset)
@@ -215,12 +225,13 @@ def leave(child, media: list[dict], reps: int, browser: bool) -> dict:
         with sync_playwright() as p:
             chromium = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
             try:
-                for _ in range(reps):
-                    row = leave_by_closing_tab(child, media, chromium, long_preset)
-                    if row:
-                        modes["Chromium tab closed"].append(row)
-                    else:
-                        notes.append("a tab's run ended before the tab closed (repetition dropped)")
+                for mode, how in (("Chromium tab closed", "close"), ("Stop pressed in the page", "stop")):
+                    for _ in range(reps):
+                        row = leave_in_tab(child, media, chromium, long_preset, how)
+                        if row:
+                            modes[mode].append(row)
+                        else:
+                            notes.append(f"a tab's run ended before it could leave ({mode}; repetition dropped)")
             finally:
                 chromium.close()
     else:

@@ -67,6 +67,10 @@ def soak_section(r: dict) -> list[str]:
         f"{r['tps_change_pct']:+.1f}% (within 10%: {verdict(abs(r['tps_change_pct']) <= 10)}) |",
         f"| AR tokens/s, first 10 vs last 10 | {r['ar_tps_first']:.0f} | {r['ar_tps_last']:.0f} | "
         f"{r['ar_tps_change_pct']:+.1f}% |",
+        # the machine's own drift moves both lanes alike; their ratio is what a slowing server would change
+        f"| speculative / AR tokens/s, first 10 vs last 10 | {r['tps_first'] / r['ar_tps_first']:.2f} | "
+        f"{r['tps_last'] / r['ar_tps_last']:.2f} | "
+        f"{100 * (r['tps_last'] * r['ar_tps_first'] / (r['tps_first'] * r['ar_tps_last']) - 1):+.1f}% |",
         f"| server threads | {r['threads_start']} | {r['threads_end']} | "
         f"{verdict(r['threads_end'] <= r['threads_start'])} (no growth) |",
         f"| files in the server's temp dirs | {r['files_start_total']} | {r['files_end_total']} | "
