@@ -248,3 +248,35 @@ def test_unplayable_video_is_previewed_and_runs(page, tmp_path_factory):
     page.wait_for_function(f"{STATUS}.includes('Done')", timeout=120_000)
     assert "identical" in page.inner_text("#scoreboard")
     page.locator("#video button[aria-label='Clear']").click()
+
+
+def fresh(page) -> None:
+    """The page as a new visitor finds it (no uploads left from an earlier test)."""
+    page.goto(page.url)
+    page.wait_for_selector("#run")
+
+
+@pytest.mark.parametrize("kind,file,message", [("image", "bomb.png", "too large"), ("video", "long.avi", "too long"),
+                                               ("video", "empty.mp4", "empty")])
+def test_hostile_files_through_the_page_get_one_line_and_the_page_keeps_serving(page, tmp_path, kind, file,
+                                                                                  message):
+    """A decompression bomb, a video declaring two billion frames, an empty video: uploaded in the page, each
+    is refused with one line (no traceback on the page) and the next run works."""
+    import hostile_media as hm
+
+    path = tmp_path / file
+    {"bomb.png": lambda: hm.png_bomb(path), "long.avi": lambda: hm.avi_declaring(path, 2_000_000_000),
+     "empty.mp4": lambda: path.write_bytes(b"")}[file]()
+    fresh(page)
+    page.set_input_files(f"#{kind} input[type=file]", str(path))
+    page.fill("#prompt textarea", "What is in the picture?")
+    page.click("#run")
+    page.wait_for_function(f"{STATUS}.includes('Cannot run') || {STATUS}.includes('Done')", timeout=60_000)
+    status = page.inner_text("#status")  # Gradio's error badge ("Error") sits above the message
+    line = next((x for x in status.splitlines() if "Cannot run" in x), "")
+    assert message in line and "Traceback" not in page.content(), status  # the message: one line
+    fresh(page)
+    page.set_input_files("#image input[type=file]", str(LONG_IMAGE))
+    page.fill("#prompt textarea", "Describe the image in detail.")
+    page.click("#run")
+    page.wait_for_function(f"{STATUS}.includes('Done')", timeout=120_000)
