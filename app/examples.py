@@ -1,8 +1,8 @@
 """The example galleries: one gr.Examples per media type, cached lazily or not at all.
 
 `cache="lazy"` (the app's default, what a busy CPU Space needs): the first click on an example races it on
-the server with the layout's defaults (DEFAULT_NEW_TOKENS new tokens, policy sage, the default preset, the
-paper's knobs, no draft pruning) and stores the result; later clicks, by anyone, show the stored run at once.
+the server with the layout's defaults (DEFAULT_NEW_TOKENS new tokens, policy sage, the default preset,
+SAGE's default knobs, no draft pruning) and stores the result; later clicks, by anyone, show the stored run at once.
 Gradio runs a lazily cached example to its end before showing it, so that first click is not streamed, and
 the Stop button does not reach it. Honesty: a run shown from the cache says so in the status line (raced
 when, with which settings; timings measured then); only the click that raced it says "Done".

@@ -69,7 +69,7 @@ def speculative_policy(spec: str, knobs: dict):
 
 
 def sage_config(knobs: dict) -> SageConfig:
-    """SageConfig from the knobs panel (missing knobs keep the paper's defaults); InputError if inconsistent."""
+    """SageConfig from the knobs panel (missing knobs keep SageConfig's defaults); InputError if inconsistent."""
     try:
         ints = {k: int(v) for k, v in knobs.items() if k in INT_KNOBS}
         floats = {k: float(v) for k, v in knobs.items() if k == "theta_scale"}
