@@ -9,6 +9,7 @@ own generate() as outside references (hf_reference.py); their ids are checked ag
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import resource
@@ -28,6 +29,7 @@ from .models import ModelPair
 from .policy import POLICY_NAMES, make_policy, parse_spec
 from .premise import premise
 from .pruning import VisualPruning
+from .sampling import Sampling
 
 IMAGE_EXT = {".png", ".jpg", ".jpeg", ".webp", ".bmp"}
 VIDEO_EXT = {".mp4", ".avi", ".mov", ".mkv", ".webm"}
@@ -170,7 +172,7 @@ def _aggregate(runs: list[dict], ar_tps: float | None) -> dict:
 
 def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], max_new_tokens: int,
               warmup: int = 1, progress=None, draft_pruning: VisualPruning | None = None,
-              layer_stack: bool = True) -> dict:
+              layer_stack: bool = True, sampling: Sampling | None = None) -> dict:
     """Decode every input with every policy (ar first in the list is added if missing); returns the report."""
     policies = ["ar"] + [p for p in policies if p != "ar"]
     engine = SpecEngine(pair, draft_pruning=draft_pruning, layer_stack=layer_stack)
@@ -178,7 +180,7 @@ def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], ma
                               video=i.path if i.media == "video" else None) for i in inputs]
     for prep in prepared[:warmup]:  # warm-up: allocator, kernels, caches
         for pol in policies:
-            _decode(engine, prep, pol, min(16, max_new_tokens))
+            _decode(engine, prep, pol, min(16, max_new_tokens), sampling)
     device = engine.target.device
     runs: list[dict] = []
     peak: dict[str, float] = {}
@@ -189,7 +191,7 @@ def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], ma
         for pol in order:
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
-            results[pol] = _decode(engine, prep, pol, max_new_tokens)
+            results[pol] = _decode(engine, prep, pol, max_new_tokens, sampling)
             events.setdefault(pol, []).append(results[pol].steps)
             peak[pol] = max(peak.get(pol, 0.0), _peak_memory_mb(device))
             if progress is not None:
@@ -203,6 +205,7 @@ def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], ma
         "threads": torch.get_num_threads(),
         "models": pair.describe(),
         "max_new_tokens": max_new_tokens,
+        "sampling": None if sampling is None else dataclasses.asdict(sampling),
         "draft_pruning": (None if draft_pruning is None
                           else {"image": draft_pruning.image, "video": draft_pruning.video}),
         "tree_forward": {"target": engine.target.tree_forward,
@@ -224,11 +227,12 @@ def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], ma
     return report
 
 
-def _decode(engine: SpecEngine, prep: PreparedInput, spec: str, max_new_tokens: int) -> GenerationResult:
-    """One input, one policy: the engine's, or transformers' generate() for the HF references."""
+def _decode(engine: SpecEngine, prep: PreparedInput, spec: str, max_new_tokens: int,
+            sampling: Sampling | None = None) -> GenerationResult:
+    """One input, one policy: the engine's, or transformers' generate() for the HF references (greedy)."""
     if is_hf_spec(spec):
         return run_hf(engine.pair, prep, spec, max_new_tokens)
-    return engine.generate(prep, spec, max_new_tokens=max_new_tokens)
+    return engine.generate(prep, spec, max_new_tokens=max_new_tokens, sampling=sampling)
 
 
 def _hf_notes(pair: ModelPair, inputs: list[BenchInput], prepared: list[PreparedInput], policies: list[str]) -> dict:

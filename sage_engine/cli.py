@@ -39,6 +39,19 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                         "(layers, faster for small models) or always the model's forward()")
     p.add_argument("--draft-prune", default="off", type=_pruning,
                    help="draft-only visual-token pruning: off | paper (80%% image, 90%% video) | IMAGE,VIDEO ratios")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the default); > 0: sample")
+    p.add_argument("--top-p", type=float, default=1.0, help="sample from the top-p nucleus (with --temperature)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampling (with --temperature)")
+
+
+def _sampling(args):
+    """Sampling settings from the flags, checked before any model loads (SageError: one line)."""
+    from .sampling import Sampling
+
+    try:
+        return Sampling(args.temperature, args.top_p, args.seed)
+    except ValueError as e:
+        raise SageError(str(e)) from None
 
 
 def _pruning(value: str):
@@ -122,16 +135,17 @@ def cmd_generate(args) -> int:
         policy = make_policy(args.policy)
     except ValueError as e:
         raise SageError(str(e)) from None
+    sampling = _sampling(args)
     images = [load_image(p) for p in args.image]  # bad files fail before the models load
     pair = _load(args)
     prepared = prepare_input(pair, args.prompt, images=images, video=args.video, num_frames=args.frames)
     engine = SpecEngine(pair, draft_pruning=args.draft_prune, layer_stack=args.tree_forward == "layers")
     if args.json:
-        res = engine.generate(prepared, policy, args.max_new_tokens, tuple(args.stop))
+        res = engine.generate(prepared, policy, args.max_new_tokens, tuple(args.stop), sampling=sampling)
         print(json.dumps(res.to_dict()))
         return 0
     steps, t0 = [], time.perf_counter()
-    for ev in engine.stream(prepared, policy, args.max_new_tokens, tuple(args.stop)):
+    for ev in engine.stream(prepared, policy, args.max_new_tokens, tuple(args.stop), sampling=sampling):
         steps.append(ev)
         print(ev.new_text, end="", flush=True)
     ids = [t for s in steps for t in s.new_token_ids]
@@ -145,6 +159,7 @@ def cmd_bench(args) -> int:
     from tqdm import tqdm
 
     from .bench import check_spec, find_inputs, format_table, needs_draft, run_bench
+    from .hf_reference import is_hf_spec
 
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     for p in policies:  # a name, or a spec with knobs: sage:n_max=32:d_max=10, hf_assisted:schedule=heuristic
@@ -152,6 +167,9 @@ def cmd_bench(args) -> int:
             check_spec(p)
         except ValueError as e:
             raise SageError(str(e)) from None
+    sampling = _sampling(args)
+    if not sampling.greedy and (hf := [p for p in policies if is_hf_spec(p)]):
+        raise SageError(f"{hf[0]!r} runs greedy only; drop it or --temperature")
     if _names(args)[1] is None and (drafting := [p for p in policies if needs_draft(p)]):
         raise SageError(f"policy {drafting[0]!r} needs a draft model; this run has none (--draft {args.draft!r})")
     inputs = find_inputs(args.inputs, args.prompt)[: args.limit]
@@ -159,7 +177,7 @@ def cmd_bench(args) -> int:
     n_pol = len(set(policies) | {"ar"})
     with tqdm(total=len(inputs) * n_pol, desc="bench", unit="run", file=sys.stderr) as bar:
         report = run_bench(pair, inputs, policies, args.max_new_tokens, args.warmup, bar, args.draft_prune,
-                           layer_stack=args.tree_forward == "layers")
+                           layer_stack=args.tree_forward == "layers", sampling=sampling)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
     print(format_table(report))

@@ -10,7 +10,9 @@ Contract: `stream()` is the one generator every consumer reads (CLI, benchmark, 
   4. compact   both KV caches keep only the accepted path               (cache.py via runner.py)
   5. observe   the policy learns from the outcome (alpha, D_max), the
                engine's cost meter from the step's timings             (policy.py, costs.py)
-The output equals the target's own greedy decoding: every emitted token is a target argmax.
+The output equals the target's own decoding: greedy, every emitted token is a target argmax; sampling
+(sampling.py), every emitted token is a draw from the target's distribution, the same draw as the target alone
+makes with the same seed.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from .models import ModelPair
 from .policy import Policy, StepOutcome, make_policy
 from .pruning import VisualPruning
 from .runner import ModelRunner
+from .sampling import SampledAcceptance, Sampling
 from .tree import DraftTree
 from .verify import GreedyAcceptance, Verdict, verify_tree
 
@@ -154,10 +157,12 @@ class SpecEngine:
         max_new_tokens: int = 128,
         stop: tuple[str, ...] = (),
         ignore_eos: bool = False,
+        sampling: Sampling | None = None,
     ) -> Iterator[StepEvent]:
         """Decode `prepared` with `policy`, yielding one StepEvent per step (step 0: prefill).
 
         ignore_eos: keep decoding past end-of-sequence tokens (fixed-length benchmarks and tests).
+        sampling: temperature, top-p and seed (sampling.py); None or temperature 0: greedy.
         """
         policy = make_policy(policy) if isinstance(policy, str) else policy
         key, drafting = policy.key, policy.uses_draft
@@ -168,8 +173,9 @@ class SpecEngine:
 
         # 0. prefill: the target reads the prompt; its argmax is the first token (the draft reads it later).
         t0 = time.perf_counter()
+        accept = self.accept if sampling is None or sampling.greedy else SampledAcceptance(sampling)
         prefill = self.target.prefill(prepared.target_inputs)
-        first = int(prefill.logits.argmax())
+        first = accept.first(prefill.logits)
         ids, _, text = out.extend([first])
         yield self._event(0, policy, out, ids, ["", text], t0, target_ms=prefill.ms)
         if drafting:
@@ -189,7 +195,7 @@ class SpecEngine:
             start_t = self.target.seq_len
             verify = verify_tree(self.target, root, tree)
             # 3. accept the longest agreeing path plus the bonus token.
-            verdict = self.accept(tree, verify.logits)
+            verdict = accept(tree, verify.logits)
             # 4. compact both caches to the accepted path.
             self.target.keep(start_t, [0] + [1 + n for n in verdict.accepted])
             if drafting:
@@ -206,11 +212,12 @@ class SpecEngine:
                               verdict=verdict)
 
     def generate(self, prepared: PreparedInput, policy: Policy | str = "sage", max_new_tokens: int = 128,
-                 stop: tuple[str, ...] = (), ignore_eos: bool = False) -> GenerationResult:
+                 stop: tuple[str, ...] = (), ignore_eos: bool = False,
+                 sampling: Sampling | None = None) -> GenerationResult:
         """Run `stream()` to the end and summarise it."""
         name = policy if isinstance(policy, str) else policy.name
         t0 = time.perf_counter()
-        steps = list(self.stream(prepared, policy, max_new_tokens, stop, ignore_eos))
+        steps = list(self.stream(prepared, policy, max_new_tokens, stop, ignore_eos, sampling))
         seconds = time.perf_counter() - t0
         ids = [t for s in steps for t in s.new_token_ids]
         text = self.tokenizer.decode(ids, skip_special_tokens=True)

@@ -1,8 +1,8 @@
 """Verification: one target forward over [root, whole tree], then an acceptance rule.
 
 Positions: the root sits at the target's cache length L, a node at L + its depth.
-Acceptance is a separate strategy (greedy today) so that lossless tree sampling
-(SpecInfer-style residual sampling) can be added without touching the loop.
+Acceptance is a separate strategy: greedy here, sampling in sampling.py; both choose the run's first token
+too (`first`), from the prefill's logits.
 """
 
 from __future__ import annotations
@@ -36,6 +36,10 @@ class GreedyAcceptance:
     """Accept the longest path on which every draft token equals the target's argmax (lossless greedy)."""
 
     name = "greedy"
+
+    def first(self, logits: torch.Tensor) -> int:
+        """The token after the prompt.  # [V]"""
+        return int(logits.argmax())
 
     def __call__(self, tree: DraftTree, logits: torch.Tensor) -> Verdict:
         target_next = logits.argmax(dim=-1).tolist()  # [1 + n]
