@@ -39,6 +39,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                         "(layers, faster for small models) or always the model's forward()")
     p.add_argument("--draft-prune", default="off", type=_pruning,
                    help="draft-only visual-token pruning: off | paper (80%% image, 90%% video) | IMAGE,VIDEO ratios")
+
+
+def _sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the default); > 0: sample")
     p.add_argument("--top-p", type=float, default=1.0, help="sample from the top-p nucleus (with --temperature)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampling (with --temperature)")
@@ -82,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--json", action="store_true", help="print one JSON object with text, ids, stats, steps")
     _model_args(gen)
+    _sampling_args(gen)
 
     bench = sub.add_parser("bench", help="every policy on every image/video of a folder")
     bench.add_argument("--inputs", required=True, help="folder of images/videos (prompts.jsonl optional)")
@@ -93,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--warmup", type=int, default=1, help="inputs decoded once before timing")
     bench.add_argument("--out", required=True, help="report JSON file")
     _model_args(bench)
+    _sampling_args(bench)
     return parser
 
 
