@@ -98,6 +98,17 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", required=True, help="report JSON file")
     _model_args(bench)
     _sampling_args(bench)
+
+    check = sub.add_parser("check-sampling", help="is a policy's sampling lossless? the first two tokens' "
+                                                  "distribution against the target's exact one (chi-square)")
+    check.add_argument("--policy", default="sage", help="a policy name or spec, as generate takes it")
+    check.add_argument("--samples", type=int, default=400, help="draws (seeds --seed, --seed + 1, ...)")
+    check.add_argument("--prompt", default="Describe the image in detail.")
+    check.add_argument("--image", default=None, help="default: the first image example (assets/examples)")
+    check.add_argument("--json", action="store_true", help="print one JSON object")
+    _model_args(check)
+    _sampling_args(check)
+    check.set_defaults(temperature=1.0)
     return parser
 
 
@@ -190,10 +201,42 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_check_sampling(args) -> int:
+    """Exit 0 when the p-value is at least 0.001, 1 below it (the policy's sampling is not the target's)."""
+    from .check import check_sampling
+    from .engine import SpecEngine
+    from .inputs import prepare_input
+    from .media import load_image
+    from .policy import make_policy
+    from .presets import ASSETS
+
+    try:
+        make_policy(args.policy)
+    except ValueError as e:
+        raise SageError(str(e)) from None
+    sampling = _sampling(args)
+    if sampling.greedy:
+        raise SageError("check-sampling needs --temperature > 0 (greedy decoding is checked by the test suite)")
+    if args.samples < 1:
+        raise SageError(f"--samples must be at least 1 (got {args.samples})")
+    image = load_image(args.image or str(ASSETS / "examples" / "shapes_1.png"))
+    pair = _load(args)
+    engine = SpecEngine(pair, layer_stack=args.tree_forward == "layers")
+    result = check_sampling(engine, prepare_input(pair, args.prompt, images=[image]), args.policy, sampling,
+                            args.samples)
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    else:
+        print(f"{result.policy}: chi2 {result.chi2:.1f} (dof {result.dof}), p {result.p_value:.3g}, "
+              f"TV {result.tv:.3f} over {result.samples} samples")
+    return 0 if result.p_value >= 0.001 else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return cmd_generate(args) if args.command == "generate" else cmd_bench(args)
+        commands = {"generate": cmd_generate, "bench": cmd_bench, "check-sampling": cmd_check_sampling}
+        return commands[args.command](args)
     except SageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -199,3 +199,41 @@ def test_generate_samples_the_same_tokens_with_every_policy_for_a_seed(saved_qwe
     assert ids["ar", "5"] == ids["sage", "5"] == ids["chain", "5"] != ids["ar", "6"] == ids["sage", "6"]
     assert main(["bench", "--inputs", str(tmp_path), "--out", str(tmp_path / "r.json"), "--target", target,
                  "--draft", draft, "--policies", "ar,hf_generate", "--temperature", "0.5"]) == 2
+
+
+def test_check_sampling_passes_lossless_policies_and_fails_a_broken_rule(family, monkeypatch):
+    from sage_engine.check import check_sampling
+    from sage_engine.sampling import SampledAcceptance
+
+    pair, prep = family
+    engine = SpecEngine(pair)
+    sampling = Sampling(1.0, top_p=0.9)
+    for policy in ("sage:threshold=paper", "chain"):
+        ok = check_sampling(engine, prep, policy, sampling, 300)
+        assert ok.p_value > 0.001 and ok.tv < 0.15 and ok.samples == 300, ok
+    real = SampledAcceptance.__call__
+
+    def favours_the_draft(self, tree, logits):
+        """Wrong: the root's first child is taken whatever the target drew."""
+        verdict = real(self, tree, logits)
+        if tree.tokens and not verdict.accepted:
+            return type(verdict)([0], [tree.tokens[0]], verdict.bonus)
+        return verdict
+
+    monkeypatch.setattr(SampledAcceptance, "__call__", favours_the_draft)
+    bad = check_sampling(engine, prep, "sage:threshold=paper", sampling, 300)
+    assert bad.p_value < 0.001, bad
+
+
+def test_check_sampling_command(saved_qwen_pair, capsys):
+    import json
+
+    from sage_engine.cli import main
+
+    target, draft = saved_qwen_pair
+    base = ["check-sampling", "--target", target, "--draft", draft, "--samples", "60", "--json"]
+    assert main([*base, "--policy", "chain"]) in (0, 1)
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"policy", "temperature", "top_p", "samples", "chi2", "dof", "p_value", "tv"}
+    assert out["temperature"] == 1.0 and out["samples"] == 60
+    assert main([*base, "--temperature", "0"]) == 2 and "error:" in capsys.readouterr().err

@@ -1,0 +1,76 @@
+"""`check-sampling`: is a policy's sampling lossless on this pair? A test a user can run.
+
+Draws the first two generated tokens `samples` times (seeds 0, 1, ...) with the policy, and compares their
+empirical distribution with the target's exact one, P(t1, t2) = p(t1 | prompt) p(t2 | prompt, t1), read from
+the target's own logits (one prefill, then one forward per possible t1). Pearson's chi-square over the pairs
+(those expected fewer than 5 times pooled into one cell), its p-value, and the total variation distance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from .engine import SpecEngine
+from .inputs import PreparedInput
+from .sampling import Sampling, target_probs
+from .tree import chain_allowed
+
+
+@dataclass(frozen=True)
+class SamplingCheck:
+    policy: str
+    temperature: float
+    top_p: float
+    samples: int
+    chi2: float
+    dof: int
+    p_value: float
+    tv: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def exact_pairs(engine: SpecEngine, prepared: PreparedInput, sampling: Sampling) -> dict[tuple[int, int], float]:
+    """P(first two generated tokens), from the target's logits after the prompt and after each possible first."""
+    runner = engine.target
+    first = target_probs(runner.prefill(prepared.target_inputs).logits, sampling)
+    start = runner.seq_len
+    out: dict[tuple[int, int], float] = {}
+    for t1 in torch.nonzero(first).flatten().tolist():
+        second = target_probs(runner.forward([t1], [start], chain_allowed(1)).logits[0], sampling)
+        runner.keep(start, [])
+        for t2 in torch.nonzero(second).flatten().tolist():
+            out[(t1, t2)] = float(first[t1] * second[t2])
+    return out
+
+
+def check_sampling(engine: SpecEngine, prepared: PreparedInput, policy: str, sampling: Sampling,
+                   samples: int) -> SamplingCheck:
+    """The chi-square test of `samples` two-token draws under `policy` against the exact distribution."""
+    from scipy.stats import chi2 as chi2_dist
+
+    exact = exact_pairs(engine, prepared, sampling)
+    counts: dict[tuple[int, int], int] = {}
+    for seed in range(sampling.seed, sampling.seed + samples):
+        s = Sampling(sampling.temperature, sampling.top_p, seed)
+        ids = engine.generate(prepared, policy, max_new_tokens=2, ignore_eos=True, sampling=s).token_ids
+        counts[tuple(ids)] = counts.get(tuple(ids), 0) + 1
+    cells = set(exact) | set(counts)
+    expected = np.array([exact.get(c, 0.0) * samples for c in cells])
+    observed = np.array([counts.get(c, 0) for c in cells], dtype=float)
+    small = expected < 5  # pooled into one cell, so that every cell's expectation is large enough
+    exp_cells = np.append(expected[~small], expected[small].sum())
+    obs_cells = np.append(observed[~small], observed[small].sum())
+    keep = exp_cells > 0
+    if (obs_cells[~keep] > 0).any():  # a pair the target can never emit: not lossless
+        chi2, dof, p_value = float("inf"), int(keep.sum()) - 1, 0.0
+    else:
+        chi2 = float(((obs_cells[keep] - exp_cells[keep]) ** 2 / exp_cells[keep]).sum())
+        dof = max(1, int(keep.sum()) - 1)
+        p_value = float(chi2_dist.sf(chi2, dof))
+    tv = 0.5 * float(np.abs(observed / samples - expected / samples).sum())
+    return SamplingCheck(policy, sampling.temperature, sampling.top_p, samples, chi2, dof, p_value, tv)
