@@ -84,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"one of {', '.join(POLICY_NAMES)}; a policy may change knobs, e.g. sage:threshold=paper")
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--json", action="store_true", help="print one JSON object with text, ids, stats, steps")
+    gen.add_argument("--num-samples", type=int, default=1,
+                     help="samples with seeds --seed, --seed + 1, ... (with --temperature); --json: one line each")
     _model_args(gen)
     _sampling_args(gen)
 
@@ -146,29 +148,42 @@ def cmd_generate(args) -> int:
     from .inputs import prepare_input
     from .media import load_image
     from .policy import make_policy
+    from .sampling import Sampling
 
     try:  # a name, or a spec with knobs (as bench takes them); checked before anything loads
-        policy = make_policy(args.policy)
+        make_policy(args.policy)
     except ValueError as e:
         raise SageError(str(e)) from None
     sampling = _sampling(args)
+    if args.num_samples < 1 or (args.num_samples > 1 and sampling.greedy):
+        raise SageError(f"--num-samples must be at least 1, and above 1 only with --temperature > 0 "
+                        f"(got {args.num_samples})")
     images = [load_image(p) for p in args.image]  # bad files fail before the models load
     pair = _load(args)
     prepared = prepare_input(pair, args.prompt, images=images, video=args.video, num_frames=args.frames)
     engine = SpecEngine(pair, draft_pruning=args.draft_prune, layer_stack=args.tree_forward == "layers")
-    if args.json:
-        res = engine.generate(prepared, policy, args.max_new_tokens, tuple(args.stop), sampling=sampling)
-        print(json.dumps(res.to_dict()))
-        return 0
+    for seed in range(args.seed, args.seed + args.num_samples):  # one loaded pair, one sample per seed
+        sample = Sampling(sampling.temperature, sampling.top_p, seed)
+        policy = make_policy(args.policy)  # a fresh policy per sample: its adaptive state is per run
+        if args.json:
+            res = engine.generate(prepared, policy, args.max_new_tokens, tuple(args.stop), sampling=sample)
+            print(json.dumps({**res.to_dict(), **({} if sampling.greedy else {"seed": seed})}), flush=True)
+        else:
+            _stream_text(engine.stream(prepared, policy, args.max_new_tokens, tuple(args.stop), sampling=sample),
+                         f"{args.policy}" + ("" if sampling.greedy else f", seed {seed}"))
+    return 0
+
+
+def _stream_text(events, label: str) -> None:
+    """Print a run's text as it streams, then its figures on stderr."""
     steps, t0 = [], time.perf_counter()
-    for ev in engine.stream(prepared, policy, args.max_new_tokens, tuple(args.stop), sampling=sampling):
+    for ev in events:
         steps.append(ev)
         print(ev.new_text, end="", flush=True)
     ids = [t for s in steps for t in s.new_token_ids]
     st = summarize(steps, ids, time.perf_counter() - t0)
-    print(f"\n[{args.policy}] {st.new_tokens} tokens, {st.tokens_per_second:.1f} tok/s, "
+    print(f"\n[{label}] {st.new_tokens} tokens, {st.tokens_per_second:.1f} tok/s, "
           f"tau {st.mean_accepted:.2f}, {st.target_forwards} target forwards", file=sys.stderr)
-    return 0
 
 
 def cmd_bench(args) -> int:

@@ -237,3 +237,20 @@ def test_check_sampling_command(saved_qwen_pair, capsys):
     assert set(out) == {"policy", "temperature", "top_p", "samples", "chi2", "dof", "p_value", "tv"}
     assert out["temperature"] == 1.0 and out["samples"] == 60
     assert main([*base, "--temperature", "0"]) == 2 and "error:" in capsys.readouterr().err
+
+
+def test_generate_num_samples_prints_one_json_line_per_seed(saved_qwen_pair, tmp_path, capsys):
+    import json
+
+    from sage_engine.cli import main
+
+    target, draft = saved_qwen_pair
+    image(5).save(tmp_path / "a.png")
+    base = ["generate", "--prompt", "describe", "--image", str(tmp_path / "a.png"), "--target", target,
+            "--draft", draft, "--max-new-tokens", "8", "--temperature", "1.0", "--json"]
+    assert main([*base, "--num-samples", "3", "--seed", "5"]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.strip().splitlines()]
+    assert [x["seed"] for x in lines] == [5, 6, 7]
+    assert main([*base, "--seed", "6", "--policy", "ar"]) == 0  # the same seed alone, target only
+    assert json.loads(capsys.readouterr().out)["token_ids"] == lines[1]["token_ids"]
+    assert main([*base, "--num-samples", "0"]) == 2
