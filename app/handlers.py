@@ -22,6 +22,7 @@ from sage_engine.inputs import DEFAULT_NUM_FRAMES, video_frames_for
 from sage_engine.media import sample_video
 from sage_engine.policy import Policy, parse_spec, spec_knobs
 from sage_engine.pruning import VisualPruning
+from sage_engine.sampling import Sampling
 
 from . import plots, replay, text
 from .gpu import on_gpu, zero_gpu
@@ -49,6 +50,17 @@ def serialized(fig) -> PlotData:
 
 
 INT_KNOBS = ("d_min", "d_max", "w_min", "w_max", "k", "n_max")
+
+
+def sampling_of(knobs: dict) -> Sampling:
+    """Sampling from the panel's temperature, top-p and seed (popped from `knobs`); InputError in one line."""
+    try:
+        temperature, top_p = float(knobs.pop("temperature", 0.0)), float(knobs.pop("top_p", 1.0))
+        seed = knobs.pop("seed", 0)
+        seed = int(seed) if float(seed).is_integer() else seed  # a slider sends 3.0
+        return Sampling(temperature, top_p, seed)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise InputError(f"sampling: {e}") from None
 
 
 def speculative_policy(spec: str, knobs: dict):
@@ -103,6 +115,7 @@ class Setup:
     loaded: Loaded
     prepared: PreparedInput
     policy: Policy  # the speculative lane's
+    sampling: Sampling  # both lanes'
     cfg: SageConfig  # the knobs panel's (the SAGE lane's own), drawn by the alpha -> (D, W) figure
     pruning: VisualPruning | None
     record: RunRecord
@@ -151,21 +164,22 @@ class Handlers:
         name, cfg = speculative_policy(policy, knobs)
         n = new_tokens(max_new_tokens)
         pruning = VisualPruning() if knobs.pop("draft_prune", False) else None
+        sampling = sampling_of(knobs)
         loaded = self.pool.get(preset)
         clip = sample_video(video, video_frames_for(loaded.pair.processor)) if video else None
         prepared = prepare_input(loaded.pair, prompt, images=[image] if image else [], video=clip)
         media = {"image": os.path.basename(image) if image else None,
                  "video": os.path.basename(video) if video else None, "frames": len(clip.frames) if clip else 0}
         settings = {**(vars(cfg) if cfg is not None else {}),
-                    "draft_pruning": None if pruning is None else vars(pruning)}
+                    "draft_pruning": None if pruning is None else vars(pruning), "sampling": vars(sampling)}
         record = RunRecord(preset, prepared.prompt, n, policy, settings, media, spec=Lane("spec", policy))
         sage_cfg = cfg if name == "sage" else sage_config(knobs)
-        return Setup(loaded, prepared, make_policy(name, cfg), sage_cfg, pruning, record)
+        return Setup(loaded, prepared, make_policy(name, cfg), sampling, sage_cfg, pruning, record)
 
     def _race(self, s: Setup, stop: threading.Event) -> Iterator[tuple]:
         record = s.record
         engine = s.loaded.engine(s.pruning)
-        race = Race(engine, s.prepared, s.policy, record.max_new_tokens, s.loaded.lock, stop)
+        race = Race(engine, s.prepared, s.policy, record.max_new_tokens, s.loaded.lock, stop, s.sampling)
         transcriber = Transcriber()
         view = self._reset_view(record)
         yield view.row()

@@ -38,6 +38,9 @@ class Knobs:
     alpha_source: gr.Dropdown
     threshold: gr.Dropdown
     draft_prune: gr.Checkbox  # not a SageConfig field: the engine's draft visual-token pruning
+    temperature: gr.Slider  # sampling (sage_engine/sampling.py), for both lanes: 0 is greedy
+    top_p: gr.Slider
+    seed: gr.Slider  # both lanes draw with it, so they sample the same text
 
     def as_kwargs(self) -> dict[str, gr.components.Component]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -102,7 +105,13 @@ def _knobs(cfg: SageConfig) -> Knobs:
                                 value=cfg.threshold, label="Which nodes are worth drafting")
         prune = gr.Checkbox(False, label="Draft reads only 20% of the image tokens / 10% of the video tokens "
                                          "(the paper's draft-only pruning; every policy; the output is unchanged)")
-    return Knobs(d_min, d_max, w_min, w_max, k, n_max, theta, source, threshold, prune)
+        gr.Markdown("Sampling, both lanes (0 = greedy). The target draws each token itself, at every tree node "
+                    "it reaches, so with the same seed both lanes write the same text.")
+        with gr.Row():
+            temperature = gr.Slider(0.0, 2.0, 0.0, step=0.05, label="temperature")
+            top_p = gr.Slider(0.05, 1.0, 1.0, step=0.05, label="top-p")
+            seed = gr.Slider(0, 9999, 0, step=1, label="seed")
+    return Knobs(d_min, d_max, w_min, w_max, k, n_max, theta, source, threshold, prune, temperature, top_p, seed)
 
 
 def _inputs(presets: Mapping[str, Preset], default_preset: str) -> dict:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from sage_engine import PreparedInput, SpecEngine, StepEvent
 from sage_engine.policy import Policy, make_policy
+from sage_engine.sampling import Sampling
 
 from .record import ACCEPTED, BONUS, FIRST, Lane, RunRecord
 
@@ -61,8 +62,9 @@ class Race:
     """One Run's decoding. `start()`, then iterate `batches()`; `stop()` asks the worker to quit."""
 
     def __init__(self, engine: SpecEngine, prepared: PreparedInput, spec_policy: Policy, max_new_tokens: int,
-                 device_lock: threading.Lock, stop: threading.Event | None = None):
+                 device_lock: threading.Lock, stop: threading.Event | None = None, sampling: Sampling | None = None):
         self.engine, self.prepared, self.max_new_tokens = engine, prepared, max_new_tokens
+        self.sampling = sampling  # both lanes sample with it (the same seed: the same text)
         self.lanes = (("ar", make_policy("ar")), ("spec", spec_policy))
         self.device_lock = device_lock  # held while decoding: a cancelled run's worker finishes first
         self._queue: queue.Queue = queue.Queue()
@@ -97,7 +99,7 @@ class Race:
 
     def _run_lane(self, lane: str, policy: Policy) -> bool:
         t0 = time.perf_counter()
-        for ev in self.engine.stream(self.prepared, policy, self.max_new_tokens):
+        for ev in self.engine.stream(self.prepared, policy, self.max_new_tokens, sampling=self.sampling):
             self._queue.put(Arrival(lane, ev, time.perf_counter() - t0))
             if self._switch.is_set() or self._quit.is_set():
                 return False

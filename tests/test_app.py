@@ -192,6 +192,21 @@ def test_the_speculative_lane_uses_the_draft_and_each_knob_changes_its_trees(cli
     assert alphas["default"][0] != alphas["k=2"][0]  # alpha is the entropy over the top k
 
 
+def test_the_app_samples_both_lanes_with_the_same_seed(client, server, media):
+    base = dict(image=handle_file(media.image), video=None, prompt=media.image_prompt, max_new_tokens=32,
+                policy="sage", threshold="paper")
+    greedy = run(client, **base)[1]["summary"]
+    sampled = {seed: run(client, **base, temperature=1.0, top_p=0.9, seed=seed)[1] for seed in (3, 4)}
+    for final in sampled.values():
+        assert final["summary"]["identical"]  # the speculative lane drew what the target alone drew
+        assert export_of(server, final)["policy_config"]["sampling"]["temperature"] == 1.0
+    texts = {seed: final["summary"]["ar"]["token_ids"] for seed, final in sampled.items()}
+    assert texts[3] != texts[4] or texts[3] != greedy["ar"]["token_ids"]  # it samples
+    for bad, message in [(dict(temperature=-1), "minimum"), (dict(top_p=0.0), "minimum")]:  # the sliders refuse
+        with pytest.raises(Exception, match=message):
+            run(client, **base, **bad)
+
+
 def test_the_app_takes_the_policy_specs_bench_and_generate_take(client, server, media):
     base = dict(image=handle_file(media.image), video=None, prompt=media.image_prompt, max_new_tokens=24)
     for spec, most_nodes in [("chain:k=3", 3), ("sage:n_max=3:threshold=paper", 3), ("eagle2:total_nodes=5", 5)]:

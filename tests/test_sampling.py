@@ -254,3 +254,15 @@ def test_generate_num_samples_prints_one_json_line_per_seed(saved_qwen_pair, tmp
     assert main([*base, "--seed", "6", "--policy", "ar"]) == 0  # the same seed alone, target only
     assert json.loads(capsys.readouterr().out)["token_ids"] == lines[1]["token_ids"]
     assert main([*base, "--num-samples", "0"]) == 2
+
+
+@pytest.mark.parametrize("knobs,message", [(dict(temperature="nan"), "temperature"), (dict(top_p=2.0), "top-p"),
+                                           (dict(seed=1.5), "seed"), (dict(temperature=float("inf")), "temperature")])
+def test_the_apps_sampling_knobs_are_checked_in_one_line(knobs, message):
+    from app.handlers import sampling_of
+    from sage_engine import InputError
+
+    with pytest.raises(InputError, match=message) as e:
+        sampling_of(dict(knobs))
+    assert "\n" not in str(e.value)
+    assert sampling_of({"temperature": 0.7, "top_p": 0.9, "seed": 3.0}) == Sampling(0.7, 0.9, 3)
