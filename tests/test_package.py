@@ -1,6 +1,7 @@
 """The installable package: pyproject's package list is complete, the wheel carries the embedded pair, and
 the `sage` command is `python -m sage_engine`."""
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -39,7 +40,12 @@ def test_requirements_and_pyproject_pin_the_same_versions():
 
 
 def test_the_wheel_carries_the_package_and_the_embedded_pair(tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), str(ROOT)],
+    src = tmp_path / "src"  # a copy: setuptools writes build/ and *.egg-info beside the sources it builds
+    for part in ("sage_engine", "assets"):
+        shutil.copytree(ROOT / part, src / part, ignore=shutil.ignore_patterns("__pycache__"))
+    for part in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / part, src / part)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), str(src)],
                    check=True, capture_output=True, timeout=600)
     wheel, = tmp_path.glob("sage_engine-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
