@@ -101,10 +101,6 @@ class Policy:
     def observe(self, outcome: StepOutcome) -> None:
         """Update internal state after a verified step (default: stateless)."""
 
-    def state(self) -> dict:
-        """Serializable view of the policy's adaptive state, for telemetry."""
-        return {}
-
 
 class AutoregressivePolicy(Policy):
     """`ar`: the target alone, one token per forward."""
@@ -223,7 +219,7 @@ class SagePolicy(Policy):
         self.d_max = cfg.d_max  # moved by the history controller
         self.history: list[int] = []
         self._cooldown = 0
-        self.price: BreakEven | None = None  # the last shape's prices (threshold "cost", once measured; state())
+        self.price: BreakEven | None = None  # the last shape's prices (threshold "cost", once measured)
         self._plain_left = 0  # plain steps still to take before the draft is tried again (threshold "cost")
         self._backoff = cfg.fallback_steps  # plain steps after the next drafted stretch that loses to plain steps
         self._drafted: list[tuple[int, float]] = []  # this run's drafted steps: (tokens, wall ms)
@@ -332,10 +328,6 @@ class SagePolicy(Policy):
         elif mean > cfg.history_high and self.d_max < hi:
             self.d_max = min(hi, self.d_max + cfg.history_step)
             self._cooldown = cfg.history_cooldown
-
-    def state(self):
-        price = None if self.price is None else {"node": self.price.node, "level": self.price.level}
-        return {"alpha_next": self.alpha, "d_max": self.d_max, "history": list(self.history), "price": price}
 
 
 _POLICIES = {

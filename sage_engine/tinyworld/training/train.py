@@ -196,10 +196,7 @@ def train_target(model, data: TrainSet, processor, cfg: TrainConfig, log=print, 
         measured = retrieval is not None and ls["share"] == ls["share"]   # nan: no supervised position in this batch
         smooth.add(loss=ls["lm"].item(), aux=ls["aux"].item(), place=ls["place"].item() if place else None,
                    retrieval=ls["retrieval"].item() if measured else None, share=ls["share"] if measured else None)
-        if (step + 1) % 50 == 0 or step == 0:
-            el = time.time() - t0
-            log(f"[target] step {step + 1}/{cfg.target_steps} {smooth.text()} lr {opt.param_groups[0]['lr']:.2e} "
-                f"{el / (step + 1):.3f}s/step elapsed {el / 60:.1f}m")
+        _progress(log, "target", step, cfg.target_steps, smooth, t0, f"lr {opt.param_groups[0]['lr']:.2e} ")
         if items and cfg.eval_every and (step + 1) % cfg.eval_every == 0:
             _quick_eval(model, processor, items, "target", log)
             if ckpt is not None:   # resumable: `train --only-draft` can start from here
@@ -210,6 +207,14 @@ def train_target(model, data: TrainSet, processor, cfg: TrainConfig, log=print, 
     if retrieval:
         model.set_attn_implementation("sdpa")
     return {"vision": vision, "steps": cfg.target_steps, "final": smooth.values}
+
+
+def _progress(log, role: str, step: int, total: int, smooth, t0: float, extra: str = "") -> None:
+    """The training log's progress line, on the first step and every 50th."""
+    if (step + 1) % 50 == 0 or step == 0:
+        el = time.time() - t0
+        log(f"[{role}] step {step + 1}/{total} {smooth.text()} {extra}{el / (step + 1):.3f}s/step "
+            f"elapsed {el / 60:.1f}m")
 
 
 def distil_draft(draft, target, data: TrainSet, processor, cfg: TrainConfig, log=print, items=None) -> dict:
@@ -246,10 +251,7 @@ def distil_draft(draft, target, data: TrainSet, processor, cfg: TrainConfig, log
         opt.step()
         smooth.add(kl=loss.item(), top1_agree=(q_logits.argmax(-1) == p_logits.argmax(-1)).float().mean().item(),
                    aux=a_loss.item())
-        if (step + 1) % 50 == 0 or step == 0:
-            el = time.time() - t0
-            log(f"[draft] step {step + 1}/{cfg.draft_steps} {smooth.text()} {el / (step + 1):.3f}s/step "
-                f"elapsed {el / 60:.1f}m")
+        _progress(log, "draft", step, cfg.draft_steps, smooth, t0)
         if items and cfg.eval_every and (step + 1) % cfg.eval_every == 0:
             _quick_eval(draft, processor, items, "draft", log)
     if aux:
