@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sage_engine.media import MAX_VIDEO_PIXELS, VideoClip
+from sage_engine.presets import ASSETS
 
-EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "assets" / "examples"
+EXAMPLES_DIR = ASSETS / "examples"  # the one place that knows where the assets are: presets.ASSETS
 
 
 def frame_strip(clip: VideoClip | None) -> list[tuple]:
