@@ -15,7 +15,7 @@ import torch
 
 from .engine import SpecEngine
 from .inputs import PreparedInput
-from .sampling import Sampling, target_probs
+from .sampling import Sampling, warped
 from .tree import chain_allowed
 
 
@@ -37,11 +37,11 @@ class SamplingCheck:
 def exact_pairs(engine: SpecEngine, prepared: PreparedInput, sampling: Sampling) -> dict[tuple[int, int], float]:
     """P(first two generated tokens), from the target's logits after the prompt and after each possible first."""
     runner = engine.target
-    first = target_probs(runner.prefill(prepared.target_inputs).logits, sampling)
+    first = warped(runner.prefill(prepared.target_inputs).logits, sampling)
     start = runner.seq_len
     out: dict[tuple[int, int], float] = {}
     for t1 in torch.nonzero(first).flatten().tolist():
-        second = target_probs(runner.forward([t1], [start], chain_allowed(1)).logits[0], sampling)
+        second = warped(runner.forward([t1], [start], chain_allowed(1)).logits[0], sampling)
         runner.keep(start, [])
         for t2 in torch.nonzero(second).flatten().tolist():
             out[(t1, t2)] = float(first[t1] * second[t2])

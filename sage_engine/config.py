@@ -21,11 +21,26 @@ MEDUSA_25: tuple[tuple[int, ...], ...] = (
 )
 
 
+ChainDraw = Literal["sample", "top"]
+CHAIN_DRAWS: tuple[str, ...] = get_args(ChainDraw)
+
+
 @dataclass(frozen=True)
 class ChainConfig:
     """Classic speculative decoding: the draft proposes one chain."""
 
     k: int = 5  # chain length (draft tokens per step)
+    # Under sampling (greedy ignores it): "sample" draws each draft token from the draft's warped distribution q
+    # and the target accepts it with probability min(1, p/q) (the classic rule; same distribution as the target
+    # alone, a different draw for a seed); "top" drafts the draft's top-1 token and verifies with the tree rule
+    # (the target's own draw: the target-only sample of the same seed, token for token).
+    draw: ChainDraw = "sample"
+
+    def __post_init__(self):
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
+            raise ValueError(f"chain knobs: k must be an integer >= 1 (got {self.k!r})")
+        if self.draw not in CHAIN_DRAWS:
+            raise ValueError(f"chain knobs: unknown draw {self.draw!r}; choose one of {', '.join(CHAIN_DRAWS)}")
 
 
 @dataclass(frozen=True)

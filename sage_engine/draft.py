@@ -6,6 +6,8 @@ The draft's KV cache region of a step holds the pending tokens (accepted text th
 not read yet; the last one is the root) followed by the fed tree nodes in feeding order;
 `tree.draft_slots` records each node's column, and `settle()` keeps the accepted ones.
 The draft reads the prompt with the first step that drafts: a run of plain steps never pays for it.
+Under sampling the draft's distribution is warped like the target's (temperature, top-p): candidates, their
+probabilities and alpha come from it, and a policy that samples its draft (chain) draws each token from it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from .costs import Quote
 from .policy import Frontier, Policy, TreeShape, confidence
 from .pruning import VisualPruning
 from .runner import ModelRunner
+from .sampling import DraftSampler, Sampling
 from .tree import DraftTree, chain_allowed
 
 
@@ -44,20 +47,29 @@ class Drafter:
         self.pending: list[int] = []  # accepted tokens the draft has not read; the last is the next root
         self._prompt: dict[str, torch.Tensor] | None = None  # the prompt, until the draft has read it
         self._region: tuple[int, int] | None = None  # this step's (cache start, pending tokens fed), if it drafted
+        self.sampler: DraftSampler | None = None  # a sampled run's draft distribution and draws; None: greedy
 
-    def start(self, prompt: dict[str, torch.Tensor], first: int) -> None:
+    def start(self, prompt: dict[str, torch.Tensor], first: int, sampling: Sampling | None = None) -> None:
         """A new run: the draft will read `prompt` when a step first drafts; `first` (the target's first
         token) is pending."""
         self._prompt, self.pending, self._region = prompt, [first], None
+        self.sampler = None if sampling is None or sampling.greedy else DraftSampler(sampling)
 
-    @staticmethod
-    def _top(logits: torch.Tensor, k: int, entropy_k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The top max(k, entropy_k) tokens and probabilities per row, and each row's confidence alpha over its
-        top `entropy_k`.  # [F, V] -> [F, K] x2, [F]"""
-        probs = torch.softmax(logits, dim=-1)
-        p, t = torch.topk(probs, max(k, entropy_k), dim=-1)
+    def _top(self, logits: torch.Tensor, policy: Policy, rows: list[int], qs: dict[int, torch.Tensor]):
+        """The top max(k, entropy_k) tokens and probabilities per row (the frontier `rows`), and each row's
+        confidence alpha over its top `entropy_k`. A sampled draft puts its draw from the row's q in column 0
+        and keeps q in `qs[row node]`.  # [F, V] -> [F, K] x2, [F]"""
+        sampler = self.sampler
+        probs = torch.softmax(logits, dim=-1) if sampler is None else sampler.probs(logits)
+        p, t = torch.topk(probs, max(policy.top_k, policy.entropy_k), dim=-1)
         p, t = p.cpu().numpy(), t.cpu().numpy()
-        return t, p, confidence(p[:, :entropy_k])
+        alpha = confidence(p[:, : policy.entropy_k])
+        if sampler is not None and policy.samples_draft:
+            for j, node in enumerate(rows):
+                t[j, 0] = sampler.pick(probs[j])[0]
+                p[j, 0] = float(probs[j, t[j, 0]])
+                qs[node] = probs[j]
+        return t, p, alpha
 
     def grow(self, policy: Policy, quote: Quote | None = None) -> Draft:
         """Read the pending tokens (the prompt first, on the run's first drafted step), then draft the tree."""
@@ -69,14 +81,18 @@ class Drafter:
         self._region = (runner.seq_len, p)
         root_pos = runner.seq_len + p - 1  # sequence index of the root
         read = runner.forward(pending, list(range(root_pos - p + 1, root_pos + 1)), chain_allowed(p))
-        tokens, probs, alpha = self._top(read.logits[-1:], policy.top_k, policy.entropy_k)
+        qs: dict[int, torch.Tensor] = {}  # a sampled draft's q per expanded node (-1: the root)
+        tokens, probs, alpha = self._top(read.logits[-1:], policy, [-1], qs)
         forwards, ms = 1, read.ms
         tree = DraftTree(root_alpha=float(alpha[0]))
         shape = policy.shape(tree.root_alpha, quote)
         frontier = Frontier([-1], tokens, probs)
         fed = 0  # tree nodes already in the draft cache
         for level in range(1, shape.depth + 1):
+            size = len(tree)
             grow = policy.expand(shape, level, tree, frontier)
+            for n in range(size, len(tree)):
+                tree.q_dists[n] = qs.get(tree.parents[n])
             if not grow:
                 break
             allowed = np.zeros((len(grow), p + fed + len(grow)), dtype=bool)  # [g, p + fed + g]
@@ -91,7 +107,7 @@ class Drafter:
                 [tree.tokens[n] for n in grow], [root_pos + tree.depths[n] for n in grow], allowed
             )  # [g, V]
             forwards, ms, fed = forwards + 1, ms + level_pass.ms, fed + len(grow)
-            tokens, probs, alpha = self._top(level_pass.logits, policy.top_k, policy.entropy_k)
+            tokens, probs, alpha = self._top(level_pass.logits, policy, grow, qs)
             for j, node in enumerate(grow):
                 tree.alphas[node] = float(alpha[j])
             frontier = Frontier(grow, tokens, probs)

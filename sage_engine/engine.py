@@ -11,8 +11,8 @@ Contract: `stream()` is the one generator every consumer reads (CLI, benchmark, 
   5. observe   the policy learns from the outcome (alpha, D_max), the
                engine's cost meter from the step's timings             (policy.py, costs.py)
 The output equals the target's own decoding: greedy, every emitted token is a target argmax; sampling
-(sampling.py), every emitted token is a draw from the target's distribution, the same draw as the target alone
-makes with the same seed.
+(sampling.py), the output has the target's sampling distribution (under the tree rule, the very draws the
+target alone makes with the same seed).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from .models import ModelPair
 from .policy import Policy, StepOutcome, make_policy
 from .pruning import VisualPruning
 from .runner import ModelRunner
-from .sampling import SampledAcceptance, Sampling
+from .sampling import RatioAcceptance, SampledAcceptance, Sampling
 from .tree import DraftTree
 from .verify import GreedyAcceptance, Verdict, verify_tree
 
@@ -136,7 +136,11 @@ class SpecEngine:
             raise InputError(f"the prompt is too long for the model ({n} tokens; its context is {ctx})")
         return max_new_tokens if ctx is None else min(max_new_tokens, ctx - n)
 
-    def _tree_view(self, root: int, tree: DraftTree, drafted: int) -> TreeView:
+    def _tree_view(self, root: int, tree: DraftTree, drafted: int, verdict: Verdict, rule: str) -> TreeView:
+        target_p: list[float | None] = [None] * len(tree)
+        draw_u: list[float | None] = [None] * len(tree)
+        for t in verdict.trials:
+            target_p[t.node], draw_u[t.node] = round(t.p, 5), round(t.u, 5)
         return TreeView(
             root_token=root,
             root_text=self.token_text(root),
@@ -147,7 +151,17 @@ class SpecEngine:
             probs=[round(p, 5) for p in tree.probs],
             cum_probs=[round(p, 5) for p in tree.cum_probs],
             drafted_nodes=drafted,
+            rule=rule,
+            target_p=target_p,
+            draw_u=draw_u,
         )
+
+    def _acceptance(self, policy: Policy, sampling: Sampling | None):
+        """The run's acceptance rule: greedy; under sampling the ratio rule for a draft that samples its tokens,
+        else the tree rule (sampling.py)."""
+        if sampling is None or sampling.greedy:
+            return self.accept
+        return RatioAcceptance(sampling) if policy.samples_draft else SampledAcceptance(sampling)
 
     # ------------------------------------------------------------------ the loop
     def stream(
@@ -173,13 +187,13 @@ class SpecEngine:
 
         # 0. prefill: the target reads the prompt; its argmax is the first token (the draft reads it later).
         t0 = time.perf_counter()
-        accept = self.accept if sampling is None or sampling.greedy else SampledAcceptance(sampling)
+        accept = self._acceptance(policy, sampling)
         prefill = self.target.prefill(prepared.target_inputs)
         first = accept.first(prefill.logits)
         ids, _, text = out.extend([first])
         yield self._event(0, policy, out, ids, ["", text], t0, target_ms=prefill.ms)
         if drafting:
-            self.drafter.start(prepared.for_draft(), first)
+            self.drafter.start(prepared.for_draft(), first, sampling)
         root, step = first, 0
         while not out.finished:
             step += 1
@@ -206,7 +220,7 @@ class SpecEngine:
                                          draft.forwards, sum(tree.cum_probs)))
             policy.observe(StepOutcome(tree, verdict.accepted, len(verdict.accepted) + 1, wall_ms))
             ids, *text = out.extend(verdict.accepted_tokens + [verdict.bonus], len(verdict.accepted_tokens))
-            view = self._tree_view(root, tree, draft.drafted)
+            view = self._tree_view(root, tree, draft.drafted, verdict, accept.name)
             root = verdict.bonus
             yield self._event(step, policy, out, ids, text, t0, target_ms=verify.ms, draft=draft, view=view,
                               verdict=verdict)

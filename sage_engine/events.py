@@ -23,6 +23,13 @@ class TreeView:
     probs: list[float]  # draft probability of the node given its parent path
     cum_probs: list[float]  # product along the path
     drafted_nodes: int  # nodes the draft proposed before any final pruning (eagle2 reranks)
+    # How the target tested the nodes: "greedy" (argmax match), "tree" (the target draws at each node on the
+    # path; a draw that is a child descends) or "ratio" (a sampled chain: accept with probability min(1, p/q)).
+    # Sampling only, per node (None: not tested): the target's probability p of the node's token after its
+    # parent, and the uniform u behind the decision (probs holds the draft's q).
+    rule: str = "greedy"
+    target_p: list[float | None] = field(default_factory=list)
+    draw_u: list[float | None] = field(default_factory=list)
 
 
 @dataclass

@@ -71,6 +71,7 @@ class Policy:
     name = "base"
     uses_draft = True
     top_k = 1
+    samples_draft = False  # under sampling: the draft samples its tokens (ratio rule) instead of ranking them
     entropy_k = 10  # k of the normalised top-k entropy behind alpha (SAGE's k; reported for every policy)
 
     @property
@@ -122,6 +123,7 @@ class ChainPolicy(Policy):
 
     def __init__(self, cfg: ChainConfig = ChainConfig()):
         self.cfg = cfg
+        self.samples_draft = cfg.draw == "sample"
 
     def shape(self, root_alpha, quote=None):
         return TreeShape(depth=self.cfg.k, width=1, max_nodes=self.cfg.k, alpha=root_alpha)

@@ -1,18 +1,25 @@
-"""Lossless sampling (temperature, top-p, seed) for trees the draft built from its top candidates.
+"""Lossless sampling (temperature, top-p, seed): the warped distributions and the two exact acceptance rules.
 
-The rule for such deterministic trees: at the root, draw the next token from the target's own (tempered,
-top-p) distribution; if the draw is one of the node's children, descend to it and draw again from the target's
-distribution there; the first draw that is not a child is emitted as the step's last token. Every emitted token
-is a draw from the target's distribution given exactly the tokens before it (a tree node's logits are the
-target's logits after its path), so the output has the target's sampling distribution whatever the draft
-proposed; the draft only decides how many draws one target forward serves.
+The tree rule (`SampledAcceptance`), for trees the draft built deterministically from its top candidates
+(static, eagle2, sage, and chain:draw=top): at the root, draw the next token from the target's own (tempered,
+top-p) distribution p; if the draw is one of the node's children, descend to it and draw again from p there;
+the first draw that is not a child is emitted as the step's last token. Every emitted token is a draw from p
+given exactly the tokens before it (a tree node's logits are the target's logits after its path), so the output
+has the target's sampling distribution whatever the draft proposed; the draft only decides how many draws one
+target forward serves. Draws are inverse-CDF over token ids with one uniform per emitted token from a seeded
+generator, so a run consumes the same uniforms, position by position, as the target sampling alone (`ar`): with
+the same seed the speculative sample equals the target-only sample token for token (in fp32, up to the ~1e-6 by
+which tree logits differ from sequential ones, which could move a draw sitting on a bucket edge).
 
-Draws are inverse-CDF over token ids with one uniform per emitted token from a seeded generator, so a run
-consumes the same uniforms, position by position, as the target sampling alone (`ar`) does: with the same
-seed the speculative sample equals the target-only sample token for token (in fp32, up to the ~1e-6 by which
-tree logits differ from sequential ones, which could move a draw sitting on a bucket edge).
-Not here yet: the classic chain rule with draft-sampled tokens (accept with min(1, p/q), resample from the
-residual), and tempering the draft's own distribution for SAGE's alpha.
+The ratio rule (`RatioAcceptance`), the classic one for a chain whose tokens the draft sampled from its own
+warped distribution q (chain, the default draw): accept draft token x with probability min(1, p(x) / q(x)); at
+the first rejection emit a draw from the residual normalize(max(0, p - q)); when every token is accepted, emit
+a draw from p after the last. The output again has the target's distribution, with a higher acceptance than
+the tree rule's p(x) when both distributions are flat (1 - TV(p, q) per token), but its uniforms are not the
+target-only run's: same distribution, different draw.
+
+The draft's q is warped with the same temperature and top-p as the target (`DraftSampler`): SAGE's confidence
+alpha reads it, so hotter sampling gives flatter q, lower alpha, and wider, shallower trees.
 """
 
 from __future__ import annotations
@@ -23,7 +30,10 @@ from dataclasses import dataclass
 import torch
 
 from .tree import DraftTree
-from .verify import Verdict
+from .verify import Trial, Verdict
+
+SEEDS = 1 << 32  # torch's CPU generator seeds its Mersenne Twister with the low 32 bits of a seed
+DRAFT_STREAM = 0x5DEECE66  # XORed into the draft's seed: never the target's seed, so its draws are independent
 
 
 @dataclass(frozen=True)
@@ -40,45 +50,72 @@ class Sampling:
             raise ValueError(f"temperature must be a finite number >= 0 (got {t!r})")
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not math.isfinite(p) or not 0 < p <= 1:
             raise ValueError(f"top-p must be in (0, 1] (got {p!r})")
-        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
-            raise ValueError(f"seed must be an integer >= 0 (got {s!r})")
+        if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < SEEDS:
+            raise ValueError(f"seed must be an integer in [0, 2**32) (got {s!r})")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
 
-def target_probs(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
-    """The distribution the target samples from: softmax(logits / T), cut to the top-p nucleus and
-    renormalised (ties at the cut kept in token-id order).  # [V] -> [V] float64"""
+def warped(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """The distribution tokens are sampled from: softmax(logits / T), cut to the top-p nucleus and renormalised
+    (ties at the cut kept in token-id order); row-wise.  # [..., V] -> [..., V] float64"""
     probs = torch.softmax(logits.double() / sampling.temperature, dim=-1)
     if sampling.top_p < 1.0:
-        sorted_p, order = torch.sort(probs, descending=True, stable=True)
+        sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
         before = torch.cumsum(sorted_p, dim=-1) - sorted_p  # mass of the more probable tokens
         sorted_p[before >= sampling.top_p] = 0.0  # keep a token while the mass before it is short of top_p
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
-    return probs / probs.sum()
+    return probs / probs.sum(dim=-1, keepdim=True)
 
 
-def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> int:
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor | float) -> int:
     """The token whose cumulative-probability bucket (in token-id order) holds the uniform `u`.  # [V]"""
     cdf = torch.cumsum(probs, dim=-1)
+    u = torch.as_tensor(u, dtype=cdf.dtype)
     return int(min(torch.searchsorted(cdf, u * cdf[-1], right=True).item(), cdf.numel() - 1))
 
 
-class SampledAcceptance:
-    """The deterministic-tree sampling rule above, for one run (it owns the run's generator)."""
+class _Uniforms:
+    """A run's stream of uniforms (a seeded generator); `pick` draws one token from a distribution with it."""
 
-    name = "sampled"
+    def __init__(self, seed: int):
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def uniform(self) -> float:
+        return float(torch.rand((), generator=self.generator, dtype=torch.float64))
+
+    def pick(self, probs: torch.Tensor) -> tuple[int, float]:
+        """(token, the uniform behind it): one inverse-CDF draw from `probs`.  # [V]"""
+        u = self.uniform()
+        return inverse_cdf(probs, u), u
+
+
+class DraftSampler(_Uniforms):
+    """The draft's side of a sampled run: q = the draft's logits warped like the target's, and its own draws."""
 
     def __init__(self, sampling: Sampling):
+        super().__init__(sampling.seed ^ DRAFT_STREAM)
         self.sampling = sampling
-        self.generator = torch.Generator().manual_seed(sampling.seed)
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """q for each row.  # [F, V] -> [F, V] float64"""
+        return warped(logits, self.sampling)
+
+
+class SampledAcceptance(_Uniforms):
+    """The tree rule above, for one run (it owns the run's generator)."""
+
+    name = "tree"
+
+    def __init__(self, sampling: Sampling):
+        super().__init__(sampling.seed)
+        self.sampling = sampling
 
     def draw(self, logits: torch.Tensor) -> int:
         """One token from the target's distribution after `logits`, with the run's next uniform.  # [V]"""
-        return inverse_cdf(target_probs(logits, self.sampling), torch.rand((), generator=self.generator,
-                                                                             dtype=torch.float64))
+        return self.pick(warped(logits, self.sampling))[0]
 
     def first(self, logits: torch.Tensor) -> int:
         return self.draw(logits)
@@ -90,11 +127,45 @@ class SampledAcceptance:
         for i, (parent, tok) in enumerate(zip(tree.parents, tree.tokens)):
             children.setdefault(parent, {}).setdefault(tok, i)
         path: list[int] = []
+        trials: list[Trial] = []
         node = -1
         while True:
-            tok = self.draw(logits[0 if node < 0 else 1 + node])
-            child = children.get(node, {}).get(tok)
+            p = warped(logits[0 if node < 0 else 1 + node], self.sampling)
+            tok, u = self.pick(p)
+            kids = children.get(node, {})
+            trials += [Trial(c, float(p[t]), tree.probs[c], u, t == tok) for t, c in kids.items()]
+            child = kids.get(tok)
             if child is None:
-                return Verdict(path, [tree.tokens[i] for i in path], tok)
+                return Verdict(path, [tree.tokens[i] for i in path], tok, trials)
             path.append(child)
             node = child
+
+
+class RatioAcceptance(SampledAcceptance):
+    """The ratio rule above, for a chain the draft sampled (each node's q in `tree.q_dists`)."""
+
+    name = "ratio"
+
+    def passes(self, p_x: float, q_x: float) -> tuple[bool, float]:
+        """Accept with probability min(1, p_x / q_x): (accepted, the uniform of the test)."""
+        u = self.uniform()
+        return u * q_x < p_x, u
+
+    def __call__(self, tree: DraftTree, logits: torch.Tensor) -> Verdict:
+        path: list[int] = []
+        trials: list[Trial] = []
+        for i, (x, q) in enumerate(zip(tree.tokens, tree.q_dists)):
+            if tree.parents[i] != i - 1 or q is None:
+                raise ValueError("the ratio rule needs a chain whose every token the draft sampled")
+            p = warped(logits[i], self.sampling)  # the target after the root (i = 0) or after node i - 1
+            if q.numel() < p.numel():  # the draft's vocabulary can be a prefix of the target's
+                q = torch.nn.functional.pad(q, (0, p.numel() - q.numel()))
+            ok, u = self.passes(float(p[x]), float(q[x]))
+            trials.append(Trial(i, float(p[x]), float(q[x]), u, ok))
+            if not ok:
+                residual = (p - q).clamp_min(0.0)  # zero only where rejection was impossible: then p itself
+                tok = self.pick(residual if float(residual.sum()) > 0 else p)[0]
+                return Verdict(path, [tree.tokens[j] for j in path], tok, trials)
+            path.append(i)
+        bonus = self.draw(logits[len(path)])
+        return Verdict(path, [tree.tokens[j] for j in path], bonus, trials)

@@ -28,6 +28,8 @@ class DraftTree:
     alphas: list[float | None] = field(default_factory=list)  # confidence of the node's own next-token dist.
     draft_slots: list[int] = field(default_factory=list)  # column in the draft's tree region, -1 if never fed
     root_alpha: float | None = None  # confidence of the root's next-token distribution
+    # a sampled draft (chain under the ratio rule): the distribution q each node's token was drawn from, else None
+    q_dists: list[torch.Tensor | None] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -46,6 +48,7 @@ class DraftTree:
         self.cum_probs.append(parent_cum * prob)
         self.alphas.append(None)
         self.draft_slots.append(-1)
+        self.q_dists.append(None)
         return len(self.tokens) - 1
 
     def subtree(self, keep: list[int]) -> DraftTree:
@@ -64,6 +67,7 @@ class DraftTree:
             out.cum_probs.append(self.cum_probs[old])
             out.alphas.append(self.alphas[old])
             out.draft_slots.append(self.draft_slots[old])
+            out.q_dists.append(self.q_dists[old])
         return out
 
     def path_to(self, node: int) -> list[int]:

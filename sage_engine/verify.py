@@ -7,12 +7,23 @@ too (`first`), from the prefill's logits.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from .runner import ModelRunner, Pass
 from .tree import DraftTree, accept_greedy, verify_allowed
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One draft node a sampling rule tested (for the demo's tree view and its explanation)."""
+
+    node: int
+    p: float  # the target's probability of the node's token after its parent (warped: temperature, top-p)
+    q: float  # the draft's (warped) probability of it
+    u: float  # the uniform behind the decision: the target's draw at the parent (tree rule) or the ratio test's
+    accepted: bool
 
 
 @dataclass(frozen=True)
@@ -22,6 +33,7 @@ class Verdict:
     accepted: list[int]  # accepted node indices, root side first
     accepted_tokens: list[int]  # their tokens
     bonus: int  # the target's own next token after the accepted path
+    trials: list[Trial] = field(default_factory=list)  # sampling rules: each node tested, in order
 
 
 def verify_tree(runner: ModelRunner, root: int, tree: DraftTree) -> Pass:
