@@ -85,6 +85,12 @@ class RunRecord:
                 return Divergence(i, x, y)
         return None
 
+    @property
+    def rule(self) -> str:
+        """How the speculative lane's target accepted draft tokens (engine TreeView.rule): "ratio" samples
+        differently from the autoregressive lane for the same seed (same distribution, different draw)."""
+        return next((s.tree.rule for s in self.spec.decode_steps if s.tree is not None), "greedy")
+
     def speedup(self) -> float | None:
         sa, ss = self.ar.stats(), self.spec.stats()
         if sa is None or ss is None or sa.tokens_per_second <= 0:
@@ -100,6 +106,7 @@ class RunRecord:
             "ar": ar,
             "speculative": self.spec.summary(),
             "identical": self.done and div is None,
+            "rule": self.rule,
             "divergence": None if div is None else vars(div),
             "speedup": self.speedup(),
             "preset": self.preset,

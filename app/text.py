@@ -73,6 +73,17 @@ for the draft's prefill. The note under the scoreboard shows how many steps of t
 how well α predicted the accepted length (*α → accepted*: the correlation of each step's α with the
 tokens it accepted; SAGE's premise is that confident steps accept more).
 
+**Sampling (temperature above 0).** The target then draws each token from its own distribution p (tempered,
+cut to the top-p nucleus) and the draft proposes from its distribution q, tempered the same way, so hotter
+sampling lowers α and SAGE plans wider, shallower trees. The output keeps exactly the target's distribution
+under either of two rules, both shown with this step's numbers under the draft tree (hover a node for its
+p, q and u). *Tree rule* (`sage`, `static`, `eagle2`, `chain:draw=top`): at each node on the path the target
+draws a token with a uniform u; if the draw is a drafted child it descends, otherwise the draw ends the step.
+The target draws exactly as it would alone, so with the same seed both lanes write the identical text.
+*Ratio rule* (`chain`): the draft samples its chain, and the target keeps a token x when u·q(x) < p(x), that
+is with probability min(1, p/q); at the first rejection it draws from the leftover max(0, p − q). Same
+distribution as the target alone, but a different draw for a seed.
+
 **Why could the two outputs differ?** Greedy speculative decoding is exact in exact arithmetic. In bfloat16 or
 float16, the target scoring a token inside a tree (many positions in one pass) can round differently from
 scoring it alone, so when two candidate tokens are nearly tied the argmax can flip, and the texts part ways
@@ -119,6 +130,15 @@ def divergence_note(div: Divergence, token_text) -> str:
             f"differently from scoring it alone; with a near tie the argmax flips. In float32 they match.")
 
 
+DIFFERENT_DRAW = (
+    "Same distribution, different draw. The chain samples its draft tokens from q and the target keeps each with "
+    "probability min(1, p/q), drawing from the leftover max(0, p − q) at the first rejection: every token then "
+    "has exactly the target's distribution (check it: <code>python -m sage_engine check-sampling --policy "
+    "chain</code>), but the run spends its random numbers differently from the target alone, so one seed gives "
+    "another sample. The tree policies and <code>chain:draw=top</code> let the target draw each token itself "
+    "(accepting a drafted node when the draw lands on it): the same seed gives the identical text.")
+
+
 def scoreboard(record: RunRecord | None, token_text=None) -> str:
     """The four cards: each lane's speed, the speedup with tau, and whether the outputs are identical."""
     if record is None:
@@ -137,6 +157,10 @@ def scoreboard(record: RunRecord | None, token_text=None) -> str:
         n = len(record.ar.token_ids)
         if div is None:
             cards.append(_card("Same output?", "✓ identical", f"all {n} tokens match", "ok"))
+        elif record.rule == "ratio":
+            cards.append(_card("Same output?", "≈ same distribution", f"a different draw from token {div.index}",
+                               "ok"))
+            note = f'<div class="sb-note">{DIFFERENT_DRAW}</div>'
         else:
             cards.append(_card("Same output?", "✗ differs", f"from token {div.index} of {n}", "bad"))
             note = f'<div class="sb-note">{divergence_note(div, token_text or str)}</div>'
@@ -175,7 +199,9 @@ def status_done(record: RunRecord) -> str:
 
 def _outcome(record: RunRecord) -> str:
     speedup = record.speedup()
-    same = "token-identical" if record.divergence() is None else "outputs differ (see the scoreboard)"
+    same = ("token-identical" if record.divergence() is None else
+            "the same distribution with a different draw (see the scoreboard)" if record.rule == "ratio" else
+            "outputs differ (see the scoreboard)")
     faster = f"{speedup:.2f}× the autoregressive speed" if speedup is not None else ""
     return f"Speculative ({record.spec.policy}) ran at {faster}, {same}"
 

@@ -2,7 +2,9 @@
 
 Layout: depth on x (the root, i.e. the newest accepted token, at 0), siblings stacked on y
 in draft-rank order. Colours: accepted path (green), rejected (grey), the target's bonus
-token (blue), the root (slate). Hover shows the draft probability and depth of a node.
+token (blue), the root (slate). Hover shows the draft probability and depth of a node and, when
+sampling, how the target tested it (p, q, the uniform u, accept or reject). Under the tree, the
+step told in words: the acceptance rule with this step's own numbers.
 """
 
 from __future__ import annotations
@@ -42,6 +44,54 @@ def _hover(text: str, tok: int, depth: int, prob: float | None, cum: float | Non
     return f"<b>{token_label(text, 24)}</b> (id {tok})<br>depth {depth}{p}<br>{status}"
 
 
+def _test(tv, i: int) -> str:
+    """How the target tested node i under sampling (empty when greedy or untested)."""
+    p = tv.target_p[i] if i < len(tv.target_p) else None
+    if p is None:
+        return ""
+    q, u = tv.probs[i], tv.draw_u[i]
+    if tv.rule == "ratio":
+        return f"<br>target p = {p:.3f}, draft q = {q:.3f}, u = {u:.3f}: u·q = {u * q:.3f} vs p"
+    return f"<br>target p = {p:.3f}, draft q = {q:.3f}; the target's draw at the parent: u = {u:.3f}"
+
+
+def _quote(text: str) -> str:
+    return f"'{token_label(text, 12)}'"
+
+
+def rule_story(ev: StepEvent, bonus_text: str) -> str:
+    """The step in words: which rule accepted what, with this step's numbers (lines joined by <br>)."""
+    tv, acc = ev.tree, list(ev.accepted_nodes)
+    bonus = _quote(bonus_text)
+    if tv.rule == "greedy":
+        kept = ", ".join(_quote(tv.texts[i]) for i in acc) or "nothing"
+        return (f"Greedy rule: a node is kept when it is the target's own argmax after its path. Kept: {kept}; "
+                f"then the target's argmax {bonus} was not a drafted child: the bonus.")
+    if tv.rule == "ratio":
+        lines = ["Ratio rule (sampled chain): keep the draft's token with probability min(1, p/q), i.e. when u·q < p."]
+        for i, p in enumerate(tv.target_p):
+            if p is None:
+                break
+            q, u = tv.probs[i], tv.draw_u[i]
+            verdict = "accept" if i in acc else f"reject: the target drew {bonus} from max(0, p − q), renormalised"
+            lines.append(f"{_quote(tv.texts[i])}: p {p:.3f}, q {q:.3f}, u {u:.3f}, u·q {u * q:.3f} → {verdict}")
+        if len(acc) == len(tv.tokens):
+            lines.append(f"all accepted: the target drew {bonus} from its own p after the last")
+        return "<br>".join(lines)
+    lines = ["Tree rule (sampling): at each node on the path the target draws from its own p; a draw that is a "
+             "child descends, the first that is not ends the step."]
+    for parent in [-1] + acc:
+        kids = [i for i, par in enumerate(tv.parents) if par == parent and tv.target_p[i] is not None]
+        if not kids:
+            continue
+        where = "root" if parent < 0 else _quote(tv.texts[parent])
+        tried = ", ".join(f"{_quote(tv.texts[i])} p {tv.target_p[i]:.3f} q {tv.probs[i]:.3f}" for i in kids[:4])
+        taken = next((i for i in kids if i in acc), None)
+        drew = f"drew {_quote(tv.texts[taken])}, a child: descend" if taken is not None else f"drew {bonus}: emitted"
+        lines.append(f"at {where} (u {tv.draw_u[kids[0]]:.3f}) {drew}; children: {tried}")
+    return "<br>".join(lines)
+
+
 def tree_figure(ev: StepEvent, bonus_text: str = ""):
     """The verified tree of step `ev` (a decode step of a policy with a draft)."""
     tv = ev.tree
@@ -72,8 +122,8 @@ def tree_figure(ev: StepEvent, bonus_text: str = ""):
         idx = [i for i in range(len(tv.tokens)) if (i in acc) == (name == "accepted")]
         data.append(_nodes(f"draft, {name}", color, [depth[i] for i in idx], [y[i] for i in idx],
                            [tv.texts[i] for i in idx],
-                           [_hover(tv.texts[i], tv.tokens[i], tv.depths[i], tv.probs[i], tv.cum_probs[i], name)
-                            for i in idx]))
+                           [_hover(tv.texts[i], tv.tokens[i], tv.depths[i], tv.probs[i], tv.cum_probs[i],
+                                   name + _test(tv, i)) for i in idx]))
     if has_bonus:
         data.append(_nodes("target, bonus", BLUE, [depth[BONUS_NODE]], [y[BONUS_NODE]], [bonus_text],
                            [_hover(bonus_text, ev.bonus_token, depth[BONUS_NODE], None, None,
@@ -81,10 +131,16 @@ def tree_figure(ev: StepEvent, bonus_text: str = ""):
     title = (f"Step {ev.step}: {len(tv.tokens)} drafted nodes (D={ev.depth}, W={ev.width}), "
              f"{len(accepted)} accepted + 1 bonus")
     rows = len(set(y.values()))
-    return figure(data, layout(title, max(380, min(900, 22 * rows + 130)), hovermode="closest",
-                               xaxis=dict(title=dict(text="depth (tokens ahead of the output)"), dtick=1,
-                                          zeroline=False, range=[-0.4, max(depth.values()) + 1.2]),
-                               yaxis=dict(visible=False)))
+    story = rule_story(ev, bonus_text)
+    lines = story.count("<br>") + 1
+    note = dict(text=story, showarrow=False, x=0, y=0, xref="paper", yref="paper", yshift=-48, align="left",
+                xanchor="left", yanchor="top", font=dict(size=11, color="#334155"))
+    out = layout(title, max(380, min(900, 22 * rows + 130)) + 16 * lines, hovermode="closest", annotations=[note],
+                 xaxis=dict(title=dict(text="depth (tokens ahead of the output)"), dtick=1, zeroline=False,
+                            range=[-0.4, max(depth.values()) + 1.2]),
+                 yaxis=dict(visible=False))
+    out["margin"] = {**out.get("margin", {}), "b": 60 + 16 * lines}
+    return figure(data, out)
 
 
 def _nodes(name, color, xs, ys, texts, hovers, symbol="circle", size=13) -> dict:

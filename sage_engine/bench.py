@@ -109,6 +109,7 @@ def _run_record(inp: BenchInput, res: GenerationResult, ar_ids: list[int] | None
         "alpha_mean": statistics.fmean(alphas) if alphas else None,
         "alpha_std": statistics.pstdev(alphas) if len(alphas) > 1 else None,
         "tree_nodes_mean": statistics.fmean(len(e.tree.tokens) for e in decode) if decode else 0.0,
+        "root_width_mean": statistics.fmean(e.tree.parents.count(-1) for e in decode) if decode else 0.0,
         **_depth_counts(decode),
         "overhead_ms_per_step": 1e3 * s.other_seconds / len(decode) if decode else 0.0,
         "exact_match_vs_ar": None if ar_ids is None else res.token_ids == ar_ids,
@@ -133,6 +134,12 @@ def _depth_counts(decode) -> dict:
 
 def _sum_lists(lists: list[list[int]]) -> list[int]:
     return [sum(col) for col in zip_longest(*lists, fillvalue=0)]
+
+
+def _weighted(pairs: list[tuple[float, int]]) -> float | None:
+    """The mean of values weighted by counts (steps), None without any weight."""
+    total = sum(w for _, w in pairs)
+    return sum(v * w for v, w in pairs) / total if total else None
 
 
 def _aggregate(runs: list[dict], ar_tps: float | None) -> dict:
@@ -162,6 +169,8 @@ def _aggregate(runs: list[dict], ar_tps: float | None) -> dict:
             "other": sum(r["other_seconds"] for r in runs) / seconds if seconds else 0.0,
         },
         "alpha_std_within_run": statistics.fmean(alpha_std) if alpha_std else None,
+        "alpha_mean": _weighted([(r["alpha_mean"], r["target_forwards"]) for r in runs if r["alpha_mean"] is not None]),
+        "root_width_mean": _weighted([(r.get("root_width_mean") or 0.0, r["target_forwards"]) for r in runs]),
         "tree_nodes_mean": sum(r["tree_nodes_mean"] * r["target_forwards"] for r in runs) / steps if steps else 0.0,
         "tree_depth_mean": sum(drafted) / steps if steps else 0.0,  # levels verified per step
         "accepted_by_depth": [a / d for a, d in zip(accepted, drafted)],  # P(accepted path reaches l | tree does)

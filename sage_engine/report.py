@@ -9,7 +9,10 @@ policy bench runs by default), then write
   depth, and the worst input (lowest speedup vs ar on one input, with its answer length); the sources and
   licences of the real suite; and a notes section with every report field this module does not know, so that
   fields added to bench later show up without an edit here;
-- --json-dir (default docs/bench beside OUT): each suite's raw bench report, SUITE.json, and meta.json.
+  with --temperatures, the fresh images again at each temperature above 0, and a table of tau, speedup, alpha and
+  tree shape per policy and temperature;
+- --json-dir (default docs/bench beside OUT): each suite's raw bench report, SUITE.json (SUITE@TT.json for the
+  sampled runs), and meta.json.
 `write_markdown(reports, meta)` is pure (no models, no files): the tests feed it a synthetic report.
 """
 
@@ -30,10 +33,12 @@ from .suites import DEFAULT_N, DEFAULT_SEED, QUICK_TINYWORLD, REAL, Suite, mater
 QUICK_POLICIES = ("ar", "chain", "sage")  # --quick: the reference, the classic baseline, the paper's policy
 # Fields bench reports today; anything else a report carries is printed under "Notes" as it is.
 KNOWN_REPORT_KEYS = {"device", "dtype", "threads", "models", "max_new_tokens", "draft_pruning", "tree_forward",
-                     "inputs", "policies", "runs"}
+                     "inputs", "policies", "runs", "sampling"}
+SAMPLED_SUITE = "tinyworld-images"  # the suite decoded again at every --temperatures value above 0
 KNOWN_POLICY_KEYS = {"mean_accepted", "tokens_per_second", "speedup_vs_ar", "exact_match_vs_ar", "target_forwards",
                      "draft_forwards", "overhead_fraction", "overhead_ms_per_step", "time_split",
-                     "alpha_std_within_run", "tree_nodes_mean", "tree_depth_mean", "accepted_by_depth", "new_tokens",
+                     "alpha_std_within_run", "alpha_mean", "root_width_mean", "tree_nodes_mean", "tree_depth_mean",
+                     "accepted_by_depth", "new_tokens",
                      "seconds", "peak_memory_mb"}
 TABLE_HEAD = ("| policy | tau | tok/s | speedup vs ar | exact vs ar | verify ms/step | draft ms/step "
               "| engine ms/step | nodes / depth | worst input: speedup, answer tokens |")
@@ -186,6 +191,42 @@ READING = ("tau: tokens per target forward (1 for `ar`). Speedup and exact match
            "Timings on a shared machine drift: compare ratios within one suite.")
 
 
+def sampled_name(suite: str, temperature: float) -> str:
+    return f"{suite}@T{temperature:g}"
+
+
+def sampling_markdown(reports: dict[str, dict]) -> list[str]:
+    """Per policy, tau and speedup vs ar at each temperature the suite was decoded at (ar at the same
+    temperature and seed), with the draft's mean confidence alpha and the verified tree (root width, nodes,
+    depth): hotter sampling flattens the draft's distribution, so SAGE plans wider, shallower trees."""
+    runs = {0.0: reports.get(SAMPLED_SUITE)} if SAMPLED_SUITE in reports else {}
+    for name, report in reports.items():
+        if name.startswith(f"{SAMPLED_SUITE}@T") and report.get("sampling"):
+            runs[report["sampling"]["temperature"]] = report
+    if len(runs) < 2:
+        return []
+    temps = sorted(runs)
+    lines = ["## Sampling: temperature 0 (greedy) and above", "",
+             f"The `{SAMPLED_SUITE}` suite decoded at each temperature (top-p 1, seed 0; each speedup against `ar` "
+             "at the same temperature in the same run). Each cell: tau / speedup / mean alpha / root width, nodes, "
+             "depth of the verified tree. `chain` samples its draft and tests min(1, p/q) (same distribution as "
+             "`ar`, a different draw, so its exact match is low); the tree policies draw exactly `ar`'s tokens.", "",
+             "| policy | " + " | ".join(f"T = {t:g}" for t in temps) + " |", "|---|" + "---|" * len(temps)]
+    for policy in runs[temps[0]]["policies"]:
+        cells = []
+        for t in temps:
+            agg = runs[t]["policies"].get(policy)
+            if agg is None:
+                cells.append("-")
+                continue
+            shape = ("" if not agg.get("tree_nodes_mean") else
+                     f" / α {_num(agg.get('alpha_mean'), '.2f')} / W {agg.get('root_width_mean') or 0:.1f}, "
+                     f"{agg['tree_nodes_mean']:.1f} nodes, depth {agg.get('tree_depth_mean') or 0:.1f}")
+            cells.append(f"{agg['mean_accepted']:.2f} / {_num(agg.get('speedup_vs_ar'), '.2f', 'x')}{shape}")
+        lines.append(f"| `{policy}` | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def write_markdown(reports: dict[str, dict], meta: dict) -> str:
     """BENCHMARKS.md from the suites' bench reports (insertion order) and `meta`: command, date, cpu, cores,
     python, torch, transformers, seed, n, keep, suites {name: {"title", "about"}}, sources [...], json_dir."""
@@ -193,9 +234,12 @@ def write_markdown(reports: dict[str, dict], meta: dict) -> str:
     lines = ["# Benchmarks", "", "Written by `python -m sage_engine.report`; regenerate it with the command below "
              "rather than editing it.", "", *header_markdown(first, meta), READING, ""]
     for name, report in reports.items():
-        about = meta.get("suites", {}).get(name, {})
+        about = dict(meta.get("suites", {}).get(name.split("@")[0], {}))
+        if report.get("sampling"):
+            about["title"] = f"{about.get('title', name)}, sampled at temperature {report['sampling']['temperature']:g}"
         link = f"{meta['json_dir']}/{name}.json" if meta.get("json_dir") else None
         lines += suite_markdown(about.get("title", name), about.get("about", ""), report, link)
+    lines += sampling_markdown(reports)
     lines += sources_markdown(meta.get("sources", []))
     lines += notes_markdown(reports)
     return "\n".join(lines).rstrip() + "\n"
@@ -235,26 +279,50 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=DEFAULT_SEED, help="tinyworld render seed of the fresh suites")
     p.add_argument("--n", type=int, default=DEFAULT_N, help="fresh tinyworld images (and as many clips)")
     p.add_argument("--warmup", type=int, default=1, help="inputs decoded once per suite before timing")
+    p.add_argument("--temperatures", default="0",
+                   help=f"comma-separated; each value above 0 decodes the {SAMPLED_SUITE} suite again with that "
+                        "temperature (seed 0) and adds a sampling section, e.g. 0,0.7,1.0")
     _model_args(p)  # the bench's model flags: --threads, --dtype, --device, --preset, --max-new-tokens, ...
     p.set_defaults(max_new_tokens=96)
     return p
 
 
+def temperatures(text: str) -> list[float]:
+    """--temperatures: finite numbers >= 0 (SageError otherwise)."""
+    from .errors import SageError
+    from .sampling import Sampling
+
+    try:
+        values = [float(t) for t in text.split(",") if t.strip()]
+        for t in values:
+            Sampling(t)
+    except ValueError as e:
+        raise SageError(f"--temperatures: {e}") from None
+    return sorted(set(values))
+
+
 def run_suites(args: argparse.Namespace, suites: list[Suite], policies: list[str]) -> dict[str, dict]:
-    """The pair loaded once, then bench's interleaved run on every suite."""
+    """The pair loaded once, then bench's interleaved run on every suite (and on the sampled suite again at every
+    temperature above 0; policies transformers runs only greedy are left out there)."""
     from tqdm import tqdm
 
     from .bench import find_inputs, run_bench
     from .cli import _load
+    from .hf_reference import is_hf_spec
+    from .sampling import Sampling
 
+    temps = [t for t in temperatures(args.temperatures) if t > 0]
     pair = _load(args)
     reports = {}
-    for suite in suites:
+    runs = [(suite, suite.name, None, policies) for suite in suites]
+    runs += [(suite, sampled_name(suite.name, t), Sampling(t), [p for p in policies if not is_hf_spec(p)])
+             for t in temps for suite in suites if suite.name == SAMPLED_SUITE]
+    for suite, name, sampling, chosen in runs:
         inputs = find_inputs(str(suite.folder))
-        total = len(inputs) * len(set(policies) | {"ar"})
-        with tqdm(total=total, desc=suite.name, unit="run", file=sys.stderr) as bar:
-            reports[suite.name] = run_bench(pair, inputs, policies, args.max_new_tokens, args.warmup, bar,
-                                            args.draft_prune, layer_stack=args.tree_forward == "layers")
+        total = len(inputs) * len(set(chosen) | {"ar"})
+        with tqdm(total=total, desc=name, unit="run", file=sys.stderr) as bar:
+            reports[name] = run_bench(pair, inputs, chosen, args.max_new_tokens, args.warmup, bar,
+                                      args.draft_prune, layer_stack=args.tree_forward == "layers", sampling=sampling)
     return reports
 
 
@@ -277,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def write_report(args: argparse.Namespace, argv: list[str]) -> int:
     """Materialise, measure, write OUT and the JSON reports; the command is recorded as it was typed."""
+    temperatures(args.temperatures)  # a bad value fails before any work
     chosen = args.policies.split(",") if args.policies else QUICK_POLICIES if args.quick else default_policies()
     policies = [p.strip() for p in chosen if p.strip()]
     out, work = Path(args.out), Path(args.work_dir)

@@ -202,6 +202,14 @@ def test_the_app_samples_both_lanes_with_the_same_seed(client, server, media):
         assert export_of(server, final)["policy_config"]["sampling"]["temperature"] == 1.0
     texts = {seed: final["summary"]["ar"]["token_ids"] for seed, final in sampled.items()}
     assert texts[3] != texts[4] or texts[3] != greedy["ar"]["token_ids"]  # it samples
+    _, chain = run(client, **{**base, "policy": "chain"}, temperature=1.0, top_p=0.9, seed=3)
+    assert chain["summary"]["rule"] == "ratio" and sampled[3]["summary"]["rule"] == "tree"
+    if not chain["summary"]["identical"]:  # the ratio rule's draw: the scoreboard says why, not "differs"
+        assert "same distribution" in chain["scoreboard"] and "differs" not in chain["scoreboard"]
+    tree = figure(chain["fig_tree"])
+    story = tree.layout.annotations[-1].text
+    assert story.startswith("Ratio rule") and "u·q" in story  # the step's own numbers under its tree
+    assert any("target p = " in h for trace in tree.data for h in (trace.hovertext or ()))
     for bad, message in [(dict(temperature=-1), "minimum"), (dict(top_p=0.0), "minimum")]:  # the sliders refuse
         with pytest.raises(Exception, match=message):
             run(client, **base, **bad)

@@ -325,12 +325,32 @@ def test_k_sets_the_top_k_of_sages_confidence():
     for k in (2, 5, 10):
         pol = SagePolicy(SageConfig(k=k))
         assert pol.entropy_k == k and pol.top_k == SageConfig().w_max  # candidates per node: W_max
-        tokens, top, alpha = Drafter._top(logits, pol.top_k, pol.entropy_k)
+        tokens, top, alpha = Drafter(None)._top(logits, pol, [-1], {})
         assert top.shape[1] == max(k, pol.top_k)
         assert alpha[0] == pytest.approx(confidence(np.sort(probs)[::-1][None, :k])[0])
-    alphas = [Drafter._top(logits, 10, k)[2][0] for k in (2, 5, 10)]
+    alphas = [Drafter(None)._top(logits, SagePolicy(SageConfig(k=k)), [-1], {})[2][0] for k in (2, 5, 10)]
     assert len(set(np.round(alphas, 6))) == 3  # alpha depends on k
     assert make_policy("chain").entropy_k == make_policy("eagle2").entropy_k == 10
+
+
+def test_sampling_tempers_the_draft_distribution_that_alpha_reads():
+    """Under sampling the draft's candidates and alpha come from its tempered distribution: hotter is flatter,
+    so alpha falls (and SAGE plans wider, shallower trees); top-p cuts the tail to zero."""
+    from sage_engine.draft import Drafter
+    from sage_engine.sampling import DraftSampler, Sampling
+
+    logits = torch.log(torch.tensor([[0.4, 0.3, 0.1, 0.05, 0.05, 0.04, 0.03, 0.02, 0.005, 0.005, 0.0001, 0.0001]]))
+    drafter, pol = Drafter(None), SagePolicy()
+    alpha = {}
+    for t in (0.5, 0.0, 2.0):
+        drafter.sampler = None if t == 0 else DraftSampler(Sampling(t))
+        alpha[t] = drafter._top(logits, pol, [-1], {})[2][0]
+    assert alpha[2.0] < alpha[0.0] < alpha[0.5]
+    assert pol.depth_for(alpha[2.0]) < pol.depth_for(alpha[0.5]) and pol.width_for(alpha[2.0]) > pol.width_for(
+        alpha[0.5])
+    drafter.sampler = DraftSampler(Sampling(1.0, top_p=0.75))
+    tokens, top, _ = drafter._top(logits, pol, [-1], {})
+    assert top[0, :3].tolist() == pytest.approx([0.5, 0.375, 0.125]) and top[0, 3:].sum() == 0
 
 
 @pytest.mark.parametrize("knobs,message", [

@@ -3,7 +3,10 @@ the files installed packages ship. No model is loaded: seconds."""
 
 import json
 
+import pytest
+
 from sage_engine.bench import find_inputs
+from sage_engine.errors import SageError
 from sage_engine.policy import POLICY_NAMES
 from sage_engine.report import TABLE_HEAD, default_policies, policy_row, write_markdown
 from sage_engine.suites import REAL, materialise_real, packaged_file
@@ -55,6 +58,27 @@ def test_markdown_has_every_suite_policy_row_and_worst_input():
         assert f"`slow.{ext}`: 1.50x" in next(r for r in rows if r.startswith("| `chain`"))
     assert "worst input" in TABLE_HEAD and "`python -m sage_engine.report --out X`" in md
     assert "alpha_corr_tau: 0.42" in md and "the assistant is blind" in md  # unknown fields reach Notes
+
+
+def test_the_sampling_section_shows_each_temperature_side_by_side():
+    from sage_engine.report import sampled_name, temperatures
+
+    reports = {"tinyworld-images": synthetic_report("image")}
+    for t, tau in ((0.7, 3.0), (1.0, 2.5)):
+        hot = synthetic_report("image")
+        hot["sampling"] = {"temperature": t, "top_p": 1.0, "seed": 0}
+        hot["policies"]["sage"].update(mean_accepted=tau, alpha_mean=0.9 - t / 2, root_width_mean=2 + t)
+        reports[sampled_name("tinyworld-images", t)] = hot
+    md = write_markdown(reports, {"suites": {"tinyworld-images": {"title": "Fresh tinyworld images"}}})
+    section = md.split("## Sampling")[1].split("\n## ")[0]
+    assert "| policy | T = 0 | T = 0.7 | T = 1 |" in section
+    sage = next(line for line in section.splitlines() if line.startswith("| `sage`"))
+    assert "3.00 / 1.55x / α 0.55 / W 2.7" in sage and "2.50 / " in sage and "α 0.40 / W 3.0" in sage
+    assert "## Fresh tinyworld images, sampled at temperature 0.7" in md
+    assert temperatures("1.0,0,0.7") == [0.0, 0.7, 1.0]
+    for bad in ("-1", "warm", "nan"):
+        with pytest.raises(SageError):
+            temperatures(bad)
 
 
 def test_ms_per_step_split_comes_from_the_runs():
