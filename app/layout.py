@@ -105,8 +105,10 @@ def _knobs(cfg: SageConfig) -> Knobs:
                                 value=cfg.threshold, label="Which nodes are worth drafting")
         prune = gr.Checkbox(False, label="Draft reads only 20% of the image tokens / 10% of the video tokens "
                                          "(the paper's draft-only pruning; every policy; the output is unchanged)")
-        gr.Markdown("Sampling, both lanes (0 = greedy). The target draws each token itself, at every tree node "
-                    "it reaches, so with the same seed both lanes write the same text.")
+        gr.Markdown("Sampling, both lanes (0 = greedy). With the tree policies the target draws each token itself "
+                    "at every tree node it reaches, so with the same seed both lanes write the same text; `chain` "
+                    "samples its draft and keeps a token with probability min(1, p/q): the same distribution, a "
+                    "different draw.")
         with gr.Row():
             temperature = gr.Slider(0.0, 2.0, 0.0, step=0.05, label="temperature")
             top_p = gr.Slider(0.05, 1.0, 1.0, step=0.05, label="top-p")
