@@ -107,6 +107,7 @@ class RunRecord:
             "speculative": self.spec.summary(),
             "identical": self.done and div is None,
             "rule": self.rule,
+            "sampling": self.policy_config.get("sampling"),  # temperature, top_p, seed (temperature 0: greedy)
             "divergence": None if div is None else vars(div),
             "speedup": self.speedup(),
             "preset": self.preset,
