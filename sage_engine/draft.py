@@ -91,7 +91,7 @@ class Drafter:
         for level in range(1, shape.depth + 1):
             size = len(tree)
             grow = policy.expand(shape, level, tree, frontier)
-            for n in range(size, len(tree)):
+            for n in range(size, len(tree)) if qs else ():  # a sampled draft: each new node's q
                 tree.q_dists[n] = qs.get(tree.parents[n])
             if not grow:
                 break

@@ -133,7 +133,7 @@ class SampledAcceptance(_Uniforms):
             p = warped(logits[0 if node < 0 else 1 + node], self.sampling)
             tok, u = self.pick(p)
             kids = children.get(node, {})
-            trials += [Trial(c, float(p[t]), tree.probs[c], u, t == tok) for t, c in kids.items()]
+            trials += [Trial(c, float(p[t]), u) for t, c in kids.items()]
             child = kids.get(tok)
             if child is None:
                 return Verdict(path, [tree.tokens[i] for i in path], tok, trials)
@@ -161,7 +161,7 @@ class RatioAcceptance(SampledAcceptance):
             if q.numel() < p.numel():  # the draft's vocabulary can be a prefix of the target's
                 q = torch.nn.functional.pad(q, (0, p.numel() - q.numel()))
             ok, u = self.passes(float(p[x]), float(q[x]))
-            trials.append(Trial(i, float(p[x]), float(q[x]), u, ok))
+            trials.append(Trial(i, float(p[x]), u))
             if not ok:
                 residual = (p - q).clamp_min(0.0)  # zero only where rejection was impossible: then p itself
                 tok = self.pick(residual if float(residual.sum()) > 0 else p)[0]

@@ -17,13 +17,12 @@ from .tree import DraftTree, accept_greedy, verify_allowed
 
 @dataclass(frozen=True)
 class Trial:
-    """One draft node a sampling rule tested (for the demo's tree view and its explanation)."""
+    """One draft node a sampling rule tested (for the demo's tree view and its explanation; the draft's q is the
+    tree's own `probs`, the outcome is whether the node is on the accepted path)."""
 
     node: int
     p: float  # the target's probability of the node's token after its parent (warped: temperature, top-p)
-    q: float  # the draft's (warped) probability of it
     u: float  # the uniform behind the decision: the target's draw at the parent (tree rule) or the ratio test's
-    accepted: bool
 
 
 @dataclass(frozen=True)
