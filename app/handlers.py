@@ -88,7 +88,7 @@ def sage_config(knobs: dict) -> SageConfig:
     except (TypeError, ValueError, OverflowError):
         bad = {k: v for k, v in knobs.items() if k in (*INT_KNOBS, "theta_scale")}
         raise InputError(f"SAGE knobs: every number must be finite (got {bad})") from None
-    choices = {k: str(v) for k, v in knobs.items() if k in ("alpha_source", "threshold") and v}
+    choices = {k: str(v) for k, v in knobs.items() if k in ("alpha_source", "threshold", "draw") and v}
     try:
         return replace(SageConfig(), **ints, **floats, **choices)  # SageConfig checks its knobs (one line)
     except ValueError as e:

@@ -37,6 +37,7 @@ class Knobs:
     theta_scale: gr.Slider
     alpha_source: gr.Dropdown
     threshold: gr.Dropdown
+    draw: gr.Dropdown  # under sampling: SAGE's tree from the draft's top candidates, or drawn from q
     draft_prune: gr.Checkbox  # not a SageConfig field: the engine's draft visual-token pruning
     temperature: gr.Slider  # sampling (sage_engine/sampling.py), for both lanes: 0 is greedy
     top_p: gr.Slider
@@ -108,12 +109,18 @@ def _knobs(cfg: SageConfig) -> Knobs:
         gr.Markdown("Sampling, both lanes (0 = greedy). With the tree policies the target draws each token itself "
                     "at every tree node it reaches, so with the same seed both lanes write the same text; `chain` "
                     "samples its draft and keeps a token with probability min(1, p/q): the same distribution, a "
-                    "different draw.")
+                    "different draw (SAGE can do either, below).")
+        draw = gr.Dropdown([("SAGE's tree from the draft's top candidates; the target draws at each node "
+                             "(same seed, same text as the autoregressive lane)", "top"),
+                            ("SAGE's children drawn from the draft's q without replacement, kept with "
+                             "probability min(1, p/q) (same distribution, a different draw)", "sample")],
+                           value=cfg.draw, label="When sampling, SAGE's draft")
         with gr.Row():
             temperature = gr.Slider(0.0, 2.0, 0.0, step=0.05, label="temperature")
             top_p = gr.Slider(0.05, 1.0, 1.0, step=0.05, label="top-p")
             seed = gr.Slider(0, 9999, 0, step=1, label="seed")
-    return Knobs(d_min, d_max, w_min, w_max, k, n_max, theta, source, threshold, prune, temperature, top_p, seed)
+    return Knobs(d_min, d_max, w_min, w_max, k, n_max, theta, source, threshold, draw, prune, temperature, top_p,
+                 seed)
 
 
 def _inputs(presets: Mapping[str, Preset], default_preset: str) -> dict:

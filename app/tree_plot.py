@@ -49,10 +49,16 @@ def _test(tv, i: int) -> str:
     p = tv.target_p[i] if i < len(tv.target_p) else None
     if p is None:
         return ""
-    q, u = tv.probs[i], tv.draw_u[i]
+    q, u = _q(tv, i), tv.draw_u[i]
     if tv.rule == "ratio":
         return f"<br>target p = {p:.3f}, draft q = {q:.3f}, u = {u:.3f}: u·q = {u * q:.3f} vs p"
     return f"<br>target p = {p:.3f}, draft q = {q:.3f}; the target's draw at the parent: u = {u:.3f}"
+
+
+def _q(tv, i: int) -> float:
+    """The draft probability the target's test used for node i (older saved runs: the node's draft prob)."""
+    q = tv.draft_q[i] if i < len(tv.draft_q) else None
+    return tv.probs[i] if q is None else q
 
 
 def _quote(text: str) -> str:
@@ -68,15 +74,17 @@ def rule_story(ev: StepEvent, bonus_text: str) -> str:
         return (f"Greedy rule: a node is kept when it is the target's own argmax after its path. Kept: {kept}; "
                 f"then the target's argmax {bonus} was not a drafted child: the bonus.")
     if tv.rule == "ratio":
-        lines = ["Ratio rule (sampled chain): keep the draft's token with probability min(1, p/q), i.e. when u·q < p."]
-        for i, p in enumerate(tv.target_p):
-            if p is None:
-                break
-            q, u = tv.probs[i], tv.draw_u[i]
-            verdict = "accept" if i in acc else f"reject: the target drew {bonus} from max(0, p − q), renormalised"
+        lines = ["Ratio rule (sampled draft): try each drafted child in draw order, keep it with probability "
+                 "min(1, p/q), i.e. when u·q < p; a rejection leaves p ← max(0, p − q) for the next sibling."]
+        tested = [i for i, p in enumerate(tv.target_p) if p is not None]
+        for i in tested:
+            p, q, u = tv.target_p[i], _q(tv, i), tv.draw_u[i]
+            verdict = "accept" if i in acc else "reject"
             lines.append(f"{_quote(tv.texts[i])}: p {p:.3f}, q {q:.3f}, u {u:.3f}, u·q {u * q:.3f} → {verdict}")
-        if len(acc) == len(tv.tokens):
-            lines.append(f"all accepted: the target drew {bonus} from its own p after the last")
+        if tested and tested[-1] not in acc:
+            lines.append(f"no child left: the target drew {bonus} from what remained of p, renormalised")
+        else:
+            lines.append(f"the target drew {bonus} from its own p after the last accepted token")
         return "<br>".join(lines)
     lines = ["Tree rule (sampling): at each node on the path the target draws from its own p; a draw that is a "
              "child descends, the first that is not ends the step."]

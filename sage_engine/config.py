@@ -21,7 +21,7 @@ MEDUSA_25: tuple[tuple[int, ...], ...] = (
 )
 
 
-ChainDraw = Literal["sample", "top"]
+ChainDraw = Literal["sample", "top"]  # how a policy's draft chooses its tokens under sampling
 CHAIN_DRAWS: tuple[str, ...] = get_args(ChainDraw)
 
 
@@ -102,6 +102,11 @@ class SageConfig:
     threshold: Threshold = "cost"
     fallback_steps: int = 2  # threshold "cost": plain steps after drafted ones first lose to plain ones (0: never)
     fallback_window: int = 4  # threshold "cost": this run's last drafted steps that judge the draft
+    # Under sampling (greedy ignores it), not in the paper: "top" builds the tree from the draft's top candidates
+    # and the target draws at each node (the tree rule: the target-only sample of the same seed); "sample" gives
+    # each node as many children as the top candidates earn, drawn from q without replacement, verified with the
+    # ratio rule (same distribution, a different draw; higher acceptance where p and q are flat).
+    draw: ChainDraw = "top"
     max_depth_cap: int = field(default=16, repr=False)  # hard ceiling on any tree depth
 
     def __post_init__(self):
@@ -130,6 +135,8 @@ def sage_problem(cfg: SageConfig) -> str | None:
         return f"unknown alpha source {cfg.alpha_source!r}; choose one of {', '.join(ALPHA_SOURCES)}"
     if cfg.threshold not in THRESHOLDS:
         return f"unknown threshold {cfg.threshold!r}; choose one of {', '.join(THRESHOLDS)}"
+    if cfg.draw not in CHAIN_DRAWS:
+        return f"unknown draw {cfg.draw!r}; choose one of {', '.join(CHAIN_DRAWS)}"
     if cfg.history_window < 1 or cfg.fallback_steps < 0 or cfg.fallback_window < 1:
         return "need history_window >= 1, fallback_steps >= 0 and fallback_window >= 1"
     return None

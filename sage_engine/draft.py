@@ -7,7 +7,8 @@ not read yet; the last one is the root) followed by the fed tree nodes in feedin
 `tree.draft_slots` records each node's column, and `settle()` keeps the accepted ones.
 The draft reads the prompt with the first step that drafts: a run of plain steps never pays for it.
 Under sampling the draft's distribution is warped like the target's (temperature, top-p): candidates, their
-probabilities and alpha come from it, and a policy that samples its draft (chain) draws each token from it.
+probabilities and alpha come from it, and a policy that samples its draft (chain, sage:draw=sample) draws its
+children from it without replacement.
 """
 
 from __future__ import annotations
@@ -55,21 +56,22 @@ class Drafter:
         self._prompt, self.pending, self._region = prompt, [first], None
         self.sampler = None if sampling is None or sampling.greedy else DraftSampler(sampling)
 
-    def _top(self, logits: torch.Tensor, policy: Policy, rows: list[int], qs: dict[int, torch.Tensor]):
-        """The top max(k, entropy_k) tokens and probabilities per row (the frontier `rows`), and each row's
-        confidence alpha over its top `entropy_k`. A sampled draft puts its draw from the row's q in column 0
-        and keeps q in `qs[row node]`.  # [F, V] -> [F, K] x2, [F]"""
+    def _top(self, logits: torch.Tensor, policy: Policy, rows: list[int],
+             qs: dict[int, torch.Tensor]) -> tuple[Frontier, np.ndarray]:
+        """The frontier `rows`' top max(k, entropy_k) candidates, and each row's confidence alpha over its top
+        `entropy_k`. A draft that samples also draws as many tokens per row without replacement from the row's q
+        (in draw order) and keeps q in `qs[row node]`.  # [F, V] -> Frontier [F, K], alpha [F]"""
         sampler = self.sampler
         probs = torch.softmax(logits, dim=-1) if sampler is None else sampler.probs(logits)
-        p, t = torch.topk(probs, max(policy.top_k, policy.entropy_k), dim=-1)
-        p, t = p.cpu().numpy(), t.cpu().numpy()
-        alpha = confidence(p[:, : policy.entropy_k])
+        k = max(policy.top_k, policy.entropy_k)
+        p, t = torch.topk(probs, k, dim=-1)
+        frontier = Frontier(rows, t.cpu().numpy(), p.cpu().numpy())
         if sampler is not None and policy.samples_draft:
-            for j, node in enumerate(rows):
-                t[j, 0] = sampler.pick(probs[j])[0]
-                p[j, 0] = float(probs[j, t[j, 0]])
-                qs[node] = probs[j]
-        return t, p, alpha
+            drawn = sampler.without_replacement(probs, policy.top_k)  # [F, top_k]
+            frontier.drawn_tokens = drawn.cpu().numpy()
+            frontier.drawn_probs = torch.gather(probs, -1, drawn).cpu().numpy()
+            qs.update(zip(rows, probs))
+        return frontier, confidence(frontier.top_probs[:, : policy.entropy_k])
 
     def grow(self, policy: Policy, quote: Quote | None = None) -> Draft:
         """Read the pending tokens (the prompt first, on the run's first drafted step), then draft the tree."""
@@ -82,11 +84,10 @@ class Drafter:
         root_pos = runner.seq_len + p - 1  # sequence index of the root
         read = runner.forward(pending, list(range(root_pos - p + 1, root_pos + 1)), chain_allowed(p))
         qs: dict[int, torch.Tensor] = {}  # a sampled draft's q per expanded node (-1: the root)
-        tokens, probs, alpha = self._top(read.logits[-1:], policy, [-1], qs)
+        frontier, alpha = self._top(read.logits[-1:], policy, [-1], qs)
         forwards, ms = 1, read.ms
         tree = DraftTree(root_alpha=float(alpha[0]))
         shape = policy.shape(tree.root_alpha, quote)
-        frontier = Frontier([-1], tokens, probs)
         fed = 0  # tree nodes already in the draft cache
         for level in range(1, shape.depth + 1):
             size = len(tree)
@@ -107,10 +108,9 @@ class Drafter:
                 [tree.tokens[n] for n in grow], [root_pos + tree.depths[n] for n in grow], allowed
             )  # [g, V]
             forwards, ms, fed = forwards + 1, ms + level_pass.ms, fed + len(grow)
-            tokens, probs, alpha = self._top(level_pass.logits, policy, grow, qs)
+            frontier, alpha = self._top(level_pass.logits, policy, grow, qs)
             for j, node in enumerate(grow):
                 tree.alphas[node] = float(alpha[j])
-            frontier = Frontier(grow, tokens, probs)
         return Draft(shape, policy.finalize(tree), len(tree), forwards, ms, prefill_ms)
 
     def settle(self, tree: DraftTree, accepted: list[int], bonus: int) -> None:

@@ -138,9 +138,10 @@ class SpecEngine:
 
     def _tree_view(self, root: int, tree: DraftTree, drafted: int, verdict: Verdict, rule: str) -> TreeView:
         target_p: list[float | None] = [None] * len(tree)
+        draft_q: list[float | None] = [None] * len(tree)
         draw_u: list[float | None] = [None] * len(tree)
         for t in verdict.trials:
-            target_p[t.node], draw_u[t.node] = round(t.p, 5), round(t.u, 5)
+            target_p[t.node], draft_q[t.node], draw_u[t.node] = round(t.p, 5), round(t.q, 5), round(t.u, 5)
         return TreeView(
             root_token=root,
             root_text=self.token_text(root),
@@ -153,6 +154,7 @@ class SpecEngine:
             drafted_nodes=drafted,
             rule=rule,
             target_p=target_p,
+            draft_q=draft_q,
             draw_u=draw_u,
         )
 

@@ -26,9 +26,11 @@ class TreeView:
     # How the target tested the nodes: "greedy" (argmax match), "tree" (the target draws at each node on the
     # path; a draw that is a child descends) or "ratio" (a sampled chain: accept with probability min(1, p/q)).
     # Sampling only, per node (None: not tested): the target's probability p of the node's token after its
-    # parent, and the uniform u behind the decision (probs holds the draft's q).
+    # parent, the draft's q of it, and the uniform u behind the decision (ratio rule: p and q as the test saw
+    # them, after earlier siblings were rejected; the node's first sibling sees the plain p and q).
     rule: str = "greedy"
     target_p: list[float | None] = field(default_factory=list)
+    draft_q: list[float | None] = field(default_factory=list)
     draw_u: list[float | None] = field(default_factory=list)
 
 

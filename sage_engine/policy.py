@@ -43,6 +43,11 @@ class Frontier:
     nodes: list[int]  # tree node per row, -1 = the root
     top_tokens: np.ndarray  # [F, K] int64, best first
     top_probs: np.ndarray  # [F, K] float, draft probabilities (not renormalised)
+    # a draft that samples (Policy.samples_draft under sampling): per row, tokens drawn without replacement from
+    # q in draw order, and their q. A policy takes a row's first m drawn tokens as its children, m decided from
+    # the sorted candidates above (never from the draws: that would bias the output)
+    drawn_tokens: np.ndarray | None = None  # [F, top_k] int64
+    drawn_probs: np.ndarray | None = None  # [F, top_k] float
 
 
 @dataclass(frozen=True)
@@ -129,7 +134,9 @@ class ChainPolicy(Policy):
         return TreeShape(depth=self.cfg.k, width=1, max_nodes=self.cfg.k, alpha=root_alpha)
 
     def expand(self, shape, level, tree, frontier):
-        node = tree.add(int(frontier.top_tokens[0, 0]), frontier.nodes[0], float(frontier.top_probs[0, 0]))
+        tokens, probs = ((frontier.top_tokens, frontier.top_probs) if frontier.drawn_tokens is None
+                         else (frontier.drawn_tokens, frontier.drawn_probs))
+        node = tree.add(int(tokens[0, 0]), frontier.nodes[0], float(probs[0, 0]))
         return [node] if level < shape.depth else []
 
 
@@ -215,6 +222,7 @@ class SagePolicy(Policy):
 
     def __init__(self, cfg: SageConfig = SageConfig()):
         self.cfg = cfg
+        self.samples_draft = cfg.draw == "sample"
         self.top_k = cfg.w_max  # candidates per node: at most W_max children
         self.entropy_k = cfg.k
         self.alpha = cfg.alpha0  # confidence planned for the next tree
@@ -296,10 +304,13 @@ class SagePolicy(Policy):
         if shape.price is not None:  # threshold "cost": a node must also pay for its verification
             theta = max(theta, shape.price.node)
         best = _best_candidates(frontier, tree, per_row, shape.max_nodes - len(tree), theta)
-        added = [
-            tree.add(int(frontier.top_tokens[r, c]), frontier.nodes[r], float(frontier.top_probs[r, c]))
-            for r, c, _ in best
-        ]
+        if frontier.drawn_tokens is None:
+            added = [tree.add(int(frontier.top_tokens[r, c]), frontier.nodes[r], float(frontier.top_probs[r, c]))
+                     for r, c, _ in best]
+        else:  # a sampled draft: as many children per row as the ranked candidates earned, the first drawn ones
+            counts = np.bincount([r for r, _, _ in best], minlength=len(frontier.nodes))
+            added = [tree.add(int(frontier.drawn_tokens[r, c]), frontier.nodes[r], float(frontier.drawn_probs[r, c]))
+                     for r in range(len(frontier.nodes)) for c in range(counts[r])]
         if shape.price is not None and sum(c for *_, c in best) < shape.price.level:
             return []  # the next level could not add the tokens one more draft forward costs
         return added if level < shape.depth else []

@@ -212,7 +212,7 @@ def sampling_markdown(reports: dict[str, dict]) -> list[str]:
              "depth of the verified tree. `chain` samples its draft and tests min(1, p/q) (same distribution as "
              "`ar`, a different draw, so its exact match is low); the tree policies draw exactly `ar`'s tokens.", "",
              "| policy | " + " | ".join(f"T = {t:g}" for t in temps) + " |", "|---|" + "---|" * len(temps)]
-    for policy in runs[temps[0]]["policies"]:
+    for policy in dict.fromkeys(p for t in temps for p in runs[t]["policies"]):
         cells = []
         for t in temps:
             agg = runs[t]["policies"].get(policy)
@@ -282,6 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperatures", default="0",
                    help=f"comma-separated; each value above 0 decodes the {SAMPLED_SUITE} suite again with that "
                         "temperature (seed 0) and adds a sampling section, e.g. 0,0.7,1.0")
+    p.add_argument("--sampled-policies", default="",
+                   help="comma-separated policies decoded only at the temperatures above 0 (settings that greedy "
+                        "decoding ignores, e.g. sage:draw=sample)")
     _model_args(p)  # the bench's model flags: --threads, --dtype, --device, --preset, --max-new-tokens, ...
     p.set_defaults(max_new_tokens=96)
     return p
@@ -315,7 +318,9 @@ def run_suites(args: argparse.Namespace, suites: list[Suite], policies: list[str
     pair = _load(args)
     reports = {}
     runs = [(suite, suite.name, None, policies) for suite in suites]
-    runs += [(suite, sampled_name(suite.name, t), Sampling(t), [p for p in policies if not is_hf_spec(p)])
+    extra = [p.strip() for p in args.sampled_policies.split(",") if p.strip()]
+    sampled = [p for p in policies if not is_hf_spec(p)] + [p for p in extra if p not in policies]
+    runs += [(suite, sampled_name(suite.name, t), Sampling(t), sampled)
              for t in temps for suite in suites if suite.name == SAMPLED_SUITE]
     for suite, name, sampling, chosen in runs:
         inputs = find_inputs(str(suite.folder))

@@ -14,9 +14,11 @@ which tree logits differ from sequential ones, which could move a draw sitting o
 The ratio rule (`RatioAcceptance`), the classic one for a chain whose tokens the draft sampled from its own
 warped distribution q (chain, the default draw): accept draft token x with probability min(1, p(x) / q(x)); at
 the first rejection emit a draw from the residual normalize(max(0, p - q)); when every token is accepted, emit
-a draw from p after the last. The output again has the target's distribution, with a higher acceptance than
-the tree rule's p(x) when both distributions are flat (1 - TV(p, q) per token), but its uniforms are not the
-target-only run's: same distribution, different draw.
+a draw from p after the last. It extends to trees whose children the draft sampled without replacement
+(sage:draw=sample): siblings are tried in draw order, each against q with the earlier siblings removed. The
+output again has the target's distribution, with a higher acceptance than the tree rule's p(x) when both
+distributions are flat (1 - TV(p, q) per token), but its uniforms are not the target-only run's: same
+distribution, different draw.
 
 The draft's q is warped with the same temperature and top-p as the target (`DraftSampler`): SAGE's confidence
 alpha reads it, so hotter sampling gives flatter q, lower alpha, and wider, shallower trees.
@@ -103,6 +105,13 @@ class DraftSampler(_Uniforms):
         """q for each row.  # [F, V] -> [F, V] float64"""
         return warped(logits, self.sampling)
 
+    def without_replacement(self, q: torch.Tensor, k: int) -> torch.Tensor:
+        """k tokens per row drawn from q without replacement, in draw order (the Gumbel-top-k trick: the order of
+        log q + Gumbel noise is a sequential draw without replacement).  # [F, V] -> [F, k] int64"""
+        u = torch.rand(q.shape, generator=self.generator, dtype=torch.float64).clamp_min(1e-300)
+        keys = torch.log(q) - torch.log(-torch.log(u))  # log 0 = -inf: tokens outside q's support come last
+        return torch.topk(keys, min(k, q.shape[-1]), dim=-1).indices
+
 
 class SampledAcceptance(_Uniforms):
     """The tree rule above, for one run (it owns the run's generator)."""
@@ -133,7 +142,7 @@ class SampledAcceptance(_Uniforms):
             p = warped(logits[0 if node < 0 else 1 + node], self.sampling)
             tok, u = self.pick(p)
             kids = children.get(node, {})
-            trials += [Trial(c, float(p[t]), u) for t, c in kids.items()]
+            trials += [Trial(c, float(p[t]), tree.probs[c], u) for t, c in kids.items()]
             child = kids.get(tok)
             if child is None:
                 return Verdict(path, [tree.tokens[i] for i in path], tok, trials)
@@ -142,7 +151,12 @@ class SampledAcceptance(_Uniforms):
 
 
 class RatioAcceptance(SampledAcceptance):
-    """The ratio rule above, for a chain the draft sampled (each node's q in `tree.q_dists`)."""
+    """The ratio rule above, for a tree whose children the draft sampled without replacement from its q (each
+    node's q in `tree.q_dists`; siblings in draw order). At a node with children x1..xm: accept x_k with
+    probability min(1, p_k(x_k) / q_k(x_k)), where q_k is q with x1..x_{k-1} removed and renormalised and
+    p_1 = p; an accepted child is descended into, a rejection sets p_{k+1} = normalize(max(0, p_k - q_k)); when
+    no child is accepted the step ends with a draw from p_{m+1}. A chain (one child per node) is the classic
+    rule above."""
 
     name = "ratio"
 
@@ -152,20 +166,46 @@ class RatioAcceptance(SampledAcceptance):
         return u * q_x < p_x, u
 
     def __call__(self, tree: DraftTree, logits: torch.Tensor) -> Verdict:
+        children: dict[int, list[int]] = {}
+        for i, parent in enumerate(tree.parents):
+            children.setdefault(parent, []).append(i)  # node order within a parent = draw order
         path: list[int] = []
         trials: list[Trial] = []
-        for i, (x, q) in enumerate(zip(tree.tokens, tree.q_dists)):
-            if tree.parents[i] != i - 1 or q is None:
-                raise ValueError("the ratio rule needs a chain whose every token the draft sampled")
-            p = warped(logits[i], self.sampling)  # the target after the root (i = 0) or after node i - 1
-            if q.numel() < p.numel():  # the draft's vocabulary can be a prefix of the target's
-                q = torch.nn.functional.pad(q, (0, p.numel() - q.numel()))
+        node = -1
+        while True:
+            p = warped(logits[0 if node < 0 else 1 + node], self.sampling)
+            child, p = self._try_children(tree, children.get(node, []), p, trials)
+            if child is None:
+                return Verdict(path, [tree.tokens[j] for j in path], self.pick(p)[0], trials)
+            path.append(child)
+            node = child
+
+    def _try_children(self, tree: DraftTree, kids: list[int], p: torch.Tensor, trials: list[Trial]):
+        """(the accepted child or None, the distribution to draw from when none is)."""
+        q = None
+        for c in kids:
+            if q is None:
+                q = tree.q_dists[c]
+                if q is None:
+                    raise ValueError("the ratio rule needs a tree whose every token the draft sampled")
+                if q.numel() < p.numel():  # the draft's vocabulary can be a prefix of the target's
+                    q = torch.nn.functional.pad(q, (0, p.numel() - q.numel()))
+            x = tree.tokens[c]
             ok, u = self.passes(float(p[x]), float(q[x]))
-            trials.append(Trial(i, float(p[x]), u))
-            if not ok:
-                residual = (p - q).clamp_min(0.0)  # zero only where rejection was impossible: then p itself
-                tok = self.pick(residual if float(residual.sum()) > 0 else p)[0]
-                return Verdict(path, [tree.tokens[j] for j in path], tok, trials)
-            path.append(i)
-        bonus = self.draw(logits[len(path)])
-        return Verdict(path, [tree.tokens[j] for j in path], bonus, trials)
+            trials.append(Trial(c, float(p[x]), float(q[x]), u))
+            if ok:
+                return c, p
+            residual = (p - q).clamp_min(0.0)  # zero only where rejection was impossible: then p itself
+            p = residual / residual.sum() if float(residual.sum()) > 0 else p
+            q = self._without(q, x)
+            if q is None:
+                break
+        return None, p
+
+    @staticmethod
+    def _without(q: torch.Tensor, x: int) -> torch.Tensor | None:
+        """The law of the next sibling's draw: q without x, renormalised (None: nothing left to draw)."""
+        q = q.clone()
+        q[x] = 0.0
+        total = float(q.sum())
+        return q / total if total > 0 else None

@@ -17,11 +17,13 @@ from .tree import DraftTree, accept_greedy, verify_allowed
 
 @dataclass(frozen=True)
 class Trial:
-    """One draft node a sampling rule tested (for the demo's tree view and its explanation; the draft's q is the
-    tree's own `probs`, the outcome is whether the node is on the accepted path)."""
+    """One draft node a sampling rule tested (for the demo's tree view and its explanation; the outcome is whether
+    the node is on the accepted path)."""
 
     node: int
-    p: float  # the target's probability of the node's token after its parent (warped: temperature, top-p)
+    p: float  # the target's probability of the node's token after its parent (warped; ratio rule: after the
+    #           earlier siblings' rejections, the residual)
+    q: float  # the draft's probability of it (ratio rule: with the earlier siblings removed, renormalised)
     u: float  # the uniform behind the decision: the target's draw at the parent (tree rule) or the ratio test's
 
 

@@ -205,6 +205,8 @@ def test_the_app_samples_both_lanes_with_the_same_seed(client, server, media):
     _, chain = run(client, **{**base, "policy": "chain"}, temperature=1.0, top_p=0.9, seed=3)
     assert chain["summary"]["rule"] == "ratio" and sampled[3]["summary"]["rule"] == "tree"
     assert chain["summary"]["sampling"] == {"temperature": 1.0, "top_p": 0.9, "seed": 3}
+    _, drawn = run(client, **base, draw="sample", temperature=1.0, top_p=0.9, seed=3)
+    assert drawn["summary"]["rule"] == "ratio"  # SAGE's children drawn from q: the ratio rule verifies them
     if not chain["summary"]["identical"]:  # the ratio rule's draw: the scoreboard says why, not "differs"
         assert "same distribution" in chain["scoreboard"] and "differs" not in chain["scoreboard"]
     tree = figure(chain["fig_tree"])

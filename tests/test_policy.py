@@ -325,10 +325,11 @@ def test_k_sets_the_top_k_of_sages_confidence():
     for k in (2, 5, 10):
         pol = SagePolicy(SageConfig(k=k))
         assert pol.entropy_k == k and pol.top_k == SageConfig().w_max  # candidates per node: W_max
-        tokens, top, alpha = Drafter(None)._top(logits, pol, [-1], {})
+        frontier, alpha = Drafter(None)._top(logits, pol, [-1], {})
+        top = frontier.top_probs
         assert top.shape[1] == max(k, pol.top_k)
         assert alpha[0] == pytest.approx(confidence(np.sort(probs)[::-1][None, :k])[0])
-    alphas = [Drafter(None)._top(logits, SagePolicy(SageConfig(k=k)), [-1], {})[2][0] for k in (2, 5, 10)]
+    alphas = [Drafter(None)._top(logits, SagePolicy(SageConfig(k=k)), [-1], {})[1][0] for k in (2, 5, 10)]
     assert len(set(np.round(alphas, 6))) == 3  # alpha depends on k
     assert make_policy("chain").entropy_k == make_policy("eagle2").entropy_k == 10
 
@@ -344,12 +345,12 @@ def test_sampling_tempers_the_draft_distribution_that_alpha_reads():
     alpha = {}
     for t in (0.5, 0.0, 2.0):
         drafter.sampler = None if t == 0 else DraftSampler(Sampling(t))
-        alpha[t] = drafter._top(logits, pol, [-1], {})[2][0]
+        alpha[t] = drafter._top(logits, pol, [-1], {})[1][0]
     assert alpha[2.0] < alpha[0.0] < alpha[0.5]
     assert pol.depth_for(alpha[2.0]) < pol.depth_for(alpha[0.5]) and pol.width_for(alpha[2.0]) > pol.width_for(
         alpha[0.5])
     drafter.sampler = DraftSampler(Sampling(1.0, top_p=0.75))
-    tokens, top, _ = drafter._top(logits, pol, [-1], {})
+    top = drafter._top(logits, pol, [-1], {})[0].top_probs
     assert top[0, :3].tolist() == pytest.approx([0.5, 0.375, 0.125]) and top[0, 3:].sum() == 0
 
 

@@ -135,6 +135,34 @@ def run_sampled_chain(rule, k: int, wrong=None):
     return run
 
 
+def run_sampled_tree(rule, wrong=None):
+    """The draft draws 2 children of the root without replacement from q, then 2 children of the first drawn one;
+    one step of `rule` verifies the tree (siblings in draw order)."""
+
+    def run(chooser):
+        tree = DraftTree()
+
+        def draw_children(parent: int, prefix: tuple[int, ...], m: int) -> list[int]:
+            q = warped(table_logits(prefix, salt=7), WARP)
+            left, nodes = q.clone(), []
+            for _ in range(min(m, int((q > 0).sum()))):
+                r = left / left.sum()
+                x = chooser.choose([(t, float(r[t])) for t in range(V)])
+                nodes.append(tree.add(x, parent, float(q[x])))
+                tree.q_dists[nodes[-1]] = q
+                left[x] = 0.0
+            return nodes
+
+        first = draw_children(-1, (), 2)[0]
+        draw_children(first, (tree.tokens[first],), 2)
+        logits = torch.stack([table_logits(())] + [table_logits(tuple(tree.tokens[i] for i in tree.path_to(n)))
+                                                   for n in range(len(tree))])
+        verdict = scripted(rule, wrong)(chooser)(tree, logits)
+        return continued(chooser, tuple(verdict.accepted_tokens) + (verdict.bonus,), 3)
+
+    return run
+
+
 def continued(chooser, emitted: tuple[int, ...], length: int) -> tuple[int, ...]:
     while len(emitted) < length:
         p = p_of(emitted)
@@ -181,6 +209,18 @@ def test_the_ratio_rule_on_a_sampled_chain_gives_the_targets_distribution_by_enu
         assert tv_to_target(outcomes(run_sampled_chain(RatioAcceptance, k)), k + 1) < 1e-12, k
 
 
+def test_the_ratio_rule_on_a_tree_sampled_without_replacement_gives_the_targets_distribution():
+    assert tv_to_target(outcomes(run_sampled_tree(RatioAcceptance)), 3) < 1e-12
+
+
+class RawQForLaterSiblings:
+    """Wrong: a later sibling tested against the parent's raw q, not q without the earlier siblings."""
+
+    @staticmethod
+    def _without(q, x):
+        return q
+
+
 class AcceptsTheDraftsFavourite:
     """Wrong: where the target's draw is not a child, the draft's most probable child is taken anyway."""
 
@@ -225,9 +265,11 @@ class InvertedRatio:
 
 
 @pytest.mark.parametrize("wrong", [AcceptsTheDraftsFavourite, TreeRuleOnASampledChain, ResamplesFromP,
-                                   InvertedRatio])
+                                   InvertedRatio, RawQForLaterSiblings])
 def test_each_wrong_rule_fails_the_same_enumeration(wrong):
-    if wrong is AcceptsTheDraftsFavourite:
+    if wrong is RawQForLaterSiblings:
+        tv = tv_to_target(outcomes(run_sampled_tree(RatioAcceptance, wrong)), 3)
+    elif wrong is AcceptsTheDraftsFavourite:
         tree = sample_tree()
         tv = tv_to_target(outcomes(run_tree_step(SampledAcceptance, tree, tree.depth + 1, wrong)), tree.depth + 1)
     else:
@@ -290,14 +332,14 @@ SAMPLINGS = [Sampling(1.0, top_p=0.9), Sampling(0.7)]
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=["T1-top_p0.9", "T0.7"])
 def test_the_first_two_tokens_follow_the_targets_distribution_for_every_policy(family, sampling):
     """check-sampling's chi-square over the first two tokens (1500 draws, fixed seeds: deterministic) for the
-    target alone and the sampled chain (the two ways of drawing); the tree-rule policies draw exactly the target
-    alone's tokens for each of 30 seeds (and of every seed: the same-seed test above), so they share its
-    distribution."""
+    target alone, the sampled chain and SAGE's sampled tree (the ways of drawing); the tree-rule policies draw
+    exactly the target alone's tokens for each of 30 seeds (and of every seed: the same-seed test above), so they
+    share its distribution."""
     from sage_engine.check import check_sampling
 
     pair, prep = family
     engine = SpecEngine(pair)
-    for policy in ("ar", "chain"):
+    for policy in ("ar", "chain", "sage:draw=sample:threshold=paper"):
         ok = check_sampling(engine, prep, policy, sampling, 1500)
         assert ok.p_value > 0.001 and ok.tv < 0.08, ok
     for seed in range(30):
