@@ -209,8 +209,9 @@ def sampling_markdown(reports: dict[str, dict]) -> list[str]:
     lines = ["## Sampling: temperature 0 (greedy) and above", "",
              f"The `{SAMPLED_SUITE}` suite decoded at each temperature (top-p 1, seed 0; each speedup against `ar` "
              "at the same temperature in the same run). Each cell: tau / speedup / mean alpha / root width, nodes, "
-             "depth of the verified tree. `chain` samples its draft and tests min(1, p/q) (same distribution as "
-             "`ar`, a different draw, so its exact match is low); the tree policies draw exactly `ar`'s tokens.", "",
+             "depth of the verified tree. `chain` and `sage:draw=sample` sample their draft and test min(1, p/q) "
+             "(same distribution as `ar`, a different draw, so their exact match is low); the other tree policies "
+             "draw exactly `ar`'s tokens.", "",
              "| policy | " + " | ".join(f"T = {t:g}" for t in temps) + " |", "|---|" + "---|" * len(temps)]
     for policy in dict.fromkeys(p for t in temps for p in runs[t]["policies"]):
         cells = []
