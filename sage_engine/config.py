@@ -21,8 +21,8 @@ MEDUSA_25: tuple[tuple[int, ...], ...] = (
 )
 
 
-ChainDraw = Literal["sample", "top"]  # how a policy's draft chooses its tokens under sampling
-CHAIN_DRAWS: tuple[str, ...] = get_args(ChainDraw)
+Draw = Literal["sample", "top"]  # how a policy's draft chooses its tokens under sampling
+DRAWS: tuple[str, ...] = get_args(Draw)
 
 
 @dataclass(frozen=True)
@@ -34,13 +34,13 @@ class ChainConfig:
     # and the target accepts it with probability min(1, p/q) (the classic rule; same distribution as the target
     # alone, a different draw for a seed); "top" drafts the draft's top-1 token and verifies with the tree rule
     # (the target's own draw: the target-only sample of the same seed, token for token).
-    draw: ChainDraw = "sample"
+    draw: Draw = "sample"
 
     def __post_init__(self):
         if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
             raise ValueError(f"chain knobs: k must be an integer >= 1 (got {self.k!r})")
-        if self.draw not in CHAIN_DRAWS:
-            raise ValueError(f"chain knobs: unknown draw {self.draw!r}; choose one of {', '.join(CHAIN_DRAWS)}")
+        if self.draw not in DRAWS:
+            raise ValueError(f"chain knobs: unknown draw {self.draw!r}; choose one of {', '.join(DRAWS)}")
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ class SageConfig:
     # and the target draws at each node (the tree rule: the target-only sample of the same seed); "sample" gives
     # each node as many children as the top candidates earn, drawn from q without replacement, verified with the
     # ratio rule (same distribution, a different draw; higher acceptance where p and q are flat).
-    draw: ChainDraw = "top"
+    draw: Draw = "top"
     max_depth_cap: int = field(default=16, repr=False)  # hard ceiling on any tree depth
 
     def __post_init__(self):
@@ -135,8 +135,8 @@ def sage_problem(cfg: SageConfig) -> str | None:
         return f"unknown alpha source {cfg.alpha_source!r}; choose one of {', '.join(ALPHA_SOURCES)}"
     if cfg.threshold not in THRESHOLDS:
         return f"unknown threshold {cfg.threshold!r}; choose one of {', '.join(THRESHOLDS)}"
-    if cfg.draw not in CHAIN_DRAWS:
-        return f"unknown draw {cfg.draw!r}; choose one of {', '.join(CHAIN_DRAWS)}"
+    if cfg.draw not in DRAWS:
+        return f"unknown draw {cfg.draw!r}; choose one of {', '.join(DRAWS)}"
     if cfg.history_window < 1 or cfg.fallback_steps < 0 or cfg.fallback_window < 1:
         return "need history_window >= 1, fallback_steps >= 0 and fallback_window >= 1"
     return None
