@@ -65,7 +65,7 @@ def test_no_parameter_names_a_model_path_or_repo(server, parameters, value):
     assert set(kinds.values()) <= {"Image", "Video", "Textbox", "Slider", "Dropdown", "Checkbox"}, kinds
     assert [n for n, k in kinds.items() if k == "Textbox"] == ["prompt"]  # the only free text: never a path
     dropdowns = [n for n, k in kinds.items() if k == "Dropdown"]
-    assert set(dropdowns) == {"policy", "preset", "alpha_source", "threshold"}, dropdowns
+    assert set(dropdowns) == {"policy", "preset", "alpha_source", "threshold", "draw"}, dropdowns
     for name in dropdowns:
         event, data = raw_compare(server, parameters, **{name: value})
         # the policy also takes a spec with knobs (chain:k=3): anything else is refused as an unknown policy
