@@ -29,6 +29,7 @@ class SamplingCheck:
     dof: int
     p_value: float
     tv: float
+    detectable_bias: float  # the smallest bias this test catches with power POWER (see `detectable_bias`)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -55,10 +56,17 @@ def check_sampling(engine: SpecEngine, prepared: PreparedInput, policy: str, sam
 
     exact = exact_pairs(engine, prepared, sampling)
     counts: dict[tuple[int, int], int] = {}
-    for seed in range(sampling.seed, sampling.seed + samples):
-        s = Sampling(sampling.temperature, sampling.top_p, seed)
-        ids = engine.generate(prepared, policy, max_new_tokens=2, ignore_eos=True, sampling=s).token_ids
-        counts[tuple(ids)] = counts.get(tuple(ids), 0) + 1
+    kept, engine.keep_prompt = engine.keep_prompt, True  # every draw starts from the same prefilled prompt
+    try:
+        for seed in range(sampling.seed, sampling.seed + samples):
+            s = Sampling(sampling.temperature, sampling.top_p, seed)
+            # three tokens, so that the step after the first one drafts (the engine drafts no deeper than the
+            # run's budget): its first level's tests decide the second token
+            run = engine.generate(prepared, policy, max_new_tokens=3, ignore_eos=True, sampling=s)
+            ids = tuple(run.token_ids[:2])
+            counts[ids] = counts.get(ids, 0) + 1
+    finally:
+        engine.keep_prompt = kept
     cells = set(exact) | set(counts)
     expected = np.array([exact.get(c, 0.0) * samples for c in cells])
     observed = np.array([counts.get(c, 0) for c in cells], dtype=float)
@@ -73,4 +81,34 @@ def check_sampling(engine: SpecEngine, prepared: PreparedInput, policy: str, sam
         dof = max(1, int(keep.sum()) - 1)
         p_value = float(chi2_dist.sf(chi2, dof))
     tv = 0.5 * float(np.abs(observed / samples - expected / samples).sum())
-    return SamplingCheck(policy, sampling.temperature, sampling.top_p, samples, chi2, dof, p_value, tv)
+    return SamplingCheck(policy, sampling.temperature, sampling.top_p, samples, chi2, dof, p_value, tv,
+                         detectable_bias(exp_cells[keep] / samples, samples))
+
+
+LEVEL = 0.001  # the test fails below this p-value
+POWER = 0.8  # the chance of failing that `detectable_bias` is computed for
+
+
+def detectable_bias(cells: np.ndarray, samples: int) -> float:
+    """The smallest total-variation bias that the chi-square test over `cells` (the expected probabilities of its
+    pooled cells) catches with probability POWER at LEVEL with `samples` draws, for the hardest bias to see: mass
+    moved between the two likeliest cells. Moving d from a to b gives the statistic a noncentral chi-square law
+    with noncentrality samples * d^2 * (1/a + 1/b); the bias is found by bisection on d."""
+    from scipy.stats import chi2 as chi2_dist
+    from scipy.stats import ncx2
+
+    if len(cells) < 2:
+        return 1.0  # one cell: no bias shows
+    dof = len(cells) - 1
+    critical = chi2_dist.isf(LEVEL, dof)
+    a, b = np.sort(cells)[::-1][:2]
+
+    def caught(d: float) -> bool:
+        return ncx2.sf(critical, dof, samples * d * d * (1 / a + 1 / b)) >= POWER
+
+    lo, hi = 0.0, float(a)  # at most all of a moves
+    if not caught(hi):
+        return 1.0
+    for _ in range(40):
+        lo, hi = (lo, (lo + hi) / 2) if caught((lo + hi) / 2) else ((lo + hi) / 2, hi)
+    return hi

@@ -161,7 +161,8 @@ def cmd_generate(args) -> int:
     images = [load_image(p) for p in args.image]  # bad files fail before the models load
     pair = _load(args)
     prepared = prepare_input(pair, args.prompt, images=images, video=args.video, num_frames=args.frames)
-    engine = SpecEngine(pair, draft_pruning=args.draft_prune, layer_stack=args.tree_forward == "layers")
+    engine = SpecEngine(pair, draft_pruning=args.draft_prune, layer_stack=args.tree_forward == "layers",
+                        keep_prompt=args.num_samples > 1)  # the samples share one prefilled prompt
     for seed in range(args.seed, args.seed + args.num_samples):  # one loaded pair, one sample per seed
         sample = Sampling(sampling.temperature, sampling.top_p, seed)
         policy = make_policy(args.policy)  # a fresh policy per sample: its adaptive state is per run
@@ -218,7 +219,7 @@ def cmd_bench(args) -> int:
 
 def cmd_check_sampling(args) -> int:
     """Exit 0 when the p-value is at least 0.001, 1 below it (the policy's sampling is not the target's)."""
-    from .check import check_sampling
+    from .check import POWER, check_sampling
     from .engine import SpecEngine
     from .inputs import prepare_input
     from .media import load_image
@@ -243,7 +244,8 @@ def cmd_check_sampling(args) -> int:
         print(json.dumps(result.to_dict()))
     else:
         print(f"{result.policy}: chi2 {result.chi2:.1f} (dof {result.dof}), p {result.p_value:.3g}, "
-              f"TV {result.tv:.3f} over {result.samples} samples")
+              f"TV {result.tv:.3f} over {result.samples} samples (catches a bias of {result.detectable_bias:.1%} "
+              f"or more with {POWER:.0%} power)")
     return 0 if result.p_value >= 0.001 else 1
 
 

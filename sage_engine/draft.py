@@ -13,7 +13,7 @@ children from it without replacement.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import takewhile
 
 import numpy as np
@@ -73,8 +73,9 @@ class Drafter:
             qs.update(zip(rows, probs))
         return frontier, confidence(frontier.top_probs[:, : policy.entropy_k])
 
-    def grow(self, policy: Policy, quote: Quote | None = None) -> Draft:
-        """Read the pending tokens (the prompt first, on the run's first drafted step), then draft the tree."""
+    def grow(self, policy: Policy, quote: Quote | None = None, max_depth: int | None = None) -> Draft:
+        """Read the pending tokens (the prompt first, on the run's first drafted step), then draft the tree, no
+        deeper than `max_depth` (the tokens the run may still emit after this step's bonus)."""
         runner, prefill_ms = self.runner, 0.0
         if self._prompt is not None:
             prefill_ms = runner.prefill(self._prompt, self.pruning).ms
@@ -88,6 +89,8 @@ class Drafter:
         forwards, ms = 1, read.ms
         tree = DraftTree(root_alpha=float(alpha[0]))
         shape = policy.shape(tree.root_alpha, quote)
+        if max_depth is not None and shape.depth > max_depth:
+            shape = replace(shape, depth=max_depth)
         fed = 0  # tree nodes already in the draft cache
         for level in range(1, shape.depth + 1):
             size = len(tree)

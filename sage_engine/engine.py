@@ -103,9 +103,11 @@ class SpecEngine:
     """Lossless tree speculative decoding of a target VLM with a draft VLM (batch of one)."""
 
     def __init__(self, pair: ModelPair, acceptance=None, draft_pruning: VisualPruning | None = None,
-                 layer_stack: bool = True):
+                 layer_stack: bool = True, keep_prompt: bool = False):
         """draft_pruning: feed the draft only part of the visual tokens (draft-only; output unchanged).
-        layer_stack: tree forwards call the decoder layers directly where checked equal (stack.py)."""
+        layer_stack: tree forwards call the decoder layers directly where checked equal (stack.py).
+        keep_prompt: runs on the same PreparedInput as the last one reuse both models' prefilled caches
+        (runner.py); for many draws on one prompt, never where prefill is timed."""
         self.pair = pair
         self.draft_pruning = draft_pruning
         self.tokenizer = pair.tokenizer
@@ -115,9 +117,20 @@ class SpecEngine:
             self.draft = ModelRunner(pair.draft, vocab_limit=shared_vocab(pair.target, pair.draft),
                                      layer_stack=layer_stack)
         self.drafter = Drafter(self.draft, draft_pruning) if self.draft is not None else None
+        self.keep_prompt = keep_prompt
         self.accept = acceptance or GreedyAcceptance()
         self.costs = CostMeter()  # step timings of every run on this engine (cost-aware policies read them)
         self._texts: dict[int, str] = {}
+
+    @property
+    def keep_prompt(self) -> bool:
+        return self.target.keep_prompt
+
+    @keep_prompt.setter
+    def keep_prompt(self, on: bool) -> None:
+        for runner in (self.target, self.draft):
+            if runner is not None:
+                runner.keep_prompt = on
 
     # ------------------------------------------------------------------ helpers
     def token_text(self, tok: int) -> str:
@@ -203,7 +216,7 @@ class SpecEngine:
             quote = self.costs.quote(key)
             # 1. draft a tree shaped by the policy (ar, or a step the policy decodes plain: an empty tree).
             if drafting and not policy.skip_draft(quote):
-                draft = self.drafter.grow(policy, quote)
+                draft = self.drafter.grow(policy, quote, max_depth=out.budget - len(out.ids) - 1)
             else:
                 draft = Draft(policy.plain_shape(), DraftTree(), 0)
             tree = draft.tree
