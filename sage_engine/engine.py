@@ -215,8 +215,9 @@ class SpecEngine:
             t0 = time.perf_counter()
             quote = self.costs.quote(key)
             # 1. draft a tree shaped by the policy (ar, or a step the policy decodes plain: an empty tree).
-            if drafting and not policy.skip_draft(quote):
-                draft = self.drafter.grow(policy, quote, max_depth=out.budget - len(out.ids) - 1)
+            left = out.budget - len(out.ids)  # tokens the run may still emit: a tree deeper than left - 1 is waste
+            if drafting and left > 1 and not policy.skip_draft(quote):
+                draft = self.drafter.grow(policy, quote, max_depth=left - 1)
             else:
                 draft = Draft(policy.plain_shape(), DraftTree(), 0)
             tree = draft.tree
@@ -233,7 +234,7 @@ class SpecEngine:
             wall_ms = (time.perf_counter() - t0) * 1e3 - draft.prefill_ms
             self.costs.record(StepTiming(key, len(verdict.accepted) + 1, len(tree), wall_ms, verify.ms, draft.ms,
                                          draft.forwards, sum(tree.cum_probs)))
-            policy.observe(StepOutcome(tree, verdict.accepted, len(verdict.accepted) + 1, wall_ms))
+            policy.observe(StepOutcome(tree, verdict.accepted, len(verdict.accepted) + 1, wall_ms, draft.forwards > 0))
             ids, *text = out.extend(verdict.accepted_tokens + [verdict.bonus], len(verdict.accepted_tokens))
             view = self._tree_view(root, tree, draft.drafted, verdict, accept.name)
             root = verdict.bonus

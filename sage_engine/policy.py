@@ -58,6 +58,7 @@ class StepOutcome:
     accepted: list[int]  # accepted node indices, root side first
     tokens_this_step: int  # accepted + bonus (before truncation at EOS / budget)
     wall_ms: float = 0.0  # what the whole step cost
+    drafted: bool = True  # False: a plain step (one target forward, no draft), which says nothing of the draft
 
 
 def confidence(top_probs: np.ndarray) -> np.ndarray:
@@ -235,7 +236,6 @@ class SagePolicy(Policy):
         self._drafted: list[tuple[int, float]] = []  # this run's drafted steps: (tokens, wall ms)
         self._trying = False  # the step after a plain stretch drafts whatever the window says (a try)
         self._started = False  # has this run asked skip_draft() yet?
-        self._skipped = False  # the current step is plain
 
     # Eq. 10-11, rounding half up (open in the paper).
     def depth_for(self, alpha: float) -> int:
@@ -256,12 +256,10 @@ class SagePolicy(Policy):
         never pays for it, while a longer one on an input the draft knows loses only its first steps). While
         they lose, the next `_backoff` steps are plain, then the draft is tried once more; each losing try
         doubles the wait (up to 8x `fallback_steps`), a winning one resets it."""
-        self._skipped = False
         if self.cfg.threshold != "cost" or quote is None or self.cfg.fallback_steps < 1:
             return False
         if self._plain_left > 0:
             self._plain_left -= 1
-            self._skipped = True
             return True
         plain = quote.plain_rate()
         if not self._started:  # a run starts where the engine's last runs of this policy left off
@@ -281,7 +279,7 @@ class SagePolicy(Policy):
 
     def _fall_back(self) -> bool:
         """This step and the next `_backoff` - 1 are plain, then the draft is tried; the wait doubles."""
-        self._plain_left, self._skipped, self._trying = self._backoff - 1, True, True
+        self._plain_left, self._trying = self._backoff - 1, True
         self._backoff = min(8 * self.cfg.fallback_steps, 2 * self._backoff)
         return True
 
@@ -317,7 +315,7 @@ class SagePolicy(Policy):
 
     def observe(self, outcome):
         cfg = self.cfg
-        if self._skipped:  # a plain step says nothing about the draft (its alpha, its acceptance)
+        if not outcome.drafted:  # a plain step says nothing about the draft (its alpha, its acceptance)
             return
         self._drafted.append((outcome.tokens_this_step, outcome.wall_ms))
         tree, path = outcome.tree, outcome.accepted

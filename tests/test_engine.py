@@ -3,9 +3,10 @@
 import json
 
 import pytest
-from tiny_models import image, qwen25_pair
+from tiny_models import image, llava_pair, qwen25_pair
 
 from sage_engine import InputError, SpecEngine, prepare_input
+from sage_engine.sampling import Sampling
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +28,9 @@ def test_stream_accounting_is_consistent(setup, policy):
                                                                                   skip_special_tokens=True)
     for s in steps[1:]:
         n = len(s.tree.tokens)
+        left = 30 - (s.total_tokens - len(s.new_token_ids))  # tokens the run could still emit at this step
+        assert max(s.tree.depths, default=0) <= left - 1  # no node the budget could never emit
+        assert left > 1 or s.draft_forwards == 0  # the last single token: a plain step
         assert s.new_text.startswith(s.accepted_text)  # the draft's part of the step's text comes first
         assert s.accepted_text == "" or s.accepted_tokens  # only accepted draft tokens write it
         if len(s.new_token_ids) > len(s.accepted_tokens):  # the bonus token was emitted
@@ -58,7 +62,9 @@ def test_sage_reports_its_tree_shape_and_controller(setup):
     res = engine.generate(prep, "sage:threshold=paper:alpha_source=prev_path", max_new_tokens=30, ignore_eos=True)
     decode = res.steps[1:]
     assert decode[0].alpha == 0.5  # first tree planned from alpha0
-    assert all(3 <= s.depth <= 12 and 2 <= s.width <= 10 and s.d_max is not None for s in decode)
+    for s in decode:  # the last steps draft no deeper than the tokens the budget still allows
+        left = 30 - (s.total_tokens - len(s.new_token_ids))
+        assert min(3, left - 1) <= s.depth <= min(12, left - 1) and 2 <= s.width <= 10 and s.d_max is not None
     assert all(len(s.tree.tokens) <= 64 for s in decode)
 
 
@@ -105,3 +111,29 @@ def test_bad_requests_raise_input_errors(setup):
         list(engine.stream(prep, "sage", max_new_tokens=0))
     with pytest.raises(InputError, match="too long"):
         list(engine.stream(prepare_input(pair, "shape " * 1200), "ar", max_new_tokens=4))
+
+
+@pytest.mark.parametrize("build", [qwen25_pair, llava_pair], ids=["qwen2.5-vl", "llava"])
+def test_kept_prompt_gives_the_same_runs_without_running_the_prefill_again(build):
+    """keep_prompt: runs on the same PreparedInput copy the prefilled caches (no model call for the prompt) and
+    decode exactly what fresh prefills decode, greedy and sampled, for every kind of draft."""
+    pair = build("noisy", seed=2)
+    prep = prepare_input(pair, "describe the scene", images=[image(3)])
+    fresh, kept = SpecEngine(pair), SpecEngine(pair, keep_prompt=True)
+    calls = {"target": 0, "draft": 0}
+    for name, model in (("target", pair.target), ("draft", pair.draft)):
+        model.register_forward_hook(lambda *_, name=name: calls.__setitem__(name, calls[name] + 1))
+    runs = [("ar", None), ("sage", None), ("chain", Sampling(1.0, seed=4)), ("sage:draw=sample", Sampling(0.8, seed=5)),
+            ("eagle2", Sampling(1.0, top_p=0.9, seed=6))]
+    for policy, sampling in runs:
+        want = fresh.generate(prep, policy, 24, ignore_eos=True, sampling=sampling).token_ids
+        assert kept.generate(prep, policy, 24, ignore_eos=True, sampling=sampling).token_ids == want, policy
+    kept.generate(prep, "sage", 24, ignore_eos=True)  # both models have read the prompt and checked their stacks
+    before = dict(calls)
+    for policy, sampling in runs:
+        kept.generate(prep, policy, 24, ignore_eos=True, sampling=sampling)
+    stacked = kept.target.stack is not None and kept.draft.stack is not None
+    assert not stacked or calls == before  # no prefill ran (tree steps call the decoder layers, not forward())
+    other = prepare_input(pair, "describe the scene", images=[image(4)])
+    assert kept.generate(other, "sage", 24, ignore_eos=True).token_ids == fresh.generate(
+        other, "sage", 24, ignore_eos=True).token_ids  # another input: a real prefill

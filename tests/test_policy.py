@@ -264,7 +264,7 @@ def test_cost_threshold_falls_back_to_plain_steps_while_drafting_loses_and_retri
     drafted(pol, q, 2, 4.0)  # two drafted steps at 0.5 tokens per ms: losing
     assert [pol.skip_draft(q) for _ in range(2)] == [True, True]  # fallback_steps plain steps
     assert pol.plain_shape().depth == 0
-    pol.observe(StepOutcome(DraftTree(), [], 1, 1.0))  # a plain step teaches the policy nothing
+    pol.observe(StepOutcome(DraftTree(), [], 1, 1.0, drafted=False))  # a plain step teaches the policy nothing
     assert pol._drafted == [(2, 4.0), (2, 4.0)]
     drafted(pol, q, 3, 4.0)  # the try (drafted whatever the window says); still losing: 7 / 12 ms
     assert [pol.skip_draft(q) for _ in range(4)] == [True] * 4  # the wait doubles
