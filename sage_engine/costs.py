@@ -22,6 +22,7 @@ target's own choice.
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
 from dataclasses import dataclass
 
@@ -74,7 +75,7 @@ def robust_rate(steps: list[tuple[int, float]]) -> float | None:
     """Tokens per ms over (tokens, ms) steps, leaving out the steps slower than SPIKE x the median step."""
     if not steps:
         return None
-    limit = SPIKE * float(np.median([ms for _, ms in steps]))
+    limit = SPIKE * statistics.median(ms for _, ms in steps)  # a few values, every step: no numpy call
     kept = [(t, ms) for t, ms in steps if ms <= limit]
     wall = sum(ms for _, ms in kept)
     return sum(t for t, _ in kept) / wall if wall > 0 else None
@@ -96,6 +97,7 @@ class CostMeter:
         self._counts = [0, 0]  # plain, drafted steps recorded so far
         self._plain_rate: tuple[int, float | None] | None = None  # (plain count, value) of the last computation
         self._prices: tuple[int, tuple[float, float] | None] | None = None  # (drafted count, prices) of the last fit
+        self._plain_estimate: tuple[int, float | None] | None = None  # (drafted count, value) of the last estimate
 
     def record(self, timing: StepTiming) -> None:
         self.steps.append(timing)
@@ -139,10 +141,17 @@ class CostMeter:
             self._plain_rate = (self._counts[0], rate)
         if self._plain_rate[1] is not None:
             return self._plain_rate[1]
+        done = self._counts[1]
+        if self._plain_estimate is None or done - self._plain_estimate[0] >= self.refit:  # refit like the prices
+            self._plain_estimate = (done, self._estimate_plain_rate())
+        return self._plain_estimate[1]
+
+    def _estimate_plain_rate(self) -> float | None:
         drafted = [s for s in self.steps if not s.plain]
         if len(drafted) < self.min_steps or len({s.nodes for s in drafted}) < 2:
             return None
-        slope, intercept = np.polyfit([s.nodes for s in drafted], [s.verify_ms for s in drafted], 1)
+        x = np.array([[1.0, s.nodes] for s in drafted])
+        (intercept, _), *_ = np.linalg.lstsq(x, np.array([s.verify_ms for s in drafted]), rcond=None)
         return 1.0 / intercept if intercept > 0 else None
 
     def trust(self, policy: str) -> float:

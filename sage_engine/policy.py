@@ -272,9 +272,12 @@ class SagePolicy(Policy):
         if self._trying or len(recent) < 2 or plain is None:
             self._trying = False  # the try has been judged with the window it joined
             return False
-        if (robust_rate(recent) or 0.0) >= plain:
+        rate = robust_rate(recent) or 0.0
+        if rate >= plain:
             self._backoff = self.cfg.fallback_steps
             return False
+        if len(recent) < self.cfg.fallback_window and rate >= self.cfg.fallback_early * plain:
+            return False  # losing, but not by enough to judge on fewer steps than the window
         return self._fall_back()
 
     def _fall_back(self) -> bool:
