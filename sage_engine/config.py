@@ -102,9 +102,6 @@ class SageConfig:
     threshold: Threshold = "cost"
     fallback_steps: int = 2  # threshold "cost": plain steps after drafted ones first lose to plain ones (0: never)
     fallback_window: int = 4  # threshold "cost": this run's last drafted steps that judge the draft
-    # threshold "cost": until the window is full, fall back only on drafted steps slower than this fraction of
-    # plain ones (a few unlucky steps are common when sampling; a draft out of its depth loses by far more)
-    fallback_early: float = 1.0
     # Under sampling (greedy ignores it), not in the paper: "top" builds the tree from the draft's top candidates
     # and the target draws at each node (the tree rule: the target-only sample of the same seed); "sample" gives
     # each node as many children as the top candidates earn, drawn from q without replacement, verified with the

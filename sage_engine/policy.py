@@ -272,12 +272,9 @@ class SagePolicy(Policy):
         if self._trying or len(recent) < 2 or plain is None:
             self._trying = False  # the try has been judged with the window it joined
             return False
-        rate = robust_rate(recent) or 0.0
-        if rate >= plain:
+        if (robust_rate(recent) or 0.0) >= plain:
             self._backoff = self.cfg.fallback_steps
             return False
-        if len(recent) < self.cfg.fallback_window and rate >= self.cfg.fallback_early * plain:
-            return False  # losing, but not by enough to judge on fewer steps than the window
         return self._fall_back()
 
     def _fall_back(self) -> bool:
