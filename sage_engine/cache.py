@@ -7,6 +7,8 @@ Works on transformers' `DynamicCache` (`cache.layers[i].keys / .values`: [B, H, 
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from transformers import DynamicCache
 
@@ -28,3 +30,16 @@ def compact(cache: DynamicCache, start: int, keep: list[int]) -> None:
             layer.values[:, :, start : start + m] = layer.values[:, :, idx]
         layer.keys = layer.keys[:, :, : start + m]
         layer.values = layer.values[:, :, : start + m]
+
+
+def copy_cache(cache: DynamicCache) -> DynamicCache:
+    """An independent copy of `cache`: its layers' key and value tensors cloned, the rest shallow-copied (a
+    deepcopy would also copy the config and every attribute, several times slower for a small cache)."""
+    new = copy.copy(cache)
+    new.layers = []
+    for layer in cache.layers:
+        twin = copy.copy(layer)
+        if layer.is_initialized:
+            twin.keys, twin.values = layer.keys.clone(), layer.values.clone()
+        new.layers.append(twin)
+    return new

@@ -12,7 +12,6 @@ through forward(). No modeling code is forked.
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass
 
@@ -20,7 +19,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from .cache import compact
+from .cache import compact, copy_cache
 from .families import Family, adapter_for
 from .pruning import VisualPruning, pruned_prefill_inputs
 from .stack import DecoderStack, decoder_stack
@@ -87,7 +86,7 @@ class ModelRunner:
         kept = self._kept
         if self.keep_prompt and kept is not None and kept.inputs is inputs and kept.pruning == pruning:
             t0 = time.perf_counter()
-            self.cache, self.rope_delta = copy.deepcopy(kept.cache), kept.rope_delta
+            self.cache, self.rope_delta = copy_cache(kept.cache), kept.rope_delta
             return Pass(kept.logits, (time.perf_counter() - t0) * 1e3)
         self._kept = None
         self.cache = DynamicCache(config=self.model.config)
@@ -105,7 +104,7 @@ class ModelRunner:
             self.rope_delta = positions.shift_after_prefill(self.model)
         logits = self._logits(out.logits[0, -1])
         if self.keep_prompt:
-            self._kept = _KeptPrompt(inputs, pruning, copy.deepcopy(self.cache), self.rope_delta, logits)
+            self._kept = _KeptPrompt(inputs, pruning, copy_cache(self.cache), self.rope_delta, logits)
         return Pass(logits, ms)
 
     @torch.inference_mode()

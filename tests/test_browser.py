@@ -7,6 +7,7 @@ SAGE_DOCS_SCREENSHOT=1 the page is also saved to docs/screenshot.png for the REA
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -244,7 +245,9 @@ def test_unplayable_video_is_previewed_and_runs(page, tmp_path_factory):
     assert not [t for t in toasts if "not playable" in t], toasts
     assert any("re-encoded preview" in t for t in toasts), toasts
     page.fill("#prompt textarea", "What happens?")
+    before = page.inner_text("#status")  # may read "Done" from an earlier test's run
     page.click("#run")
+    page.wait_for_function(f"{STATUS} !== {json.dumps(before)}", timeout=30_000)  # this run has started
     page.wait_for_function(f"{STATUS}.includes('Done')", timeout=120_000)
     assert "identical" in page.inner_text("#scoreboard")
     page.locator("#video button[aria-label='Clear']").click()

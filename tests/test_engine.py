@@ -116,14 +116,16 @@ def test_bad_requests_raise_input_errors(setup):
 @pytest.mark.parametrize("build", [qwen25_pair, llava_pair], ids=["qwen2.5-vl", "llava"])
 def test_kept_prompt_gives_the_same_runs_without_running_the_prefill_again(build):
     """keep_prompt: runs on the same PreparedInput copy the prefilled caches (no model call for the prompt) and
-    decode exactly what fresh prefills decode, greedy and sampled, for every kind of draft."""
+    decode exactly what fresh prefills decode, greedy and sampled, for every kind of draft (a sampled tree with
+    the paper's thresholds: under the ratio rule the draws depend on the tree's shape, which the default's cost
+    prices take from timings)."""
     pair = build("noisy", seed=2)
     prep = prepare_input(pair, "describe the scene", images=[image(3)])
     fresh, kept = SpecEngine(pair), SpecEngine(pair, keep_prompt=True)
     calls = {"target": 0, "draft": 0}
     for name, model in (("target", pair.target), ("draft", pair.draft)):
         model.register_forward_hook(lambda *_, name=name: calls.__setitem__(name, calls[name] + 1))
-    runs = [("ar", None), ("sage", None), ("chain", Sampling(1.0, seed=4)), ("sage:draw=sample", Sampling(0.8, seed=5)),
+    runs = [("ar", None), ("sage", None), ("chain", Sampling(1.0, seed=4)), ("sage:draw=sample:threshold=paper", Sampling(0.8, seed=5)),
             ("eagle2", Sampling(1.0, top_p=0.9, seed=6))]
     for policy, sampling in runs:
         want = fresh.generate(prep, policy, 24, ignore_eos=True, sampling=sampling).token_ids
