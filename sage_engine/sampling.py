@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .tree import DraftTree
@@ -72,23 +73,35 @@ def warped(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     return probs / probs.sum(dim=-1, keepdim=True)
 
 
-def inverse_cdf(probs: torch.Tensor, u: torch.Tensor | float) -> int:
-    """The token whose cumulative-probability bucket (in token-id order) holds the uniform `u`.  # [V]"""
-    cdf = torch.cumsum(probs, dim=-1)
-    u = torch.as_tensor(u, dtype=cdf.dtype)
-    return int(min(torch.searchsorted(cdf, u * cdf[-1], right=True).item(), cdf.numel() - 1))
+def inverse_cdf(probs, u: float) -> int:
+    """The token whose cumulative-probability bucket (in token-id order) holds the uniform `u`.  # [V] numpy or
+    CPU tensor"""
+    cdf = np.cumsum(np.asarray(probs, dtype=np.float64))
+    return int(min(np.searchsorted(cdf, float(u) * cdf[-1], side="right"), cdf.size - 1))
+
+
+def warped_rows(logits: torch.Tensor, sampling: Sampling) -> np.ndarray:
+    """`warped` for every row at once, on the host (one call and one copy per step; rows are then read with
+    numpy's cheap indexing).  # [n, V] -> [n, V] float64"""
+    return warped(logits, sampling).cpu().numpy()
 
 
 class _Uniforms:
-    """A run's stream of uniforms (a seeded generator); `pick` draws one token from a distribution with it."""
+    """A run's stream of uniforms (a seeded generator, read in blocks: one call per BLOCK uniforms, the same
+    sequence for every consumer); `pick` draws one token from a distribution with the next one."""
+
+    BLOCK = 64
 
     def __init__(self, seed: int):
         self.generator = torch.Generator().manual_seed(seed)
+        self._block: list[float] = []
 
     def uniform(self) -> float:
-        return float(torch.rand((), generator=self.generator, dtype=torch.float64))
+        if not self._block:
+            self._block = torch.rand(self.BLOCK, generator=self.generator, dtype=torch.float64).tolist()[::-1]
+        return self._block.pop()
 
-    def pick(self, probs: torch.Tensor) -> tuple[int, float]:
+    def pick(self, probs) -> tuple[int, float]:
         """(token, the uniform behind it): one inverse-CDF draw from `probs`.  # [V]"""
         u = self.uniform()
         return inverse_cdf(probs, u), u
@@ -107,7 +120,12 @@ class DraftSampler(_Uniforms):
 
     def without_replacement(self, q: torch.Tensor, k: int) -> torch.Tensor:
         """k tokens per row drawn from q without replacement, in draw order (the Gumbel-top-k trick: the order of
-        log q + Gumbel noise is a sequential draw without replacement).  # [F, V] -> [F, k] int64"""
+        log q + Gumbel noise is a sequential draw without replacement; one token: an inverse-CDF draw per row,
+        one uniform instead of V).  # [F, V] -> [F, k] int64"""
+        if k == 1:
+            cdf = torch.cumsum(q, dim=-1)  # [F, V]
+            u = torch.rand((q.shape[0], 1), generator=self.generator, dtype=cdf.dtype) * cdf[:, -1:]
+            return torch.searchsorted(cdf, u, right=True).clamp_max(q.shape[-1] - 1)
         u = torch.rand(q.shape, generator=self.generator, dtype=torch.float64).clamp_min(1e-300)
         keys = torch.log(q) - torch.log(-torch.log(u))  # log 0 = -inf: tokens outside q's support come last
         return torch.topk(keys, min(k, q.shape[-1]), dim=-1).indices
@@ -124,7 +142,7 @@ class SampledAcceptance(_Uniforms):
 
     def draw(self, logits: torch.Tensor) -> int:
         """One token from the target's distribution after `logits`, with the run's next uniform.  # [V]"""
-        return self.pick(warped(logits, self.sampling))[0]
+        return self.pick(warped_rows(logits[None], self.sampling)[0])[0]
 
     def first(self, logits: torch.Tensor) -> int:
         return self.draw(logits)
@@ -138,8 +156,9 @@ class SampledAcceptance(_Uniforms):
         path: list[int] = []
         trials: list[Trial] = []
         node = -1
+        ps = warped_rows(logits, self.sampling)  # the target's p after the root and after every node
         while True:
-            p = warped(logits[0 if node < 0 else 1 + node], self.sampling)
+            p = ps[0 if node < 0 else 1 + node]
             tok, u = self.pick(p)
             kids = children.get(node, {})
             trials += [Trial(c, float(p[t]), tree.probs[c], u) for t, c in kids.items()]
@@ -172,40 +191,41 @@ class RatioAcceptance(SampledAcceptance):
         path: list[int] = []
         trials: list[Trial] = []
         node = -1
+        ps = warped_rows(logits, self.sampling)
         while True:
-            p = warped(logits[0 if node < 0 else 1 + node], self.sampling)
-            child, p = self._try_children(tree, children.get(node, []), p, trials)
+            child, p = self._try_children(tree, children.get(node, []), ps[0 if node < 0 else 1 + node], trials)
             if child is None:
                 return Verdict(path, [tree.tokens[j] for j in path], self.pick(p)[0], trials)
             path.append(child)
             node = child
 
-    def _try_children(self, tree: DraftTree, kids: list[int], p: torch.Tensor, trials: list[Trial]):
-        """(the accepted child or None, the distribution to draw from when none is)."""
+    def _try_children(self, tree: DraftTree, kids: list[int], p: np.ndarray, trials: list[Trial]):
+        """(the accepted child or None, the distribution to draw from when none is).  p: [V] float64"""
         q = None
         for c in kids:
             if q is None:
-                q = tree.q_dists[c]
-                if q is None:
+                if tree.q_dists[c] is None:
                     raise ValueError("the ratio rule needs a tree whose every token the draft sampled")
-                if q.numel() < p.numel():  # the draft's vocabulary can be a prefix of the target's
-                    q = torch.nn.functional.pad(q, (0, p.numel() - q.numel()))
+                q = np.zeros_like(p)
+                drafted = np.asarray(tree.q_dists[c].cpu(), dtype=np.float64)
+                q[: drafted.size] = drafted  # the draft's vocabulary can be a prefix of the target's
             x = tree.tokens[c]
             ok, u = self.passes(float(p[x]), float(q[x]))
             trials.append(Trial(c, float(p[x]), float(q[x]), u))
             if ok:
                 return c, p
-            residual = (p - q).clamp_min(0.0)  # zero only where rejection was impossible: then p itself
-            p = residual / residual.sum() if float(residual.sum()) > 0 else p
+            residual = np.maximum(p - q, 0.0)  # zero only where rejection was impossible: then p itself
+            total = float(residual.sum())
+            p = residual / total if total > 0 else p
             q = self._without(q, x)
             if q is None:
                 break
         return None, p
 
     @staticmethod
-    def _without(q: torch.Tensor, x: int) -> torch.Tensor | None:
+    def _without(q: np.ndarray, x: int) -> np.ndarray | None:
         """The law of the next sibling's draw: q without x, renormalised (None: nothing left to draw)."""
-        q = q.clone()
+        q = q.copy()
         q[x] = 0.0
         total = float(q.sum())
         return q / total if total > 0 else None
