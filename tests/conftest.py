@@ -10,6 +10,19 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_math_thread():
+    """One torch thread for the whole session: the tiny test models gain nothing from two, and once the
+    in-process app (app_server.launch) has decoded in its own threads, two-thread OpenMP regions in this thread
+    run several times slower (a 64x64 matrix product: 4x; the chi-square tests: 2x)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def saved_qwen_pair(tmp_path_factory):
     """A tiny Qwen2.5-VL target/draft pair saved like a real checkpoint (safetensors + processor)."""

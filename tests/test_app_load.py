@@ -116,4 +116,5 @@ def test_leaving_mid_run_frees_the_device(server, media):
     print(f"\ncancel -> next run processing {seen.get('started', t_cancel) - t_cancel:.2f} s, "
           f"-> its first streamed text {first_update:.2f} s")
     assert first_update < 2.5, f"the device was not freed in time ({first_update:.2f} s)"
-    assert alive_then in (None, 1), f"{alive_then} decoding threads: the cancelled run is still decoding"
+    # at most the next run's own thread (0: its 16 tokens were done by the time the poll looked)
+    assert alive_then is None or alive_then <= 1, f"{alive_then} decoding threads: the cancelled run is still decoding"

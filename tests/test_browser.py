@@ -7,7 +7,6 @@ SAGE_DOCS_SCREENSHOT=1 the page is also saved to docs/screenshot.png for the REA
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -177,6 +176,22 @@ def test_stop_then_run_again(page):
 
 
 STATUS = "document.querySelector('#status').innerText"
+BOARD = "document.querySelector('#scoreboard').innerText"
+
+
+def run_to_the_end(page) -> None:
+    """Click Run and wait for this run's verdict: the status may still read "Done" and the scoreboard hold the
+    figures of an earlier test's run, so wait until the scoreboard has been reset ("waiting", watched by a
+    MutationObserver so that a short reset is not missed between two polls) and then filled again."""
+    page.evaluate("""() => {
+        const board = document.querySelector('#scoreboard');
+        window.sageBoardReset = false;
+        new MutationObserver(() => { if (board.innerText.includes('waiting')) window.sageBoardReset = true; })
+            .observe(board, {subtree: true, childList: true, characterData: true});
+    }""")
+    page.click("#run")
+    page.wait_for_function(f"window.sageBoardReset && {STATUS}.includes('Done') && !{BOARD}.includes('waiting')",
+                           timeout=120_000)
 
 
 def test_cached_example_click(page):
@@ -245,10 +260,7 @@ def test_unplayable_video_is_previewed_and_runs(page, tmp_path_factory):
     assert not [t for t in toasts if "not playable" in t], toasts
     assert any("re-encoded preview" in t for t in toasts), toasts
     page.fill("#prompt textarea", "What happens?")
-    before = page.inner_text("#status")  # may read "Done" from an earlier test's run
-    page.click("#run")
-    page.wait_for_function(f"{STATUS} !== {json.dumps(before)}", timeout=30_000)  # this run has started
-    page.wait_for_function(f"{STATUS}.includes('Done')", timeout=120_000)
+    run_to_the_end(page)
     assert "identical" in page.inner_text("#scoreboard")
     page.locator("#video button[aria-label='Clear']").click()
 

@@ -125,8 +125,8 @@ def test_kept_prompt_gives_the_same_runs_without_running_the_prefill_again(build
     calls = {"target": 0, "draft": 0}
     for name, model in (("target", pair.target), ("draft", pair.draft)):
         model.register_forward_hook(lambda *_, name=name: calls.__setitem__(name, calls[name] + 1))
-    runs = [("ar", None), ("sage", None), ("chain", Sampling(1.0, seed=4)), ("sage:draw=sample:threshold=paper", Sampling(0.8, seed=5)),
-            ("eagle2", Sampling(1.0, top_p=0.9, seed=6))]
+    runs = [("ar", None), ("sage", None), ("chain", Sampling(1.0, seed=4)),
+            ("sage:draw=sample:threshold=paper", Sampling(0.8, seed=5)), ("eagle2", Sampling(1.0, top_p=0.9, seed=6))]
     for policy, sampling in runs:
         want = fresh.generate(prep, policy, 24, ignore_eos=True, sampling=sampling).token_ids
         assert kept.generate(prep, policy, 24, ignore_eos=True, sampling=sampling).token_ids == want, policy
