@@ -57,6 +57,16 @@ def _sampling(args):
         raise SageError(str(e)) from None
 
 
+def _check_policy(spec: str) -> None:
+    """A policy name, or a spec with knobs as bench takes them, checked before anything loads (SageError)."""
+    from .policy import make_policy
+
+    try:
+        make_policy(spec)
+    except ValueError as e:
+        raise SageError(str(e)) from None
+
+
 def _pruning(value: str):
     from .pruning import VisualPruning
 
@@ -150,10 +160,7 @@ def cmd_generate(args) -> int:
     from .policy import make_policy
     from .sampling import Sampling
 
-    try:  # a name, or a spec with knobs (as bench takes them); checked before anything loads
-        make_policy(args.policy)
-    except ValueError as e:
-        raise SageError(str(e)) from None
+    _check_policy(args.policy)
     sampling = _sampling(args)
     if args.num_samples < 1 or (args.num_samples > 1 and sampling.greedy):
         raise SageError(f"--num-samples must be at least 1, and above 1 only with --temperature > 0 "
@@ -223,13 +230,9 @@ def cmd_check_sampling(args) -> int:
     from .engine import SpecEngine
     from .inputs import prepare_input
     from .media import load_image
-    from .policy import make_policy
     from .presets import ASSETS
 
-    try:
-        make_policy(args.policy)
-    except ValueError as e:
-        raise SageError(str(e)) from None
+    _check_policy(args.policy)
     sampling = _sampling(args)
     if sampling.greedy:
         raise SageError("check-sampling needs --temperature > 0 (greedy decoding is checked by the test suite)")

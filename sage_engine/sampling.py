@@ -150,9 +150,7 @@ class SampledAcceptance(_Uniforms):
     def __call__(self, tree: DraftTree, logits: torch.Tensor) -> Verdict:
         """Descend while the draws are children; the first draw that is not is the step's last token.
         logits[0] after the root, logits[1 + i] after node i.  # [1 + n, V]"""
-        children: dict[int, dict[int, int]] = {}
-        for i, (parent, tok) in enumerate(zip(tree.parents, tree.tokens)):
-            children.setdefault(parent, {}).setdefault(tok, i)
+        children = tree.children_by_token()
         path: list[int] = []
         trials: list[Trial] = []
         node = -1

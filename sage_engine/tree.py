@@ -70,6 +70,13 @@ class DraftTree:
             out.q_dists.append(self.q_dists[old])
         return out
 
+    def children_by_token(self) -> dict[int, dict[int, int]]:
+        """parent (-1: the root) -> {token: child node}; the first sibling wins on duplicates."""
+        children: dict[int, dict[int, int]] = {}
+        for i, (parent, tok) in enumerate(zip(self.parents, self.tokens)):
+            children.setdefault(parent, {}).setdefault(tok, i)
+        return children
+
     def path_to(self, node: int) -> list[int]:
         """Node indices from the root's child down to `node`."""
         path = []
@@ -141,9 +148,7 @@ def accept_greedy(tree: DraftTree, target_next: list[int]) -> tuple[list[int], i
     target_next[0] is the target's argmax after the root, target_next[1 + i] after node i.
     Returns (accepted node indices from the root down, bonus token).
     """
-    children: dict[int, dict[int, int]] = {}
-    for i, (p, tok) in enumerate(zip(tree.parents, tree.tokens)):
-        children.setdefault(p, {}).setdefault(tok, i)  # first sibling wins on duplicates
+    children = tree.children_by_token()
     path: list[int] = []
     node, want = -1, target_next[0]
     while want in children.get(node, {}):
