@@ -42,6 +42,9 @@ class Example:
     facts: dict   # what the scorer needs: the asked-about attribute's true value
 
 
+TEXT_VERSION = 2  # bumped whenever the answers' wording or order changes: names the training cache (commands.py)
+
+
 def cap(s: str) -> str:
     return s[0].upper() + s[1:]
 
@@ -69,25 +72,27 @@ def plural(n: int) -> str:
 # ---------------------------------------------------------------- descriptions
 
 def _object_sentence(o: Obj, rng: random.Random, first: bool) -> str:
-    w = where(o.cell, rng)
-    forms = [f"{cap(w)}, there is {a_obj(o)}.", f"{cap(a_obj(o))} is {w}.",
-             f"There is {a_obj(o)} {w}.", f"{cap(w)} we see {a_obj(o)}."]
+    """The object's place first, then the object: the place is what the reader (and the model) scans by."""
+    w = cap(where(o.cell, rng))
+    forms = [f"{w}, there is {a_obj(o)}.", f"{w} we see {a_obj(o)}.", f"{w} is {a_obj(o)}."]
     if not first:
-        forms += [f"There is also {a_obj(o)} {w}.", f"{cap(a_obj(o))} sits {w}."]
+        forms += [f"{w}, there is also {a_obj(o)}."]
     return rng.choice(forms)
 
 
 def _pair_sentence(back: Obj, front: Obj, rng: random.Random) -> str:
-    w = where(back.cell, rng)
+    w = cap(where(back.cell, rng))
     return rng.choice((
-        f"{cap(w)}, {a_obj(front)} is in front of {a_obj(back)}.",
-        f"{cap(a_obj(front))} partly covers {a_obj(back)} {w}.",
-        f"{cap(w)}, {a_obj(back)} is partly hidden behind {a_obj(front)}.",
+        f"{w}, {a_obj(front)} is in front of {a_obj(back)}.",
+        f"{w}, {a_obj(back)} is partly hidden behind {a_obj(front)}.",
     ))
 
 
 def describe_objects(scene: Scene, rng: random.Random) -> list[str]:
-    """One sentence per object (or per occluding pair), in random order."""
+    """One sentence per object (or per occluding pair), in reading order of their cells: top row first, left to
+    right. A fixed order makes the next object a matter of looking at the next occupied cell; in a random order
+    a description has to remember which objects it has already named, and the models named some twice and
+    left others out (RUNS.md, run D1)."""
     units: list[tuple[Obj, ...]] = []
     for i, o in enumerate(scene.objects):
         if scene.occluded and i == scene.occluded[1]:
@@ -96,7 +101,7 @@ def describe_objects(scene: Scene, rng: random.Random) -> list[str]:
             units.append((o, scene.objects[scene.occluded[1]]))
         else:
             units.append((o,))
-    rng.shuffle(units)
+    units.sort(key=lambda u: u[0].cell)
     return [_object_sentence(u[0], rng, k == 0) if len(u) == 1 else _pair_sentence(u[0], u[1], rng)
             for k, u in enumerate(units)]
 

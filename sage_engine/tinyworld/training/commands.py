@@ -12,6 +12,7 @@ def cmd_train(a) -> None:
     import torch
 
     from .. import models as M
+    from ..language import TEXT_VERSION
     from .config import TrainConfig
     from .train import run
     torch.set_num_threads(a.threads)
@@ -30,7 +31,7 @@ def cmd_train(a) -> None:
     if a.draft_steps:
         cfg = dataclasses.replace(cfg, draft_steps=a.draft_steps)
     cache = Path(a.cache) if a.cache else Path(tempfile.gettempdir()) / (
-        f"tinyworld-cache-s{cfg.seed}-{cfg.n_images}-{cfg.n_videos}")
+        f"tinyworld-cache-s{cfg.seed}-{cfg.n_images}-{cfg.n_videos}-text{TEXT_VERSION}")
     run(Path(a.out), cache, cfg, log=lambda *x: print(*x, flush=True), only_draft=a.only_draft)
 
 

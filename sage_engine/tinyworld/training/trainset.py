@@ -18,6 +18,9 @@ from .data import HARD_FILE, IMAGE_TOKENS, KINDS, MODEL_FRAMES, PATCH, SIZE, TEM
 from .retrieval import PROMPT_TARGETS_FILE, TARGETS_FILE
 
 MIRROR_WORDS = ("left", "right")
+# Descriptions name their objects in reading order (language.describe_objects); a mirrored one would read each
+# row right to left, so they are never mirrored.
+UNMIRRORED_KINDS = ("describe", "describe_video")
 MIRROR_TOKENS = torch.tensor([g * IMAGE_TOKENS + mirror_cell(c)
                               for g in range(VIDEO_TOKENS // IMAGE_TOKENS) for c in range(IMAGE_TOKENS)])
 
@@ -163,8 +166,10 @@ class TrainSet:
                 mirror: float = 0.0, hard_weights: dict[str, float] | None = None):
         """Endless length-bucketed batches: draw pool * batch_size examples (draw_weights), sort by length,
         cut into batches, shuffle those. mirror: each example is shown left-right mirrored with this
-        probability (collate)."""
+        probability (collate), except descriptions (UNMIRRORED_KINDS)."""
         lens = (self.ex["offsets"][1:] - self.ex["offsets"][:-1]).tolist()
+        kinds = self.ex["kind"].tolist()
+        unmirrored = {KINDS.index(k) for k in UNMIRRORED_KINDS}
         n = len(self)
         w = self.draw_weights(kind_weights, hard_weights)
         if w is not None:
@@ -179,7 +184,8 @@ class TrainSet:
             chunks = [idx[k:k + batch_size] for k in range(0, len(idx), batch_size)]
             rng.shuffle(chunks)
             for c in chunks:
-                yield self.collate(c, [rng.random() < mirror for _ in c] if mirror > 0 else None)
+                yield self.collate(c, [rng.random() < mirror and kinds[i] not in unmirrored for i in c]
+                                   if mirror > 0 else None)
 
     def collate(self, ids: list[int], flips: list[bool] | None = None) -> dict[str, torch.Tensor]:
         """Right-padded batch with labels on the answer only (-100 elsewhere). flips[b]: example b is the
