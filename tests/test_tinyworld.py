@@ -82,6 +82,23 @@ def test_descriptions_are_long_and_vary(tok):
     assert 30 <= min(lengths) and max(lengths) <= 150
 
 
+def test_descriptions_name_objects_in_reading_order_place_first():
+    """Each object sentence opens with its place, and the places come in reading order (top row first, left to
+    right), whatever order the scene lists its objects in; an occluding pair is one sentence at its cell."""
+    rng = random.Random(11)
+    for _ in range(200):
+        scene = W.sample_scene(rng, 2, 4)
+        body = L.describe_objects(scene, rng)
+        cells = []
+        for sentence in body:
+            pos = L.parse_position(sentence.split(",")[0].split(" is ")[0].split(" we see ")[0])
+            assert pos is not None, sentence
+            cells.append(W.POSITIONS.index(pos))
+        assert cells == sorted(cells), body
+        units = len(scene.objects) - (1 if scene.occluded else 0)
+        assert len(body) == units and sorted(cells) == sorted({o.cell for o in scene.objects}), (body, scene)
+
+
 @pytest.mark.parametrize("text", ["a small red star", "Hello, wörld! 🙂 ∑ 数学 \t\n  <b>code</b>", "", "x" * 300])
 def test_tokenizer_round_trips_any_text(tok, text):
     ids = tok(text, add_special_tokens=False)["input_ids"]
@@ -461,16 +478,20 @@ def test_mirrored_examples_are_true_of_the_mirrored_scene(tok, tmp_path):
             sided += "left" in e.prompt + e.answer or "right" in e.prompt + e.answer
             k += 1
     assert k == len(data) and sided > 10
-    seen = []   # batches(mirror=p) flips about that share of the examples, and none at 0
-    collate, data.collate = data.collate, lambda ids, flips=None: seen.append(flips)
+    seen = []   # batches(mirror=p) flips about that share of the examples but never a description, none at 0
+    collate, data.collate = data.collate, lambda ids, flips=None: seen.append((ids, flips))
     batches = data.batches(4, random.Random(0), pool=2, mirror=0.5)
-    for _ in range(50):
+    for _ in range(100):
         next(batches)
-    flags = [f for fl in seen for f in fl]
-    assert 0.35 < sum(flags) / len(flags) < 0.65
+    from sage_engine.tinyworld.training.data import KINDS
+    described = {KINDS.index("describe"), KINDS.index("describe_video")}
+    flags = [(int(data.ex["kind"][i]) in described, f) for ids, fl in seen for i, f in zip(ids, fl)]
+    others = [f for d, f in flags if not d]
+    assert 0.35 < sum(others) / len(others) < 0.65
+    assert sum(d for d, _ in flags) > 20 and not any(f for d, f in flags if d)
     seen.clear()
     next(data.batches(4, random.Random(0), pool=2))
-    assert seen == [None]
+    assert seen[0][1] is None
     data.collate = collate
 
 
