@@ -659,21 +659,24 @@ def test_attention_probe_finds_the_asked_object_and_measures_each_head(tok):
 
 def test_card_status_reads_the_pooled_table_and_names_each_seed_below_the_bar():
     from sage_engine.tinyworld.training.card import _status
-    kinds = ("colour", "shape", "size", "position", "count", "yesno", "motion", "describe")
+    kinds = ("colour", "shape", "size", "position", "count", "yesno", "motion", "describe", "describe_video")
 
     def res(**low):
         return {"accuracy": 0.9, "by_kind": {k: low.get(k, 1.0) for k in kinds}}
 
-    pooled = {"n": 140, "target": res(position=0.96, describe=0.5), "draft": res(),
+    pooled = {"n": 140, "target": res(position=0.975, describe=0.91), "draft": res(),
               "per_seed": {"1": {"n": 40, "target": res(position=0.925, describe=0.4), "draft": res()},
                            "2": {"n": 100, "target": res(position=0.97), "draft": res()}}}
     status = _status(pooled)
-    assert "meets the project's accuracy bar" in status and "not meet" not in status   # descriptions are no attribute
-    assert "position 0.925 on seed 1 (n 40)" in status and "seed 2" not in status
+    assert "meets the project's accuracy bar" in status and "not meet" not in status
+    assert "position 0.925 on seed 1 (n 40)" in status and "seed 2" not in status   # a seed's description: no note
     pooled["per_seed"]["1"]["target"]["by_kind"]["position"] = 0.95
-    assert "every seed alone also meets it" in _status(pooled)
-    pooled["target"]["by_kind"]["motion"] = 0.94
-    assert "does not meet" in _status(pooled) and "motion 0.94" in _status(pooled)
+    assert "every seed alone has every attribute" in _status(pooled)
+    pooled["target"]["by_kind"]["motion"] = 0.965   # an attribute below 97% pooled
+    assert "does not meet" in _status(pooled) and "motion 0.965" in _status(pooled)
+    pooled["target"]["by_kind"]["motion"] = 0.98
+    pooled["target"]["by_kind"]["describe_video"] = 0.85   # a description below 90% pooled
+    assert "does not meet" in _status(pooled) and "describe_video 0.850" in _status(pooled)
     assert "seed" not in _status({"n": 20, "target": res(), "draft": res()})   # one seed's result: no seed notes
 
 

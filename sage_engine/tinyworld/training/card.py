@@ -13,7 +13,10 @@ from ..world import CLIP_FPS, CLIP_FRAMES, MODEL_FRAMES, SIZE
 from .data import IMAGE_TOKENS, VIDEO_TOKENS
 
 ATTRIBUTES = ("colour", "shape", "size", "position", "count", "yesno", "motion")
-BAR = 0.95
+BAR = 0.97  # every attribute, pooled over the fresh seeds
+DESCRIPTIONS = ("describe", "describe_video")
+DESCRIPTION_BAR = 0.90  # every (size, colour, shape) triple right, none invented, pooled
+SEED_BAR = 0.95  # a single seed's attribute below this is named on the card
 
 
 def _aux_text(tc: dict) -> str:
@@ -70,11 +73,11 @@ def _draft_draw(tc: dict) -> str:
 
 
 def _seed_dips(eval_result: dict) -> list[str]:
-    """The attributes a single seed of a pooled `eval --seeds` result has below the bar, as 'position 0.92 on seed 4
+    """The attributes a single seed of a pooled `eval --seeds` result has below SEED_BAR, as 'position 0.92 on seed 4
     (n 100)'; empty when every seed meets it (or the result is one seed's)."""
     return [f"{k} {r['target']['by_kind'][k]:.3f} on seed {seed} (n {r['n']})"
             for seed, r in eval_result.get("per_seed", {}).items()
-            for k in ATTRIBUTES if r["target"]["by_kind"].get(k, 1.0) < BAR]
+            for k in ATTRIBUTES if r["target"]["by_kind"].get(k, 1.0) < SEED_BAR]
 
 
 def _seeds_text(eval_result: dict) -> str:
@@ -85,20 +88,22 @@ def _seeds_text(eval_result: dict) -> str:
 def _status(eval_result: dict, note: str = "") -> str:
     """The card's status line, from the pooled table and, for a pooled result, each seed's; `note` is appended."""
     t = eval_result["target"]["by_kind"]
-    below = [f"{k} {t[k]:.2f}" for k in ATTRIBUTES if k in t and t[k] < BAR]
+    below = ([f"{k} {t[k]:.3f}" for k in ATTRIBUTES if k in t and t[k] < BAR]
+             + [f"{k} {t[k]:.3f}" for k in DESCRIPTIONS if k in t and t[k] < DESCRIPTION_BAR])
     seeds = eval_result.get("per_seed")
     if seeds:
         dips = _seed_dips(eval_result)
         note = (f"Pooled over {len(seeds)} fresh seeds; "
-                + ("every seed alone also meets it." if not dips
-                   else "single seeds dip below it: " + ", ".join(dips) + ".")
+                + (f"every seed alone has every attribute >= {SEED_BAR:.0%}." if not dips
+                   else f"single seeds dip below {SEED_BAR:.0%}: " + ", ".join(dips) + ".")
                 + (f" {note}" if note else ""))
     note = f" {note}" if note else ""
+    bar = f">= {BAR:.0%} on every attribute and >= {DESCRIPTION_BAR:.0%} on descriptions of images and of clips"
     if not below:
-        return (f"> **Status: meets the project's accuracy bar** (>= {BAR:.0%} on every attribute for the target, "
-                f"fresh scenes, table below).{note}\n")
-    return (f"> **Status: does not meet the project's accuracy bar yet** (>= {BAR:.0%} on every attribute; the target "
-            f"is below it on: {', '.join(below)}; table below).{note}\n")
+        return (f"> **Status: meets the project's accuracy bar** ({bar} for the target, fresh scenes, table below)."
+                f"{note}\n")
+    return (f"> **Status: does not meet the project's accuracy bar yet** ({bar}; the target is below it on: "
+            f"{', '.join(below)}; table below).{note}\n")
 
 
 def store_bf16(src, dst) -> None:
