@@ -706,7 +706,7 @@ def test_card_writes_the_shipped_training_section_from_a_summary():
     from sage_engine.tinyworld.training.config import TrainConfig
     card = (ASSETS / "tinyworld-target" / "README.md").read_text()
     section = card[card.index("## Training"):card.index("## Evaluation")].rstrip("\n")
-    note = re.search(r"2 thread\(s\), (.*): cache 174 s", section).group(1)
+    note = re.search(r"2 thread\(s\), (.*): cache 52 s", section).group(1)
     summary = {"config": dataclasses.asdict(TrainConfig()), "threads": 2, "only_draft": False,
-               "seconds": {"cache": 174.0, "target": 86.1 * 60, "draft": 18.5 * 60, "total": 107.6 * 60}}
+               "seconds": {"cache": 52.5, "target": 39.9 * 60, "draft": 7.6 * 60, "total": 48.4 * 60}}
     assert _training_text(json.loads(json.dumps(summary)), 2, note) == section

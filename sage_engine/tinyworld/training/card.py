@@ -46,8 +46,9 @@ def _mix_text(tc: dict) -> str:
                 "colour or shape) drawn " + ", ".join(f"{k} {w:g}x" for k, w in tc["hard_weights"])
                 + " as often, each kind's share unchanged")
     if tc["mirror"]:
-        out += (f"; {tc['mirror']:.0%} of the examples shown left-right mirrored (picture flipped, 'left' / 'right'"
-                " swapped, per-token targets moved with their tokens)")
+        out += (f"; {tc['mirror']:.0%} of the short-question examples shown left-right mirrored (picture flipped, "
+                "'left' / 'right' swapped, per-token targets moved with their tokens; descriptions, which name their "
+                "objects in reading order with the place first, never)")
     if tc["interleaved_rope"]:
         out += "; M-RoPE frequencies interleaved over t / h / w"
     if tc["retrieval_weight"] > 0:
