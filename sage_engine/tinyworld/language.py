@@ -92,7 +92,7 @@ def describe_objects(scene: Scene, rng: random.Random) -> list[str]:
     """One sentence per object (or per occluding pair), in reading order of their cells: top row first, left to
     right. A fixed order makes the next object a matter of looking at the next occupied cell; in a random order
     a description has to remember which objects it has already named, and the models named some twice and
-    left others out (RUNS.md, run D1)."""
+    left others out (RUNS.md)."""
     units: list[tuple[Obj, ...]] = []
     for i, o in enumerate(scene.objects):
         if scene.occluded and i == scene.occluded[1]:
