@@ -43,6 +43,7 @@ class Example:
 
 
 TEXT_VERSION = 2  # bumped whenever the answers' wording or order changes: names the training cache (commands.py)
+DESCRIPTION_KINDS = ("describe", "describe_video")  # the long answers: every object named, in reading order
 
 
 def cap(s: str) -> str:
@@ -313,6 +314,6 @@ def score(ex: Example, text: str, truth_objects: list[Obj] | None = None) -> boo
         return parse_position(t) == f["position"]
     if ex.kind == "motion":
         return score_motion(f["clip"], t)
-    if ex.kind in ("describe", "describe_video"):
+    if ex.kind in DESCRIPTION_KINDS:
         return score_describe(truth_objects or [], t)
     raise ValueError(ex.kind)

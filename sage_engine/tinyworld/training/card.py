@@ -9,12 +9,12 @@ from pathlib import Path
 import torch
 
 from ...policy import POLICY_NAMES
+from ..language import DESCRIPTION_KINDS
 from ..world import CLIP_FPS, CLIP_FRAMES, MODEL_FRAMES, SIZE
 from .data import IMAGE_TOKENS, VIDEO_TOKENS
 
 ATTRIBUTES = ("colour", "shape", "size", "position", "count", "yesno", "motion")
 BAR = 0.97  # every attribute, pooled over the fresh seeds
-DESCRIPTIONS = ("describe", "describe_video")
 DESCRIPTION_BAR = 0.90  # every (size, colour, shape) triple right, none invented, pooled
 SEED_BAR = 0.95  # a single seed's attribute below this is named on the card
 
@@ -90,7 +90,7 @@ def _status(eval_result: dict, note: str = "") -> str:
     """The card's status line, from the pooled table and, for a pooled result, each seed's; `note` is appended."""
     t = eval_result["target"]["by_kind"]
     below = ([f"{k} {t[k]:.3f}" for k in ATTRIBUTES if k in t and t[k] < BAR]
-             + [f"{k} {t[k]:.3f}" for k in DESCRIPTIONS if k in t and t[k] < DESCRIPTION_BAR])
+             + [f"{k} {t[k]:.3f}" for k in DESCRIPTION_KINDS if k in t and t[k] < DESCRIPTION_BAR])
     seeds = eval_result.get("per_seed")
     if seeds:
         dips = _seed_dips(eval_result)

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from .. import models as M
 from ..evaluate import evaluate, make_items
+from ..language import DESCRIPTION_KINDS
 from ..tokenizer import build_tokenizer, world_corpus
 from .config import TrainConfig
 from .data import (
@@ -275,7 +276,7 @@ def run(out: Path, cache: Path, cfg: TrainConfig, log=print, only_draft: bool = 
     log(f"[data] {len(data)} training examples")
     items = None   # the quick evaluation's questions: fresh short ones
     if cfg.eval_every:
-        items = [it for it in make_items(seed=-1, n=6) if not it.example.kind.startswith("describe")]
+        items = [it for it in make_items(seed=-1, n=6) if it.example.kind not in DESCRIPTION_KINDS]
     earlier = json.loads((out / SUMMARY).read_text()) if only_draft and (out / SUMMARY).exists() else {}
     summary = {"config": dataclasses.asdict(cfg), "threads": torch.get_num_threads(), "only_draft": only_draft,
                "examples": len(data), "seconds": {"cache": cache_seconds}, "target": earlier.get("target")}

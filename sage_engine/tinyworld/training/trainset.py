@@ -13,14 +13,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..language import DESCRIPTION_KINDS
 from ..world import mirror_cell
 from .data import HARD_FILE, IMAGE_TOKENS, KINDS, MODEL_FRAMES, PATCH, SIZE, TEMPORAL, VIDEO_TOKENS, patchify
 from .retrieval import PROMPT_TARGETS_FILE, TARGETS_FILE
 
 MIRROR_WORDS = ("left", "right")
-# Descriptions name their objects in reading order (language.describe_objects); a mirrored one would read each
-# row right to left, so they are never mirrored.
-UNMIRRORED_KINDS = ("describe", "describe_video")
 MIRROR_TOKENS = torch.tensor([g * IMAGE_TOKENS + mirror_cell(c)
                               for g in range(VIDEO_TOKENS // IMAGE_TOKENS) for c in range(IMAGE_TOKENS)])
 
@@ -166,10 +164,11 @@ class TrainSet:
                 mirror: float = 0.0, hard_weights: dict[str, float] | None = None):
         """Endless length-bucketed batches: draw pool * batch_size examples (draw_weights), sort by length,
         cut into batches, shuffle those. mirror: each example is shown left-right mirrored with this
-        probability (collate), except descriptions (UNMIRRORED_KINDS)."""
+        probability (collate), except descriptions: they name their objects in reading order
+        (language.describe_objects), which a mirror would turn into right to left."""
         lens = (self.ex["offsets"][1:] - self.ex["offsets"][:-1]).tolist()
         kinds = self.ex["kind"].tolist()
-        unmirrored = {KINDS.index(k) for k in UNMIRRORED_KINDS}
+        unmirrored = {KINDS.index(k) for k in DESCRIPTION_KINDS}
         n = len(self)
         w = self.draw_weights(kind_weights, hard_weights)
         if w is not None:
