@@ -139,6 +139,8 @@ def _labels_drawn_object_by_object(objects) -> np.ndarray:
                 out[t, list(W.COLOURS).index(o.colour)] = 1
                 out[t, len(W.COLOURS) + W.SHAPES.index(o.shape)] = 1
                 out[t, len(W.COLOURS) + len(W.SHAPES) + W.SIZES.index(o.size)] = 1
+                pair = list(W.COLOURS).index(o.colour) * len(W.SHAPES) + W.SHAPES.index(o.shape)
+                out[t, len(W.COLOURS) + len(W.SHAPES) + len(W.SIZES) + pair] = 1
         out[t, -1] = not out[t, :-1].any()
     return out
 
@@ -161,6 +163,13 @@ def test_vision_targets_follow_the_scene():
             assert on == [o.cell], (o, on)
     labels, dom = clip_targets(W.sample_clip(rng))
     assert labels.shape[0] == dom.shape[0] == 2 * GRID * GRID
+    # an occluding pair shares one cell: its token names both (colour, shape) pairs and no mixed-up one
+    from sage_engine.tinyworld.training.vision_aux import PAIR
+    scene = W.sample_scene(rng, 3, 4, occlusion=1.0)
+    back, front = (scene.objects[i] for i in scene.occluded)
+    pairs = {(list(W.COLOURS)[k // len(W.SHAPES)], W.SHAPES[k % len(W.SHAPES)])
+             for k in np.flatnonzero(image_targets(scene)[0][back.cell, PAIR])}
+    assert pairs == {(back.colour, back.shape), (front.colour, front.shape)}, (scene, pairs)
 
 
 def test_cell_changes_name_what_happened_where():
@@ -450,7 +459,8 @@ def test_mirrored_examples_are_true_of_the_mirrored_scene(tok, tmp_path):
     from sage_engine.tinyworld.training.retrieval import answer_targets
     from sage_engine.tinyworld.training.trainset import TrainSet
     from sage_engine.tinyworld.training.vision_aux import clip_targets, image_targets
-    build_cache(tmp_path, tok, seed=0, n_images=24, n_videos=10, log=lambda *a: None)
+    # occlusion=1.0: every 3- and 4-object scene has an occluding pair, and the replay must draw the same scenes
+    build_cache(tmp_path, tok, seed=0, n_images=24, n_videos=10, log=lambda *a: None, occlusion=1.0)
     data = TrainSet.load(tmp_path, tok)
     assert data.swap is not None
 
@@ -458,7 +468,9 @@ def test_mirrored_examples_are_true_of_the_mirrored_scene(tok, tmp_path):
         return text.replace("left", "\0").replace("right", "left").replace("\0", "right")
 
     k, sided = 0, 0
-    for m, i, media, noise, exs in scene_stream(0, 24, 10):
+    stream = list(scene_stream(0, 24, 10, occlusion=1.0))
+    assert sum(m == "image" and media.occluded is not None for m, _, media, _, _ in stream) >= 6
+    for m, i, media, noise, exs in stream:
         mirrored = W.mirror_scene(media) if m == "image" else W.mirror_clip(media)
         for e in exs:
             plain, flip = data.collate([k]), data.collate([k], [True])

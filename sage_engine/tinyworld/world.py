@@ -103,6 +103,8 @@ class Clip:
 
 # ---------------------------------------------------------------- sampling
 
+OCCLUSION = 0.2   # the world's share of 3- and 4-object scenes with an occluding pair (training may draw more)
+
 def _free_object(rng: random.Random, used: set[tuple[str, str]], cell: int) -> Obj:
     while True:
         shape, colour = rng.choice(SHAPES), rng.choice(list(COLOURS))
@@ -111,12 +113,13 @@ def _free_object(rng: random.Random, used: set[tuple[str, str]], cell: int) -> O
             return Obj(shape, colour, rng.choice(SIZES), cell, rng.randint(-2, 2), rng.randint(-2, 2))
 
 
-def sample_scene(rng: random.Random, min_count: int = 1, max_count: int = 4) -> Scene:
+def sample_scene(rng: random.Random, min_count: int = 1, max_count: int = 4, occlusion: float = OCCLUSION) -> Scene:
     """A scene of 1-4 objects with distinct (colour, shape) pairs, in distinct cells
-    except for at most one occluding pair (large behind, small in front)."""
+    except for at most one occluding pair (large behind, small in front), which a scene of 3 or more
+    objects has with probability `occlusion`."""
     count = rng.randint(min_count, max_count)
     used: set[tuple[str, str]] = set()
-    occlude = count >= 3 and rng.random() < 0.2
+    occlude = count >= 3 and rng.random() < occlusion
     cells = rng.sample(range(9), count - (1 if occlude else 0))
     objs = [_free_object(rng, used, c) for c in cells]
     occluded = None

@@ -30,7 +30,17 @@ import torch
 
 from ..language import IMAGE_KINDS, VIDEO_KINDS, image_example, video_example
 from ..tokenizer import user_turn
-from ..world import MODEL_FRAMES, SIZE, read_video, render_clip, render_image, sample_clip, sample_scene, write_mp4
+from ..world import (
+    MODEL_FRAMES,
+    OCCLUSION,
+    SIZE,
+    read_video,
+    render_clip,
+    render_image,
+    sample_clip,
+    sample_scene,
+    write_mp4,
+)
 from .retrieval import PROMPT_TARGETS_FILE, TARGETS_FILE, answer_targets, confusable, prompt_targets
 from .vision_aux import N_LABELS, clip_targets, image_targets
 
@@ -73,13 +83,15 @@ def sample_kind(rng: random.Random, weights: dict[str, float], k: int) -> list[s
     return out
 
 
-def scene_stream(seed: int, n_images: int, n_videos: int, per_image: int = 3, per_video: int = 2):
+def scene_stream(seed: int, n_images: int, n_videos: int, per_image: int = 3, per_video: int = 2,
+                 occlusion: float = OCCLUSION):
     """The seeded stream build_cache draws, without rendering: ("image", i, scene, noise, examples) for
     each image, then ("video", i, clip, noise, examples) for each clip. Replaying it gives every cached
-    example its scene (for targets added to a cache after it was built)."""
+    example its scene (for targets added to a cache after it was built). occlusion: sample_scene's share of
+    3- and 4-object scenes with an occluding pair (TrainConfig.occlusion; a replay must pass the cache's)."""
     rng = random.Random(seed)
     for i in range(n_images):
-        scene = sample_scene(rng)
+        scene = sample_scene(rng, occlusion=occlusion)
         noise = rng.randrange(1 << 30)
         kinds = sample_kind(rng, IMAGE_WEIGHTS, min(per_image, len(IMAGE_WEIGHTS)))
         yield "image", i, scene, noise, [image_example(scene, rng, k) for k in kinds]
@@ -90,7 +102,7 @@ def scene_stream(seed: int, n_images: int, n_videos: int, per_image: int = 3, pe
 
 
 def build_cache(out: Path, tok, seed: int, n_images: int, n_videos: int, per_image: int = 3, per_video: int = 2,
-                log=print) -> None:
+                log=print, occlusion: float = OCCLUSION) -> None:
     out.mkdir(parents=True, exist_ok=True)
     images = np.lib.format.open_memmap(out / "images.npy", "w+", np.uint8, (n_images, SIZE, SIZE, 3))
     videos = np.lib.format.open_memmap(out / "videos.npy", "w+", np.uint8, (n_videos, MODEL_FRAMES, SIZE, SIZE, 3))
@@ -100,7 +112,7 @@ def build_cache(out: Path, tok, seed: int, n_images: int, n_videos: int, per_ima
     video_dom = np.zeros((n_videos, VIDEO_TOKENS), np.int8)
     prompts, answers, media, index, kinds = [], [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
-        for m, i, sc, noise, exs in scene_stream(seed, n_images, n_videos, per_image, per_video):
+        for m, i, sc, noise, exs in scene_stream(seed, n_images, n_videos, per_image, per_video, occlusion):
             if m == "image":
                 images[i] = render_image(sc, noise_seed=noise)
                 labels[i], image_dom[i] = image_targets(sc)
@@ -132,18 +144,18 @@ def build_cache(out: Path, tok, seed: int, n_images: int, n_videos: int, per_ima
         "media": torch.tensor(media), "index": torch.tensor(index), "kind": torch.tensor(kinds),
     }, out / "examples.pt")
     log(f"  cache: {len(seqs)} examples, mean length {lens.float().mean():.1f} tokens, max {lens.max()}")
-    build_retrieval_targets(out, tok, seed, n_images, n_videos, per_image, per_video)
+    build_retrieval_targets(out, tok, seed, n_images, n_videos, per_image, per_video, occlusion)
 
 
 def _replay_token_targets(out: Path, seed: int, n_images: int, n_videos: int, per_image: int, per_video: int,
-                          targets) -> torch.Tensor:
+                          targets, occlusion: float = OCCLUSION) -> torch.Tensor:
     """int64 per cached token: targets(media, scene, example, prompt_ids, answer_ids) -> one bit mask per token of
     the example, replayed from the scene stream."""
     ex = torch.load(out / "examples.pt")
     tokens, offsets, plen = ex["tokens"], ex["offsets"], ex["prompt_len"]
     bits = torch.zeros(len(tokens), dtype=torch.long)
     k = 0
-    for m, _, sc, _, exs in scene_stream(seed, n_images, n_videos, per_image, per_video):
+    for m, _, sc, _, exs in scene_stream(seed, n_images, n_videos, per_image, per_video, occlusion):
         for e in exs:
             a, p, b = int(offsets[k]), int(offsets[k]) + int(plen[k]), int(offsets[k + 1])
             bits[a:b] = torch.tensor(targets(m, sc, e, tokens[a:p].tolist(), tokens[p:b].tolist()), dtype=torch.long)
@@ -153,21 +165,21 @@ def _replay_token_targets(out: Path, seed: int, n_images: int, n_videos: int, pe
 
 
 def build_retrieval_targets(out: Path, tok, seed: int, n_images: int, n_videos: int, per_image: int = 3,
-                            per_video: int = 2) -> None:
+                            per_video: int = 2, occlusion: float = OCCLUSION) -> None:
     """retrieval.TARGETS_FILE: int64 per cached token, the visual-token bit mask retrieval.answer_targets
     gives (0 on prompt tokens and on answer tokens without a target)."""
     bits = _replay_token_targets(out, seed, n_images, n_videos, per_image, per_video, lambda m, sc, e, p_ids, a_ids:
-                                 [0] * len(p_ids) + answer_targets(e, sc, tok, a_ids))
+                                 [0] * len(p_ids) + answer_targets(e, sc, tok, a_ids), occlusion)
     torch.save(bits, out / TARGETS_FILE)
 
 
 def build_prompt_targets(out: Path, tok, seed: int, n_images: int, n_videos: int, per_image: int = 3,
-                         per_video: int = 2) -> None:
+                         per_video: int = 2, occlusion: float = OCCLUSION) -> None:
     """retrieval.PROMPT_TARGETS_FILE: int64 per cached token, retrieval.prompt_targets on the prompt tokens
     (0 on answer tokens)."""
     bits = _replay_token_targets(out, seed, n_images, n_videos, per_image, per_video, lambda m, sc, e, p_ids, a_ids:
                                  prompt_targets(e, sc, tok, expand_pads(user_turn(m, e.prompt)), p_ids)
-                                 + [0] * len(a_ids))
+                                 + [0] * len(a_ids), occlusion)
     torch.save(bits, out / PROMPT_TARGETS_FILE)
 
 
@@ -175,18 +187,18 @@ HARD_FILE = "hard_v1.pt"
 
 
 def build_hard_flags(out: Path, seed: int, n_images: int, n_videos: int, per_image: int = 3,
-                     per_video: int = 2) -> None:
+                     per_video: int = 2, occlusion: float = OCCLUSION) -> None:
     """HARD_FILE: for each cached example, whether it is retrieval.confusable in its scene (replayed from the
     scene stream, like build_retrieval_targets)."""
-    flags = [confusable(e, (sc.start if m == "video" else sc).objects)
-             for m, _, sc, _, exs in scene_stream(seed, n_images, n_videos, per_image, per_video) for e in exs]
+    stream = scene_stream(seed, n_images, n_videos, per_image, per_video, occlusion)
+    flags = [confusable(e, (sc.start if m == "video" else sc).objects) for m, _, sc, _, exs in stream for e in exs]
     n = len(torch.load(out / "examples.pt")["kind"])
     assert len(flags) == n, (len(flags), n)
     torch.save(torch.tensor(flags), out / HARD_FILE)
 
 
 def replay_image_labels(out: Path, seed: int, n_images: int, n_videos: int | None = None, per_image: int = 3,
-                        per_video: int = 2, check: int = 16) -> None:
+                        per_video: int = 2, check: int = 16, occlusion: float = OCCLUSION) -> None:
     """Write image_labels.npy and vision_targets.npz for a cache built before they existed: replay
     build_cache's seeded scene and clip stream (same rng calls, no rendering except a few checks
     against images.npy / videos.npy)."""
@@ -198,7 +210,7 @@ def replay_image_labels(out: Path, seed: int, n_images: int, n_videos: int | Non
     image_dom = np.zeros((n_images, IMAGE_TOKENS), np.int8)
     video_labels = np.zeros((n_videos, VIDEO_TOKENS, N_LABELS), np.uint8)
     video_dom = np.zeros((n_videos, VIDEO_TOKENS), np.int8)
-    for m, i, sc, noise, _ in scene_stream(seed, n_images, n_videos, per_image, per_video):
+    for m, i, sc, noise, _ in scene_stream(seed, n_images, n_videos, per_image, per_video, occlusion):
         n = n_images if m == "image" else n_videos
         checked = i % max(1, n // check) == 0 or i == n - 1
         if m == "image":

@@ -51,25 +51,25 @@ def prepare(cache: Path, cfg: TrainConfig, log=print):
         vision_files = (cache / "image_labels.npy").exists() and (cache / "vision_targets.npz").exists()
         if cfg.aux_weight > 0 and not vision_files:
             t0 = time.time()
-            replay_image_labels(cache, cfg.seed, cfg.n_images, cfg.n_videos)
+            replay_image_labels(cache, cfg.seed, cfg.n_images, cfg.n_videos, occlusion=cfg.occlusion)
             log(f"[data] per-token vision labels replayed in {time.time() - t0:.0f}s")
         if cfg.hard_weights and not (cache / HARD_FILE).exists():
-            build_hard_flags(cache, cfg.seed, cfg.n_images, cfg.n_videos)
+            build_hard_flags(cache, cfg.seed, cfg.n_images, cfg.n_videos, occlusion=cfg.occlusion)
             log("[data] confusable-example flags replayed")
         if cfg.retrieval_weight > 0 and cfg.prompt_targets and not (cache / PROMPT_TARGETS_FILE).exists():
-            build_prompt_targets(cache, tok, cfg.seed, cfg.n_images, cfg.n_videos)
+            build_prompt_targets(cache, tok, cfg.seed, cfg.n_images, cfg.n_videos, occlusion=cfg.occlusion)
             log("[data] prompt retrieval targets replayed")
         if cfg.retrieval_weight > 0 and not (cache / TARGETS_FILE).exists():
             t0 = time.time()
-            build_retrieval_targets(cache, tok, cfg.seed, cfg.n_images, cfg.n_videos)
+            build_retrieval_targets(cache, tok, cfg.seed, cfg.n_images, cfg.n_videos, occlusion=cfg.occlusion)
             log(f"[data] retrieval targets replayed in {time.time() - t0:.0f}s")
     else:
         t0 = time.time()
         tok = build_tokenizer(world_corpus(2000, cfg.seed))
         log(f"[data] tokenizer: {len(tok)} tokens")
-        build_cache(cache, tok, cfg.seed, cfg.n_images, cfg.n_videos, log=log)
-        build_hard_flags(cache, cfg.seed, cfg.n_images, cfg.n_videos)
-        build_prompt_targets(cache, tok, cfg.seed, cfg.n_images, cfg.n_videos)
+        build_cache(cache, tok, cfg.seed, cfg.n_images, cfg.n_videos, log=log, occlusion=cfg.occlusion)
+        build_hard_flags(cache, cfg.seed, cfg.n_images, cfg.n_videos, occlusion=cfg.occlusion)
+        build_prompt_targets(cache, tok, cfg.seed, cfg.n_images, cfg.n_videos, occlusion=cfg.occlusion)
         tok.save_pretrained(cache / "tokenizer")
         built = time.time() - t0
         log(f"[data] cache built in {built:.0f}s")
@@ -130,9 +130,9 @@ def pretrain_vision(model, aux: VisionAux | None, data: TrainSet, cfg: TrainConf
             aux.clear()
             with torch.no_grad():
                 model.model.visual(probe_pix[0], grid_thw=probe_pix[1])
-            out.update(zip(("colour", "size", "shape"), aux.scores(*probe_targets)))
+            out.update(zip(("colour", "size", "shape", "pairs"), aux.scores(*probe_targets)))
             log(f"[{tag}-vision] step {step + 1} on {len(probe)} training images: colour {out['colour']:.2f} "
-                f"size {out['size']:.2f} shape {out['shape']:.2f}")
+                f"size {out['size']:.2f} shape {out['shape']:.2f} pairs {out['pairs']:.2f}")
     aux.clear()
     return out | {"aux": smooth.values["aux"], "seconds": time.time() - t0}
 
