@@ -10,7 +10,7 @@ import torch
 
 from ...policy import POLICY_NAMES
 from ..language import DESCRIPTION_KINDS
-from ..world import CLIP_FPS, CLIP_FRAMES, MODEL_FRAMES, SIZE
+from ..world import CLIP_FPS, CLIP_FRAMES, MODEL_FRAMES, OCCLUSION, SIZE
 from .data import IMAGE_TOKENS, VIDEO_TOKENS
 
 ATTRIBUTES = ("colour", "shape", "size", "position", "count", "yesno", "motion")
@@ -19,10 +19,13 @@ DESCRIPTION_BAR = 0.90  # every (size, colour, shape) triple right, none invente
 SEED_BAR = 0.95  # a single seed's attribute below this is named on the card
 
 
-def _aux_text(tc: dict) -> str:
+def _aux_text(tc: dict, labels_version: int) -> str:
     """What the auxiliary heads predict, as the card's clause (PlaceAux only with a place weight)."""
     text = ("which colours / sizes, or nothing, fill each 28x28 cell and the shape of the object covering most\n"
             "of it, images and each temporal patch group of the clips")
+    if labels_version >= 2:
+        text += ("; also which shapes and which (colour, shape) pairs show in the cell, so that the token\n"
+                 "of a cell with an occluding pair says which colour goes with which shape")
     if tc["whiten_eps"] > 0:
         text += "; patch embedding initialised from whitened\npatches"
     if tc["place_weight"] > 0:
@@ -37,6 +40,9 @@ def _aux_text(tc: dict) -> str:
 def _mix_text(tc: dict) -> str:
     """The data-mix options of the training config, as a clause (empty for the plain recipe)."""
     out = ""
+    if tc.get("occlusion", OCCLUSION) != OCCLUSION:
+        out += (f"; {tc['occlusion']:.0%} of the training scenes of 3 or 4 objects have an occluding pair "
+                f"(the world's own share, which the evaluation draws: {OCCLUSION:.0%})")
     if tc["content_weight"] != 1.0:
         out += f"; answer tokens that name a fact weigh {tc['content_weight']:g}x the phrasing"
     if tc["kind_weights"]:
@@ -190,7 +196,7 @@ rendered images x 3 questions and {tc['n_videos']:,} clips (through an MP4 round
 descriptions, count, colour, shape, size, position, yes/no, "what happens". Each model's vision tower
 first trains alone for {tc['vision_steps']} steps (draft: {tc['draft_vision_steps']}) on a dense auxiliary loss \
 (a training-only linear head on the merged
-visual tokens predicts {_aux_text(tc)}: scene ground truth), which then stays
+visual tokens predicts {_aux_text(tc, summary.get('labels_version', 1))}: scene ground truth), which then stays
 on (weight {tc['aux_weight']}; the tower then learns at {tc['tower_lr_scale']}x the language model's rate); \
 the head is not saved.
 Each of the world's 3x3 cells is exactly one merged visual token, so these targets are exact per token. \
