@@ -571,6 +571,18 @@ def test_training_script_runs_a_few_steps(tmp_path, options):
         assert (len(sections) > 3) == ("--no-interleaved-rope" not in options)   # interleaved by default
 
 
+def test_score_all_splits_out_the_images_with_an_occluding_pair():
+    from sage_engine.tinyworld.evaluate import Item, score_all
+    rng = random.Random(2)
+    occluded = W.sample_scene(rng, 3, 4, occlusion=1.0)
+    plain = W.sample_scene(rng, 2, 2)
+    items = [Item("image", None, None, L.image_example(sc, rng, "describe"), list(sc.objects))
+             for sc in (occluded, occluded, plain)]
+    res = score_all(items, [items[0].example.answer, "There is nothing.", items[2].example.answer])
+    assert res["by_kind"] == {"describe": pytest.approx(2 / 3)}
+    assert res["occluded"] == {"describe": 0.5} and res["n_occluded"] == 2
+
+
 def _shipped_scores(n: int, seed: int, roles=("target", "draft")) -> dict:
     from transformers import AutoModelForImageTextToText, AutoProcessor
 

@@ -49,6 +49,9 @@ def cmd_eval(a) -> None:
             for k, v in out[role]["by_kind"].items():
                 seeds = "  ".join(f"s{s} {r[role]['by_kind'][k]:.3f}" for s, r in per_seed.items()) if a.seeds else ""
                 print(f"  {k:15s} {v:.3f}  {seeds}")
+            occ = out[role]["occluded"]
+            print(f"  images with an occluding pair ({out[role]['n_occluded']}): "
+                  + ", ".join(f"{k} {v:.3f}" for k, v in occ.items()))
             for it, ans in zip(flat[:a.show], answers):
                 print(f"    [{it.example.kind}] {it.example.prompt} -> {ans!r}  (truth: {it.example.answer!r})")
     if a.seeds:

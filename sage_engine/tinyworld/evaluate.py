@@ -73,12 +73,25 @@ def generate(model, processor, items: list[Item], max_new_tokens: int = 160, bat
     return [out[i] for i in range(len(items))]
 
 
+def occluding(objects: list[Obj]) -> bool:
+    """Whether two of the objects share a cell (an occluding pair: one visual token shows both)."""
+    return len({o.cell for o in objects}) < len(objects)
+
+
 def score_all(items: list[Item], answers: list[str]) -> dict:
+    """-> {"accuracy", "by_kind", "occluded": by kind over the images with an occluding pair only, "n_occluded":
+    how many such images}: the world draws few such scenes, and they are where the pair fails most."""
     hits: dict[str, list[bool]] = defaultdict(list)
+    occluded: dict[str, list[bool]] = defaultdict(list)
     for it, a in zip(items, answers):
-        hits[it.example.kind].append(score(it.example, a, it.objects))
+        ok = score(it.example, a, it.objects)
+        hits[it.example.kind].append(ok)
+        if it.media == "image" and occluding(it.objects):
+            occluded[it.example.kind].append(ok)
     flat = [h for v in hits.values() for h in v]
-    return {"accuracy": float(np.mean(flat)), "by_kind": {k: float(np.mean(v)) for k, v in sorted(hits.items())}}
+    return {"accuracy": float(np.mean(flat)), "by_kind": {k: float(np.mean(v)) for k, v in sorted(hits.items())},
+            "occluded": {k: float(np.mean(v)) for k, v in sorted(occluded.items())},
+            "n_occluded": max(map(len, occluded.values()), default=0)}
 
 
 def evaluate(model, processor, seed: int, n: int, items: list[Item] | None = None, **kw) -> tuple[dict, list[str]]:

@@ -207,6 +207,17 @@ the target, teacher-forced KL(p_target || q_draft) on the same answers{_draft_dr
 Measured on this 2-core CPU, {train_threads} thread(s), {train_note}: {_minutes_text(summary)}"""
 
 
+def _occluded_text(eval_result: dict) -> str:
+    """The target's accuracy on the evaluated images that have an occluding pair (two shapes in one cell, so in
+    one visual token), a line for the card; empty for an evaluation made before `eval` reported it."""
+    occ, n = eval_result["target"].get("occluded"), eval_result["target"].get("n_occluded")
+    if not occ:
+        return ""
+    return (f"\nOn the {n} of the {eval_result['n']} images that have an occluding pair (two shapes in one cell, so "
+            "one visual token shows both), the target scores " + ", ".join(f"{k} {v:.3f}" for k, v in occ.items())
+            + ".\n")
+
+
 def write_cards(models_dir: Path, eval_result: dict, summary: dict, timing: dict, eval_cmd: str,
                 bench: dict | None = None, train_threads: int | None = None, train_note: str = "shared with other work",
                 eval_note: str = "") -> None:
@@ -262,7 +273,7 @@ A description counts as right when it names exactly the true (size, colour, shap
 {header}
 {table}
 {total}
-
+{_occluded_text(eval_result)}
 ## Per-forward cost on this CPU (fp32, {torch.get_num_threads()} thread(s), 130-token cached prefix, median ms)
 
 Measured by `python -m sage_engine.tinyworld card` (sage_engine/tinyworld/training/timing.py) \
