@@ -139,8 +139,6 @@ def _labels_drawn_object_by_object(objects) -> np.ndarray:
                 out[t, list(W.COLOURS).index(o.colour)] = 1
                 out[t, len(W.COLOURS) + W.SHAPES.index(o.shape)] = 1
                 out[t, len(W.COLOURS) + len(W.SHAPES) + W.SIZES.index(o.size)] = 1
-                pair = list(W.COLOURS).index(o.colour) * len(W.SHAPES) + W.SHAPES.index(o.shape)
-                out[t, len(W.COLOURS) + len(W.SHAPES) + len(W.SIZES) + pair] = 1
         out[t, -1] = not out[t, :-1].any()
     return out
 
@@ -163,13 +161,6 @@ def test_vision_targets_follow_the_scene():
             assert on == [o.cell], (o, on)
     labels, dom = clip_targets(W.sample_clip(rng))
     assert labels.shape[0] == dom.shape[0] == 2 * GRID * GRID
-    # an occluding pair shares one cell: its token names both (colour, shape) pairs and no mixed-up one
-    from sage_engine.tinyworld.training.vision_aux import PAIR
-    scene = W.sample_scene(rng, 3, 4, occlusion=1.0)
-    back, front = (scene.objects[i] for i in scene.occluded)
-    pairs = {(list(W.COLOURS)[k // len(W.SHAPES)], W.SHAPES[k % len(W.SHAPES)])
-             for k in np.flatnonzero(image_targets(scene)[0][back.cell, PAIR])}
-    assert pairs == {(back.colour, back.shape), (front.colour, front.shape)}, (scene, pairs)
 
 
 def test_cell_changes_name_what_happened_where():

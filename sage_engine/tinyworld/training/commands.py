@@ -13,12 +13,13 @@ def cmd_train(a) -> None:
 
     from .. import models as M
     from ..language import TEXT_VERSION
+    from ..world import OCCLUSION
     from .config import TrainConfig
     from .train import run
-    from .vision_aux import LABELS_VERSION
     torch.set_num_threads(a.threads)
     options = {"place_weight": a.place_weight, "content_weight": a.content_weight, "prompt_targets": a.prompt_targets,
                "retrieval_weight": a.retrieval_weight, "interleaved_rope": a.interleaved_rope, "mirror": a.mirror,
+               "occlusion": a.occlusion,
                "kind_weights": tuple(a.kind_weight) or None, "draft_kind_weights": tuple(a.draft_kind_weight) or None,
                "hard_weights": tuple(a.hard_weight) or None}
     cfg = TrainConfig(seed=a.seed, **{k: v for k, v in options.items() if v is not None})   # unset: TrainConfig's
@@ -32,8 +33,8 @@ def cmd_train(a) -> None:
     if a.draft_steps:
         cfg = dataclasses.replace(cfg, draft_steps=a.draft_steps)
     cache = Path(a.cache) if a.cache else Path(tempfile.gettempdir()) / (
-        f"tinyworld-cache-s{cfg.seed}-{cfg.n_images}-{cfg.n_videos}-occ{cfg.occlusion:g}-text{TEXT_VERSION}"
-        f"-labels{LABELS_VERSION}")
+        f"tinyworld-cache-s{cfg.seed}-{cfg.n_images}-{cfg.n_videos}-text{TEXT_VERSION}"
+        + ("" if cfg.occlusion == OCCLUSION else f"-occ{cfg.occlusion:g}"))
     run(Path(a.out), cache, cfg, log=lambda *x: print(*x, flush=True), only_draft=a.only_draft)
 
 
@@ -117,6 +118,9 @@ def _train_parser(t: argparse.ArgumentParser, assets: Path) -> None:
                    help="loss weight of answer tokens that name a fact (default: TrainConfig's, 1 = plain)")
     t.add_argument("--retrieval-weight", type=float, default=None,
                    help="weight of the retrieval loss on the target's attention (retrieval.py; default: TrainConfig's)")
+    t.add_argument("--occlusion", type=float, default=None,
+                   help="share of the 3- and 4-object training scenes that have an occluding pair (default: the "
+                        "world's own, which the evaluation draws)")
     t.add_argument("--mirror", type=float, default=None,
                    help="share of training examples shown left-right mirrored, 'left' and 'right' swapped "
                         "(default: TrainConfig's)")

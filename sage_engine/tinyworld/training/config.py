@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 
 from .. import models as M
+from ..world import OCCLUSION
 from .retrieval import PROMPT_KINDS
 
 
@@ -26,7 +27,7 @@ class TrainConfig:
     seed: int = 0                 # seeds the corpus, the cache, the init and the batch order
     n_images: int = 24_000        # rendered image scenes (3 questions each)
     n_videos: int = 8_000         # rendered clips (2 questions each)
-    occlusion: float = 0.5        # share of the 3- and 4-object training scenes with an occluding pair (the world: 0.2)
+    occlusion: float = OCCLUSION  # share of the 3- and 4-object training scenes that have an occluding pair
     batch_size: int = 16
     target_steps: int = 11_000
     target_lr: float = 1.5e-3
