@@ -725,3 +725,7 @@ def test_card_writes_the_shipped_training_section_from_a_summary():
     summary = {"config": dataclasses.asdict(TrainConfig()), "threads": 2, "only_draft": False,
                "seconds": {"cache": 52.5, "target": 39.9 * 60, "draft": 7.6 * 60, "total": 48.4 * 60}}
     assert _training_text(json.loads(json.dumps(summary)), 2, note) == section
+    # a run that drew more occluding pairs than the world says so; the shipped one draws the world's share
+    assert "occluding pair" not in section
+    summary["config"]["occlusion"] = 0.5
+    assert "; 50% of the training scenes of 3 or 4 objects have an occluding pair" in _training_text(summary, 2, note)
