@@ -17,7 +17,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .language import IMAGE_KINDS, VIDEO_KINDS, Example, clip_objects, image_example, score, video_example
+from .language import (
+    DESCRIPTION_KINDS,
+    IMAGE_KINDS,
+    VIDEO_KINDS,
+    Example,
+    clip_objects,
+    image_example,
+    score,
+    video_example,
+)
 from .tokenizer import user_turn
 from .world import Obj, read_video, render_clip, render_image, sample_clip, sample_scene, write_mp4
 
@@ -56,7 +65,7 @@ def generate(model, processor, items: list[Item], max_new_tokens: int = 160, bat
     for media in ("image", "video"):
         idx = [i for i, it in enumerate(items) if it.media == media]
         # sort by expected answer length so batches stop early together
-        idx.sort(key=lambda i: items[i].example.kind.startswith("describe"))
+        idx.sort(key=lambda i: items[i].example.kind in DESCRIPTION_KINDS)
         for k in range(0, len(idx), batch_size):
             chunk = [items[i] for i in idx[k:k + batch_size]]
             texts = [user_turn(media, it.example.prompt) for it in chunk]
@@ -65,7 +74,7 @@ def generate(model, processor, items: list[Item], max_new_tokens: int = 160, bat
             else:
                 enc = processor(text=texts, videos=[it.pixels for it in chunk], padding=True, return_tensors="pt",
                                 videos_kwargs={"do_sample_frames": False, "video_metadata": [it.meta for it in chunk]})
-            limit = max_new_tokens if any(it.example.kind.startswith("describe") for it in chunk) else 24
+            limit = max_new_tokens if any(it.example.kind in DESCRIPTION_KINDS for it in chunk) else 24
             gen = model.generate(**enc, do_sample=False, max_new_tokens=limit)
             texts_out = processor.tokenizer.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
             for i, t in zip(idx[k:k + batch_size], texts_out):

@@ -45,31 +45,33 @@ def prepare(cache: Path, cfg: TrainConfig, log=print):
     lacks are replayed from its seeded scene stream) and the seconds the build took (None: reused)."""
     from transformers import PreTrainedTokenizerFast
     built = None
+    # the seeded scene stream the cache holds: every builder and replay must draw the same one
+    stream = {"seed": cfg.seed, "n_images": cfg.n_images, "n_videos": cfg.n_videos, "occlusion": cfg.occlusion}
     if (cache / "examples.pt").exists() and (cache / "tokenizer").exists():
         log(f"[data] reusing cache {cache}")
         tok = PreTrainedTokenizerFast.from_pretrained(cache / "tokenizer")
         vision_files = (cache / "image_labels.npy").exists() and (cache / "vision_targets.npz").exists()
         if cfg.aux_weight > 0 and not vision_files:
             t0 = time.time()
-            replay_image_labels(cache, cfg.seed, cfg.n_images, cfg.n_videos, occlusion=cfg.occlusion)
+            replay_image_labels(cache, **stream)
             log(f"[data] per-token vision labels replayed in {time.time() - t0:.0f}s")
         if cfg.hard_weights and not (cache / HARD_FILE).exists():
-            build_hard_flags(cache, cfg.seed, cfg.n_images, cfg.n_videos, occlusion=cfg.occlusion)
+            build_hard_flags(cache, **stream)
             log("[data] confusable-example flags replayed")
         if cfg.retrieval_weight > 0 and cfg.prompt_targets and not (cache / PROMPT_TARGETS_FILE).exists():
-            build_prompt_targets(cache, tok, cfg.seed, cfg.n_images, cfg.n_videos, occlusion=cfg.occlusion)
+            build_prompt_targets(cache, tok, **stream)
             log("[data] prompt retrieval targets replayed")
         if cfg.retrieval_weight > 0 and not (cache / TARGETS_FILE).exists():
             t0 = time.time()
-            build_retrieval_targets(cache, tok, cfg.seed, cfg.n_images, cfg.n_videos, occlusion=cfg.occlusion)
+            build_retrieval_targets(cache, tok, **stream)
             log(f"[data] retrieval targets replayed in {time.time() - t0:.0f}s")
     else:
         t0 = time.time()
         tok = build_tokenizer(world_corpus(2000, cfg.seed))
         log(f"[data] tokenizer: {len(tok)} tokens")
-        build_cache(cache, tok, cfg.seed, cfg.n_images, cfg.n_videos, log=log, occlusion=cfg.occlusion)
-        build_hard_flags(cache, cfg.seed, cfg.n_images, cfg.n_videos, occlusion=cfg.occlusion)
-        build_prompt_targets(cache, tok, cfg.seed, cfg.n_images, cfg.n_videos, occlusion=cfg.occlusion)
+        build_cache(cache, tok, log=log, **stream)
+        build_hard_flags(cache, **stream)
+        build_prompt_targets(cache, tok, **stream)
         tok.save_pretrained(cache / "tokenizer")
         built = time.time() - t0
         log(f"[data] cache built in {built:.0f}s")
