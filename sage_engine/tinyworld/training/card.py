@@ -19,10 +19,13 @@ DESCRIPTION_BAR = 0.90  # every (size, colour, shape) triple right, none invente
 SEED_BAR = 0.95  # a single seed's attribute below this is named on the card
 
 
-def _aux_text(tc: dict) -> str:
+def _aux_text(tc: dict, labels_version: int = 1) -> str:
     """What the auxiliary heads predict, as the card's clause (PlaceAux only with a place weight)."""
     text = ("which colours / sizes, or nothing, fill each 28x28 cell and the shape of the object covering most\n"
             "of it, images and each temporal patch group of the clips")
+    if labels_version >= 3:
+        text += ("; also which shapes and which (size, colour, shape) triples show in the cell, so that the\n"
+                 "token of a cell with an occluding pair says which colour and size go with which shape")
     if tc["whiten_eps"] > 0:
         text += "; patch embedding initialised from whitened\npatches"
     if tc["place_weight"] > 0:
@@ -46,7 +49,8 @@ def _mix_text(tc: dict) -> str:
         out += "; examples" + _weights_text(tc["kind_weights"])
     if tc["hard_weights"]:
         out += ("; within a kind, questions a partial match answers wrongly (another object shares the named one's "
-                "colour or shape) drawn " + ", ".join(f"{k} {w:g}x" for k, w in tc["hard_weights"])
+                "colour or shape, or the named one is in an occluding pair) and descriptions of scenes with an "
+                "occluding pair drawn " + ", ".join(f"{k} {w:g}x" for k, w in tc["hard_weights"])
                 + " as often, each kind's share unchanged")
     if tc["mirror"]:
         out += (f"; {tc['mirror']:.0%} of the short-question examples shown left-right mirrored (picture flipped, "
@@ -193,7 +197,7 @@ rendered images x 3 questions and {tc['n_videos']:,} clips (through an MP4 round
 descriptions, count, colour, shape, size, position, yes/no, "what happens". Each model's vision tower
 first trains alone for {tc['vision_steps']} steps (draft: {tc['draft_vision_steps']}) on a dense auxiliary loss \
 (a training-only linear head on the merged
-visual tokens predicts {_aux_text(tc)}: scene ground truth), which then stays
+visual tokens predicts {_aux_text(tc, summary.get('labels_version', 1))}: scene ground truth), which then stays
 on (weight {tc['aux_weight']}; the tower then learns at {tc['tower_lr_scale']}x the language model's rate); \
 the head is not saved.
 Each of the world's 3x3 cells is exactly one merged visual token, so these targets are exact per token. \

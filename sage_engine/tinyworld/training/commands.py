@@ -16,6 +16,7 @@ def cmd_train(a) -> None:
     from ..world import OCCLUSION
     from .config import TrainConfig
     from .train import run
+    from .vision_aux import LABELS_VERSION
     torch.set_num_threads(a.threads)
     options = {"place_weight": a.place_weight, "content_weight": a.content_weight, "prompt_targets": a.prompt_targets,
                "retrieval_weight": a.retrieval_weight, "interleaved_rope": a.interleaved_rope, "mirror": a.mirror,
@@ -33,7 +34,7 @@ def cmd_train(a) -> None:
     if a.draft_steps:
         cfg = dataclasses.replace(cfg, draft_steps=a.draft_steps)
     cache = Path(a.cache) if a.cache else Path(tempfile.gettempdir()) / (
-        f"tinyworld-cache-s{cfg.seed}-{cfg.n_images}-{cfg.n_videos}-text{TEXT_VERSION}"
+        f"tinyworld-cache-s{cfg.seed}-{cfg.n_images}-{cfg.n_videos}-text{TEXT_VERSION}-labels{LABELS_VERSION}"
         + ("" if cfg.occlusion == OCCLUSION else f"-occ{cfg.occlusion:g}"))
     run(Path(a.out), cache, cfg, log=lambda *x: print(*x, flush=True), only_draft=a.only_draft)
 

@@ -18,17 +18,18 @@ from __future__ import annotations
 import dataclasses
 
 from .. import models as M
-from ..world import OCCLUSION
 from .retrieval import PROMPT_KINDS
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     seed: int = 0                 # seeds the corpus, the cache, the init and the batch order
-    n_images: int = 24_000        # rendered image scenes (3 questions each)
-    n_videos: int = 8_000         # rendered clips (2 questions each)
-    occlusion: float = OCCLUSION  # share of the 3- and 4-object training scenes that have an occluding pair
-    batch_size: int = 16
+    n_images: int = 36_000        # rendered image scenes (3 questions each)
+    n_videos: int = 12_000        # rendered clips (2 questions each)
+    # share of the 3- and 4-object training scenes that have an occluding pair (the world draws OCCLUSION, 0.2):
+    # naming both shapes of one visual token takes thousands of examples to learn
+    occlusion: float = 0.5
+    batch_size: int = 24
     target_steps: int = 11_000
     target_lr: float = 1.5e-3
     draft_steps: int = 4_000
@@ -49,10 +50,11 @@ class TrainConfig:
     tower_lr_scale: float = 0.3   # learning rate of the vision tower while the language model trains, x target_lr
     # (kind, weight): how often the target draws the examples of a kind (data.KINDS; 1 if absent)
     kind_weights: tuple[tuple[str, float], ...] = (("motion", 2.0), ("colour", 2.0), ("yesno", 2.5), ("shape", 1.5),
-                                                   ("position", 1.5))
+                                                   ("position", 1.5), ("describe", 2.5))
     # (kind, factor): within the kind, confusable examples (retrieval.confusable) are drawn factor x as often,
     # the kind's total draw unchanged
-    hard_weights: tuple[tuple[str, float], ...] = (("position", 3.0), ("yesno", 2.0), ("size", 2.0))
+    hard_weights: tuple[tuple[str, float], ...] = (("position", 3.0), ("yesno", 2.0), ("size", 2.0),
+                                                   ("describe", 4.0))
     # (kind, weight) for the draft's distillation; empty: the natural draw, where descriptions (the long answers
     # speculation pays on) carry most answer tokens
     draft_kind_weights: tuple[tuple[str, float], ...] = ()

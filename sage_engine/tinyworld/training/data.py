@@ -183,7 +183,7 @@ def build_prompt_targets(out: Path, tok, seed: int, n_images: int, n_videos: int
     torch.save(bits, out / PROMPT_TARGETS_FILE)
 
 
-HARD_FILE = "hard_v1.pt"
+HARD_FILE = "hard_v2.pt"
 
 
 def build_hard_flags(out: Path, seed: int, n_images: int, n_videos: int, per_image: int = 3,

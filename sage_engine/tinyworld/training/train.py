@@ -35,7 +35,7 @@ from .data import (
 from .losses import Smoothed, aux_loss, content_tokens, cosine, weighted_lm_loss
 from .retrieval import PROMPT_TARGETS_FILE, TARGETS_FILE, RetrievalAux
 from .trainset import TrainSet
-from .vision_aux import PlaceAux, VisionAux, whiten_patch_embed
+from .vision_aux import LABELS_VERSION, PlaceAux, VisionAux, whiten_patch_embed
 
 SUMMARY = "summary.json"
 
@@ -132,9 +132,9 @@ def pretrain_vision(model, aux: VisionAux | None, data: TrainSet, cfg: TrainConf
             aux.clear()
             with torch.no_grad():
                 model.model.visual(probe_pix[0], grid_thw=probe_pix[1])
-            out.update(zip(("colour", "size", "shape"), aux.scores(*probe_targets)))
+            out.update(zip(("colour", "size", "shape", "triples"), aux.scores(*probe_targets)))
             log(f"[{tag}-vision] step {step + 1} on {len(probe)} training images: colour {out['colour']:.2f} "
-                f"size {out['size']:.2f} shape {out['shape']:.2f}")
+                f"size {out['size']:.2f} shape {out['shape']:.2f} triples {out['triples']:.2f}")
     aux.clear()
     return out | {"aux": smooth.values["aux"], "seconds": time.time() - t0}
 
@@ -280,8 +280,9 @@ def run(out: Path, cache: Path, cfg: TrainConfig, log=print, only_draft: bool = 
     if cfg.eval_every:
         items = [it for it in make_items(seed=-1, n=6) if it.example.kind not in DESCRIPTION_KINDS]
     earlier = json.loads((out / SUMMARY).read_text()) if only_draft and (out / SUMMARY).exists() else {}
-    summary = {"config": dataclasses.asdict(cfg), "threads": torch.get_num_threads(), "only_draft": only_draft,
-               "examples": len(data), "seconds": {"cache": cache_seconds}, "target": earlier.get("target")}
+    summary = {"config": dataclasses.asdict(cfg), "labels_version": LABELS_VERSION, "threads": torch.get_num_threads(),
+               "only_draft": only_draft, "examples": len(data), "seconds": {"cache": cache_seconds},
+               "target": earlier.get("target")}
     summary["seconds"]["target"] = earlier.get("seconds", {}).get("target")
 
     draft = M.build_model(cfg.draft, tok, seed=cfg.seed + 1, interleaved_rope=cfg.interleaved_rope)
