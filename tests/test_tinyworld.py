@@ -630,18 +630,19 @@ def test_shipped_pair_meets_the_accuracy_bar(monkeypatch):
 
 @pytest.mark.skipif(not SHIPPED, reason="the pair is not in assets/models yet")
 def test_shipped_pair_describes_what_it_sees(monkeypatch):
-    """Descriptions of 20 fresh images and 20 fresh clips name exactly the objects shown in at least 80% of them
-    (H3, the pair before descriptions came in reading order, scored 0.58 / 0.77 pooled and fails this on seed 321's
-    images). A regression check; the model card pools 460 of each against the 90% bar."""
+    """Descriptions of 40 fresh images and 40 fresh clips name exactly the objects shown in at least 95% of them
+    (the project's bar is 90% pooled; this sample allows two misses of 40). The pair before this one (run D1,
+    0.86 / 0.96 pooled) scores 0.925 / 0.925 here and fails it. A regression check; the model card pools 460 of
+    each."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     from sage_engine.tinyworld.evaluate import generate, make_items, score_all
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     processor = AutoProcessor.from_pretrained(ASSETS / "tinyworld-target")
     model = AutoModelForImageTextToText.from_pretrained(ASSETS / "tinyworld-target", dtype=torch.float32)
-    items = make_items(seed=321, n=20, image_kinds=("describe",), video_kinds=("describe_video",))
+    items = make_items(seed=321, n=40, image_kinds=("describe",), video_kinds=("describe_video",))
     by_kind = score_all(items, generate(model.eval(), processor, items))["by_kind"]
-    assert by_kind["describe"] >= 0.8 and by_kind["describe_video"] >= 0.8, by_kind
+    assert by_kind["describe"] >= 0.95 and by_kind["describe_video"] >= 0.95, by_kind
 
 
 @pytest.mark.skipif(not SHIPPED, reason="the pair is not in assets/models yet")
