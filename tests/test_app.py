@@ -183,7 +183,10 @@ def test_the_speculative_lane_uses_the_draft_and_each_knob_changes_its_trees(cli
              for name, final in runs.items()}
     default = steps["default"]
     assert runs["default"]["summary"]["speculative"]["stats"]["mean_accepted"] > 1
-    assert any(s["accepted_text"] for s in default) and all(s["draft_forwards"] > 0 for s in default)
+    assert any(s["accepted_text"] for s in default)
+    # every step drafts, but a run's last single token is a plain step (no draft forward)
+    assert all(s["draft_forwards"] > 0 for s in default[:-1])
+    assert default[-1]["draft_forwards"] > 0 or len(default[-1]["new_token_ids"]) == 1
     assert max(max(s["tree"]["depths"], default=0) for s in default) > 2
     assert all(max(s["tree"]["depths"], default=0) <= 2 for s in steps["shallow"])
     assert max(len(s["tree"]["tokens"]) for s in default) > 3
