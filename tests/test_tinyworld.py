@@ -165,12 +165,12 @@ def test_vision_targets_follow_the_scene():
     labels, dom = clip_targets(W.sample_clip(rng))
     assert labels.shape[0] == dom.shape[0] == 2 * GRID * GRID
     # an occluding pair shares one cell: its token names both (size, colour, shape) triples and no mixed-up one
-    from sage_engine.tinyworld.training.vision_aux import PAIR
+    from sage_engine.tinyworld.training.vision_aux import TRIPLES
     scene = W.sample_scene(rng, 3, 4, occlusion=1.0)
     back, front = (scene.objects[i] for i in scene.occluded)
     n_cs = len(W.COLOURS) * len(W.SHAPES)
     triples = {(W.SIZES[k // n_cs], list(W.COLOURS)[k % n_cs // len(W.SHAPES)], W.SHAPES[k % len(W.SHAPES)])
-               for k in np.flatnonzero(image_targets(scene)[0][back.cell, PAIR])}
+               for k in np.flatnonzero(image_targets(scene)[0][back.cell, TRIPLES])}
     assert triples == {(o.size, o.colour, o.shape) for o in (back, front)}, (scene, triples)
 
 

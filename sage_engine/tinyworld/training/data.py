@@ -11,7 +11,8 @@ Layout of a cache directory:
                video_dom int8 (N_vid, VIDEO_TOKENS): vision_aux.token_targets for images and videos
   retrieval_v3_both.pt  int64 per cached token: retrieval.answer_targets (retrieval.TARGETS_FILE)
   retrieval_prompt_v2.pt  int64 per cached token: retrieval.prompt_targets (retrieval.PROMPT_TARGETS_FILE)
-  hard_v1.pt   bool per example: retrieval.confusable (a partial match of the named object answers it wrongly)
+  hard_v2.pt   bool per example: retrieval.confusable (a partial match of the named object answers it wrongly;
+               a description or yes/no question that involves an occluding pair)
 Every file after tokenizer/ can be rebuilt from the seeded scene stream (scene_stream) without rendering
 again, so train.prepare adds to a reused cache whatever it lacks.
 

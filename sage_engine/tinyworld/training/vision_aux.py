@@ -4,13 +4,12 @@ Each of an image's 9 merged visual tokens covers one 28 x 28 cell of the world. 
 the scene's ground truth, which colours, shapes and sizes show at least MIN_PIXELS pixels in each cell
 (multi-hot), which (size, colour, shape) triples do (the binding: a cell that holds a small green square in
 front of a large red circle must say which colour and which size go with which shape), whether the cell is
-empty, and which shape
-covers most of it (`dom`, if at least DOM_PIXELS pixels). A clip gets the same targets per temporal patch
-group (sampled frames 0-1 and 2-3: before and after the event).
+empty, and which shape covers most of it (`dom`, if at least DOM_PIXELS pixels). A clip gets the same targets
+per temporal patch group (sampled frames 0-1 and 2-3: before and after the event).
 
 `VisionAux` hooks the vision tower's merged output (what the language model receives in place of the pad
 tokens), puts a linear head on it and returns BCE_WEIGHT x the mean BCE of the colour, size and empty labels,
-a softmax cross-entropy of the dominant shape, and PAIR_WEIGHT x the BCE of the shape and triple labels
+a softmax cross-entropy of the dominant shape, and TRIPLE_WEIGHT x the BCE of the shape and triple labels
 summed over the labels. The shapes get losses of their own because a multi-hot shape label averaged
 into one BCE with the other labels gets almost no gradient, and the tower then learns shapes long after
 colours; the dominant shape alone says nothing about the second object of an occluding pair.
@@ -51,11 +50,11 @@ DOM_PIXELS = 40                # pixels the largest object in a block needs for 
 # the labels of a visual token, in order: colours, shapes, sizes, (size, colour, shape) triples, empty
 SHAPE = slice(len(COLOURS), len(COLOURS) + len(SHAPES))
 SIZE_LABELS = slice(SHAPE.stop, SHAPE.stop + len(SIZES))
-PAIR = slice(SIZE_LABELS.stop, SIZE_LABELS.stop + len(SIZES) * len(COLOURS) * len(SHAPES))   # see triple_index
-N_LABELS = PAIR.stop + 1
+TRIPLES = slice(SIZE_LABELS.stop, SIZE_LABELS.stop + len(SIZES) * len(COLOURS) * len(SHAPES))   # see triple_index
+N_LABELS = TRIPLES.stop + 1
 LABELS_VERSION = 3             # bumped whenever the labels change: names the training cache (commands.py)
 BCE_WEIGHT = 1.0               # weight of the mean BCE of the colour / size / empty labels
-PAIR_WEIGHT = 0.1              # weight of the BCE of the shape and triple labels, summed over those labels
+TRIPLE_WEIGHT = 0.1            # weight of the BCE of the shape and triple labels, summed over those labels
 _COLOURS = list(COLOURS)
 
 
@@ -67,7 +66,7 @@ def drawn_size(o: Obj, radius: float | None) -> str:
 
 
 def triple_index(size: str, colour: str, shape: str) -> int:
-    """The offset of a (size, colour, shape) triple's label within PAIR."""
+    """The offset of a (size, colour, shape) triple's label within TRIPLES."""
     return (SIZES.index(size) * len(COLOURS) + _COLOURS.index(colour)) * len(SHAPES) + SHAPES.index(shape)
 
 
@@ -87,7 +86,7 @@ def _owner_counts(frame: list[tuple[Obj, float | None, tuple[float, float] | Non
         labels[on, _COLOURS.index(o.colour)] = 1
         labels[on, len(COLOURS) + SHAPES.index(o.shape)] = 1
         labels[on, SIZE_LABELS.start + SIZES.index(drawn_size(o, r))] = 1
-        labels[on, PAIR.start + triple_index(drawn_size(o, r), o.colour, o.shape)] = 1
+        labels[on, TRIPLES.start + triple_index(drawn_size(o, r), o.colour, o.shape)] = 1
         shape_px[:, SHAPES.index(o.shape)] += n
     return labels, shape_px
 
@@ -167,17 +166,17 @@ class VisionAux(torch.nn.Module):
 
     def _one(self, feats: torch.Tensor, labels: torch.Tensor, dom: torch.Tensor) -> torch.Tensor:
         """BCE_WEIGHT x mean BCE of the colour / size / empty labels + cross-entropy of the block's dominant shape
-        + PAIR_WEIGHT x the shape and triple labels' BCE summed over labels, mean over tokens."""
+        + TRIPLE_WEIGHT x the shape and triple labels' BCE summed over labels, mean over tokens."""
         logits = self.head(feats).view(labels.shape)
         y = labels.float()
         own = torch.zeros(N_LABELS, dtype=torch.bool)
-        own[SHAPE], own[PAIR] = True, True
+        own[SHAPE], own[TRIPLES] = True, True
         bce = F.binary_cross_entropy_with_logits(logits[..., ~own], y[..., ~own])
         parts = F.binary_cross_entropy_with_logits(logits[..., own], y[..., own], reduction="none").sum(-1).mean()
         dom = dom.long().reshape(-1)
         ce = (F.cross_entropy(logits[..., SHAPE].reshape(-1, len(SHAPES)), dom, ignore_index=-1)
               if bool((dom >= 0).any()) else logits.sum() * 0)
-        return BCE_WEIGHT * bce + ce + PAIR_WEIGHT * parts
+        return BCE_WEIGHT * bce + ce + TRIPLE_WEIGHT * parts
 
     def loss(self, image: tuple | None, video: tuple | None) -> torch.Tensor:
         """The loss of the forwards since the last clear(): `image` = (labels (n_images, GRID^2, N_LABELS),
@@ -206,8 +205,8 @@ class VisionAux(torch.nn.Module):
             out.append(float((pred[has][:, s] == lab[has][:, s]).all(-1).float().mean()))
         d = dom.long()
         out.append(float((lg[..., SHAPE].argmax(-1)[d >= 0] == d[d >= 0]).float().mean()))
-        has = lab[..., PAIR].any(-1)
-        out.append(float((pred[has][:, PAIR] == lab[has][:, PAIR]).all(-1).float().mean()))
+        has = lab[..., TRIPLES].any(-1)
+        out.append(float((pred[has][:, TRIPLES] == lab[has][:, TRIPLES]).all(-1).float().mean()))
         return tuple(out)
 
     def clear(self) -> None:
