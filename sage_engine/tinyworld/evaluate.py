@@ -28,7 +28,7 @@ from .language import (
     video_example,
 )
 from .tokenizer import user_turn
-from .world import Obj, read_video, render_clip, render_image, sample_clip, sample_scene, write_mp4
+from .world import Obj, has_occluding_pair, read_video, render_clip, render_image, sample_clip, sample_scene, write_mp4
 
 
 @dataclasses.dataclass
@@ -82,11 +82,6 @@ def generate(model, processor, items: list[Item], max_new_tokens: int = 160, bat
     return [out[i] for i in range(len(items))]
 
 
-def occluding(objects: list[Obj]) -> bool:
-    """Whether two of the objects share a cell (an occluding pair: one visual token shows both)."""
-    return len({o.cell for o in objects}) < len(objects)
-
-
 def score_all(items: list[Item], answers: list[str]) -> dict:
     """-> {"accuracy", "by_kind", "occluded": by kind over the images with an occluding pair only, "n_occluded":
     how many such images}: the world draws few such scenes, and they are where the pair fails most."""
@@ -95,7 +90,7 @@ def score_all(items: list[Item], answers: list[str]) -> dict:
     for it, a in zip(items, answers):
         ok = score(it.example, a, it.objects)
         hits[it.example.kind].append(ok)
-        if it.media == "image" and occluding(it.objects):
+        if it.media == "image" and has_occluding_pair(it.objects):
             occluded[it.example.kind].append(ok)
     flat = [h for v in hits.values() for h in v]
     return {"accuracy": float(np.mean(flat)), "by_kind": {k: float(np.mean(v)) for k, v in sorted(hits.items())},

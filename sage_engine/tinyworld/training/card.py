@@ -48,10 +48,11 @@ def _mix_text(tc: dict) -> str:
     if tc["kind_weights"]:
         out += "; examples" + _weights_text(tc["kind_weights"])
     if tc["hard_weights"]:
+        descriptions = ("and descriptions of scenes with an occluding pair "
+                        if any(k in DESCRIPTION_KINDS for k, _ in tc["hard_weights"]) else "")
         out += ("; within a kind, questions a partial match answers wrongly (another object shares the named one's "
-                "colour or shape, or the named one is in an occluding pair) and descriptions of scenes with an "
-                "occluding pair drawn " + ", ".join(f"{k} {w:g}x" for k, w in tc["hard_weights"])
-                + " as often, each kind's share unchanged")
+                f"colour or shape, or the named one is in an occluding pair) {descriptions}drawn "
+                + ", ".join(f"{k} {w:g}x" for k, w in tc["hard_weights"]) + " as often, each kind's share unchanged")
     if tc["mirror"]:
         out += (f"; {tc['mirror']:.0%} of the short-question examples shown left-right mirrored (picture flipped, "
                 "'left' / 'right' swapped, per-token targets moved with their tokens; descriptions, which name their "

@@ -34,7 +34,7 @@ import re
 import torch
 
 from ..language import DESCRIPTION_KINDS, NUMBERS, POSITION_RE, Example, parse_position
-from ..world import POSITIONS, SHAPES, Clip, Obj, Scene
+from ..world import POSITIONS, SHAPES, Clip, Obj, Scene, has_occluding_pair, shares_a_cell
 
 N_CELLS = len(POSITIONS)
 TARGETS_FILE = "retrieval_v3_both.pt"   # the cache's per-token answer targets; renamed whenever the rules above change
@@ -76,10 +76,6 @@ def near_misses(prompt: str, objects) -> list[Obj]:
     return [o for o in objects if re.search(rf"\b{o.colour}\b", t) or re.search(rf"\b{o.shape}\b", t)]
 
 
-def _shares_a_cell(o: Obj, objects) -> bool:
-    return any(x is not o and x.cell == o.cell for x in objects)
-
-
 def confusable(ex: Example, objects) -> bool:
     """A question a partial match gets wrong: "Where is the blue square?" with a green square or a blue star
     beside it (another object shares the named object's colour or shape), or "Is there a blue circle?" with
@@ -88,10 +84,10 @@ def confusable(ex: Example, objects) -> bool:
     second one means reading past the first). Questions asked by place or by shape alone: False.
     data.build_hard_flags marks the cached examples; TrainConfig.hard_weights draws these more often."""
     if ex.kind in DESCRIPTION_KINDS:
-        return any(_shares_a_cell(o, objects) for o in objects)
+        return has_occluding_pair(objects)
     if ex.kind == "yesno":
         return (len(near_misses(ex.prompt, objects)) > (1 if ex.facts.get("yes") else 0)
-                or any(_shares_a_cell(o, objects) for o in _named(ex.prompt, objects)))
+                or any(shares_a_cell(o, objects) for o in _named(ex.prompt, objects)))
     named = _named(ex.prompt, objects)
     return bool(named) and any(x is not named[0] and (x.colour == named[0].colour or x.shape == named[0].shape)
                                for x in objects)
