@@ -26,8 +26,6 @@ import statistics
 from collections import deque
 from dataclasses import dataclass
 
-import numpy as np
-
 
 @dataclass(frozen=True)
 class StepTiming:
@@ -81,6 +79,64 @@ def robust_rate(steps: list[tuple[int, float]]) -> float | None:
     return sum(t for t, _ in kept) / wall if wall > 0 else None
 
 
+NODES, FORWARDS, WALL, VERIFY = 1, 2, 3, 4  # a drafted step's columns in `Moments` (0: the constant 1)
+
+
+class Moments:
+    """Sums of the products of every two columns of (1, nodes, draft forwards, wall ms, verify ms) over the last
+    `window` drafted steps, kept as steps come and go: a least-squares fit of one column on others is then a small
+    linear system. Plain Python, not numpy: the engine fits between model forwards, where the first numpy calls
+    after a forward run from cold caches (measured: numpy's lstsq over 96 rows took ~0.2 ms there, 10 us alone)."""
+
+    def __init__(self, window: int):
+        self.rows: deque[tuple[float, ...]] = deque(maxlen=window)
+        self.sums = [[0.0] * 5 for _ in range(5)]
+
+    @property
+    def n(self) -> int:
+        return len(self.rows)
+
+    def _accumulate(self, row: tuple[float, ...], sign: float) -> None:
+        for i, a in enumerate(row):
+            line = self.sums[i]
+            for j in range(i, 5):
+                line[j] += sign * a * row[j]
+
+    def add(self, step: tuple[float, float, float, float]) -> None:
+        row = (1.0, *map(float, step))
+        if len(self.rows) == self.rows.maxlen:
+            self._accumulate(self.rows[0], -1.0)
+        self.rows.append(row)
+        self._accumulate(row, 1.0)
+
+    def fit(self, y: int, x: tuple[int, ...]) -> list[float] | None:
+        """Intercept and slopes of column `y` on columns `x`, None when the columns of x (with the constant) are
+        linearly dependent over the window (e.g. every step of the same size)."""
+        cols = (0, *x)
+        s = self.sums
+        a = [[s[min(i, j)][max(i, j)] for j in cols] + [s[min(i, y)][max(i, y)]] for i in cols]
+        return _solve(a)
+
+
+def _solve(a: list[list[float]]) -> list[float] | None:
+    """The solution of the square system in augmented rows `a` (Gaussian elimination, partial pivoting), None when
+    it is singular relative to the scale of its diagonal."""
+    n = len(a)
+    scale = max(abs(a[i][i]) for i in range(n)) or 1.0
+    for c in range(n):
+        p = max(range(c, n), key=lambda r: abs(a[r][c]))
+        if abs(a[p][c]) <= 1e-9 * scale:
+            return None
+        a[c], a[p] = a[p], a[c]
+        for r in range(c + 1, n):
+            f = a[r][c] / a[c][c]
+            a[r] = [u - f * v for u, v in zip(a[r], a[c])]
+    out = [0.0] * n
+    for c in range(n - 1, -1, -1):
+        out[c] = (a[c][n] - sum(a[c][j] * out[j] for j in range(c + 1, n))) / a[c][c]
+    return out
+
+
 class CostMeter:
     """Sliding windows of step timings: the engine's recent steps (for the prices) and each policy's (its rate)."""
 
@@ -93,11 +149,12 @@ class CostMeter:
         self.policy_window = policy_window
         self.min_steps = min_steps
         self.recent = recent  # drafted steps that judge the draft now (trust, drafted rate)
-        self.refit = refit  # drafted steps between two fits of the prices (they move slowly; a fit costs ~0.1 ms)
+        self.refit = refit  # drafted steps between two fits (the prices move slowly; a fit costs ~20 us)
         self._counts = [0, 0]  # plain, drafted steps recorded so far
+        self._moments = Moments(window)  # the last `window` drafted steps (any policy), for the two fits
         self._plain_rate: tuple[int, float | None] | None = None  # (plain count, value) of the last computation
-        self._prices: tuple[int, tuple[float, float] | None] | None = None  # (drafted count, prices) of the last fit
-        self._plain_estimate: tuple[int, float | None] | None = None  # (drafted count, value) of the last estimate
+        self._prices: tuple[int, tuple[float, float] | None] | None = None  # (drafted count, value) of the last fit
+        self._plain_estimate: tuple[int, float | None] | None = None  # (drafted count, value) of the last fit
 
     def record(self, timing: StepTiming) -> None:
         self.steps.append(timing)
@@ -107,6 +164,7 @@ class CostMeter:
             self.plain.append(timing)
         else:
             self.drafted.setdefault(timing.policy, deque(maxlen=self.recent)).append(timing)
+            self._moments.add((timing.nodes, timing.draft_forwards, timing.wall_ms, timing.verify_ms))
 
     @staticmethod
     def _rate(steps) -> float | None:
@@ -141,15 +199,13 @@ class CostMeter:
             self._plain_rate = (self._counts[0], rate)
         if self._plain_rate[1] is not None:
             return self._plain_rate[1]
-        return self._refitted("_plain_estimate", self._estimate_plain_rate)
+        return self._fitted("_plain_estimate", self._estimate_plain_rate)
 
     def _estimate_plain_rate(self) -> float | None:
-        drafted = [s for s in self.steps if not s.plain]
-        if len(drafted) < self.min_steps or len({s.nodes for s in drafted}) < 2:
+        if self._moments.n < self.min_steps:
             return None
-        x = np.array([[1.0, s.nodes] for s in drafted])
-        (intercept, _), *_ = np.linalg.lstsq(x, np.array([s.verify_ms for s in drafted]), rcond=None)
-        return 1.0 / intercept if intercept > 0 else None
+        fit = self._moments.fit(y=VERIFY, x=(NODES,))
+        return 1.0 / fit[0] if fit is not None and fit[0] > 0 else None
 
     def trust(self, policy: str) -> float:
         """Accepted draft tokens per forecast token over `policy`'s last `recent` drafted steps (1 until measured;
@@ -164,27 +220,23 @@ class CostMeter:
         """(ms per verified node, ms per draft level): least squares of a drafted step's wall time on its node count
         and draft forwards, over recent drafted steps of every policy (their trees differ in size and depth, which
         is what makes both slopes measurable). Everything a step costs is charged to one or the other: a node
-        also costs its share of the draft forward that feeds it and of the bookkeeping; never negative. Refitted
-        every `refit` drafted steps."""
-        return self._refitted("_prices", self._fit)
+        also costs its share of the draft forward that feeds it and of the bookkeeping; never negative."""
+        return self._fitted("_prices", self._fit)
 
-    def _refitted(self, slot: str, fit):
-        """The value kept in `slot` as (drafted count, value), fitted again every `refit` drafted steps, and at
-        every call while there is none yet (the figures move slowly; a fit costs ~0.1 ms)."""
+    def _fitted(self, slot: str, fit):
+        """The value kept in `slot` as (drafted count, value), fitted again every `refit` drafted steps, and after
+        every new drafted step while there is none yet."""
         done, held = self._counts[1], getattr(self, slot)
-        if held is None or done - held[0] >= self.refit or (held[1] is None and done):
+        if held is None or done - held[0] >= self.refit or (held[1] is None and done != held[0]):
             held = (done, fit())
             setattr(self, slot, held)
         return held[1]
 
     def _fit(self) -> tuple[float, float] | None:
-        drafted = [s for s in self.steps if not s.plain]
-        if len(drafted) < self.min_steps:
+        if self._moments.n < self.min_steps:
             return None
-        x = np.array([[1.0, s.nodes, s.draft_forwards] for s in drafted])
-        y = np.array([s.wall_ms for s in drafted])
-        (_, node, level), _, rank, _ = np.linalg.lstsq(x, y, rcond=None)
-        return None if rank < 3 else (max(0.0, float(node)), max(0.0, float(level)))
+        fit = self._moments.fit(y=WALL, x=(NODES, FORWARDS))
+        return None if fit is None else (max(0.0, fit[1]), max(0.0, fit[2]))
 
     def break_even(self, policy: str) -> BreakEven | None:
         """The current prices for `policy`, None until enough steps are measured."""

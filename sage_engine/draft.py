@@ -57,21 +57,21 @@ class Drafter:
         self.sampler = None if sampling is None or sampling.greedy else DraftSampler(sampling)
 
     def _top(self, logits: torch.Tensor, policy: Policy, rows: list[int],
-             qs: dict[int, torch.Tensor]) -> tuple[Frontier, np.ndarray]:
+             qs: dict[int, torch.Tensor]) -> tuple[Frontier, list[float]]:
         """The frontier `rows`' top max(k, entropy_k) candidates, and each row's confidence alpha over its top
         `entropy_k`. A draft that samples also draws as many tokens per row without replacement from the row's q
-        (in draw order) and keeps q in `qs[row node]`.  # [F, V] -> Frontier [F, K], alpha [F]"""
+        (in draw order) and keeps q in `qs[row node]`.  # [F, V] -> Frontier [F][K], alpha [F]"""
         sampler = self.sampler
         probs = torch.softmax(logits, dim=-1) if sampler is None else sampler.probs(logits)
         k = max(policy.top_k, policy.entropy_k)
         p, t = torch.topk(probs, k, dim=-1)
-        frontier = Frontier(rows, t.cpu().numpy(), p.cpu().numpy())
+        frontier = Frontier(rows, t.tolist(), p.tolist())
         if sampler is not None and policy.samples_draft:
             drawn = sampler.without_replacement(probs, policy.top_k)  # [F, top_k]
-            frontier.drawn_tokens = drawn.cpu().numpy()
-            frontier.drawn_probs = torch.gather(probs, -1, drawn).cpu().numpy()
+            frontier.drawn_tokens = drawn.tolist()
+            frontier.drawn_probs = torch.gather(probs, -1, drawn).tolist()
             qs.update(zip(rows, probs))
-        return frontier, confidence(frontier.top_probs[:, : policy.entropy_k])
+        return frontier, confidence([row[: policy.entropy_k] for row in frontier.top_probs])
 
     def grow(self, policy: Policy, quote: Quote | None = None, max_depth: int | None = None) -> Draft:
         """Read the pending tokens (the prompt first, on the run's first drafted step), then draft the tree, no

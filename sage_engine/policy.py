@@ -17,8 +17,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from .config import ChainConfig, Eagle2Config, SageConfig, StaticConfig
 from .costs import BreakEven, Quote, robust_rate
 from .tree import DraftTree
@@ -38,16 +36,17 @@ class TreeShape:
 
 @dataclass
 class Frontier:
-    """The draft's top-K next-token candidates for each node being expanded at one level."""
+    """The draft's top-K next-token candidates for each node being expanded at one level, as plain lists: a policy
+    reads a few dozen numbers per level, for which Python lists are cheaper than arrays (see `confidence`)."""
 
     nodes: list[int]  # tree node per row, -1 = the root
-    top_tokens: np.ndarray  # [F, K] int64, best first
-    top_probs: np.ndarray  # [F, K] float, draft probabilities (not renormalised)
+    top_tokens: list[list[int]]  # [F][K], best first
+    top_probs: list[list[float]]  # [F][K], draft probabilities (not renormalised)
     # a draft that samples (Policy.samples_draft under sampling): per row, tokens drawn without replacement from
     # q in draw order, and their q. A policy takes a row's first m drawn tokens as its children, m decided from
     # the sorted candidates above (never from the draws: that would bias the output)
-    drawn_tokens: np.ndarray | None = None  # [F, top_k] int64
-    drawn_probs: np.ndarray | None = None  # [F, top_k] float
+    drawn_tokens: list[list[int]] | None = None  # [F][top_k]
+    drawn_probs: list[list[float]] | None = None  # [F][top_k]
 
 
 @dataclass(frozen=True)
@@ -61,14 +60,17 @@ class StepOutcome:
     drafted: bool = True  # False: a plain step (one target forward, no draft), which says nothing of the draft
 
 
-def confidence(top_probs: np.ndarray) -> np.ndarray:
-    """alpha = 1 - H(p) / log k over the renormalised top-k probabilities (Eq. 7-9).  # [F, k] -> [F]
+def confidence(top_probs: Sequence[Sequence[float]]) -> list[float]:
+    """alpha = 1 - H(p) / log k over the renormalised top-k probabilities (Eq. 7-9).  # [F][k] -> [F]
 
-    With s = sum(top_probs) and p = top_probs / s: H(p) = log s - sum(top_probs log top_probs) / s,
-    which skips materialising p (this runs once per draft level)."""
-    s = top_probs.sum(axis=-1)
-    h = np.log(s) - (top_probs * np.log(top_probs + 1e-30)).sum(axis=-1) / s
-    return 1.0 - h / math.log(top_probs.shape[-1])
+    With s = sum(top_probs) and p = top_probs / s: H(p) = log s - sum(top_probs log top_probs) / s. Plain Python on
+    a few rows of k numbers, once per draft level: cheaper there than numpy calls from cold caches."""
+    out = []
+    for row in top_probs:
+        s = sum(row)
+        h = math.log(s) - sum(p * math.log(p) for p in row if p > 0) / s
+        out.append(1.0 - h / math.log(len(row)))
+    return out
 
 
 class Policy:
@@ -137,7 +139,7 @@ class ChainPolicy(Policy):
     def expand(self, shape, level, tree, frontier):
         tokens, probs = ((frontier.top_tokens, frontier.top_probs) if frontier.drawn_tokens is None
                          else (frontier.drawn_tokens, frontier.drawn_probs))
-        node = tree.add(int(tokens[0, 0]), frontier.nodes[0], float(probs[0, 0]))
+        node = tree.add(tokens[0][0], frontier.nodes[0], probs[0][0])
         return [node] if level < shape.depth else []
 
 
@@ -168,7 +170,7 @@ class StaticTreePolicy(Policy):
         for row, parent in enumerate(frontier.nodes):
             prefix = self._path_of[parent]
             for rank in self.child_ranks.get(prefix, ()):
-                node = tree.add(int(frontier.top_tokens[row, rank]), parent, float(frontier.top_probs[row, rank]))
+                node = tree.add(frontier.top_tokens[row][rank], parent, frontier.top_probs[row][rank])
                 self._path_of[node] = prefix + (rank,)
                 if self._path_of[node] in self.child_ranks:
                     grow.append(node)
@@ -178,15 +180,14 @@ class StaticTreePolicy(Policy):
 def _best_candidates(frontier: Frontier, tree: DraftTree, per_row: Sequence[int], limit: int, floor: float):
     """(row, rank, cumulative prob) of the best candidates, at most per_row[row] per frontier row,
     cumulative probability above `floor`, at most `limit` in all, best first."""
-    parent_cum = np.array([1.0 if n < 0 else tree.cum_probs[n] for n in frontier.nodes])
-    cum = parent_cum[:, None] * frontier.top_probs  # [F, K]
-    ranks = np.arange(cum.shape[1])[None, :]
-    ok = (ranks < np.asarray(per_row)[:, None]) & (cum > floor)
-    rows, cols = np.nonzero(ok)
-    if rows.size == 0 or limit <= 0:
-        return []
-    order = np.argsort(-cum[rows, cols], kind="stable")[:limit]
-    return [(int(rows[i]), int(cols[i]), float(cum[rows[i], cols[i]])) for i in order]
+    found = []
+    for row, (node, probs) in enumerate(zip(frontier.nodes, frontier.top_probs)):
+        parent = 1.0 if node < 0 else tree.cum_probs[node]
+        for rank, p in enumerate(probs[: per_row[row]]):
+            if parent * p > floor:
+                found.append((row, rank, parent * p))
+    found.sort(key=lambda c: -c[2])  # stable: ties stay in (row, rank) order
+    return found[: max(limit, 0)]
 
 
 class Eagle2Policy(Policy):
@@ -206,8 +207,7 @@ class Eagle2Policy(Policy):
         # A candidate outside its level's top N can never reach the global top N: skip it early.
         best = _best_candidates(frontier, tree, [k] * len(frontier.nodes), self.cfg.total_nodes, 0.0)
         added = [
-            tree.add(int(frontier.top_tokens[r, c]), frontier.nodes[r], float(frontier.top_probs[r, c]))
-            for r, c, _ in best
+            tree.add(frontier.top_tokens[r][c], frontier.nodes[r], frontier.top_probs[r][c]) for r, c, _ in best
         ]
         return added[:k] if level < shape.depth else []  # `best` is sorted: the first k are the top-k
 
@@ -303,11 +303,11 @@ class SagePolicy(Policy):
             theta = max(theta, shape.price.node)
         best = _best_candidates(frontier, tree, per_row, shape.max_nodes - len(tree), theta)
         if frontier.drawn_tokens is None:
-            added = [tree.add(int(frontier.top_tokens[r, c]), frontier.nodes[r], float(frontier.top_probs[r, c]))
+            added = [tree.add(frontier.top_tokens[r][c], frontier.nodes[r], frontier.top_probs[r][c])
                      for r, c, _ in best]
         else:  # a sampled draft: as many children per row as the ranked candidates earned, the first drawn ones
-            counts = np.bincount([r for r, _, _ in best], minlength=len(frontier.nodes))
-            added = [tree.add(int(frontier.drawn_tokens[r, c]), frontier.nodes[r], float(frontier.drawn_probs[r, c]))
+            counts = [sum(r == row for row, _, _ in best) for r in range(len(frontier.nodes))]
+            added = [tree.add(frontier.drawn_tokens[r][c], frontier.nodes[r], frontier.drawn_probs[r][c])
                      for r in range(len(frontier.nodes)) for c in range(counts[r])]
         if shape.price is not None and sum(c for *_, c in best) < shape.price.level:
             return []  # the next level could not add the tokens one more draft forward costs

@@ -114,13 +114,16 @@ class ModelRunner:
         The logits after each token.  # [q, V]"""
         q, r = allowed.shape
         past = self.seq_len + q - r
-        ids = torch.tensor([tokens], device=self.device)  # [1, q]
-        pos = torch.tensor([positions], device=self.device) + self.rope_delta  # [1, q]
+        delta = self.rope_delta
+        ids, pos = torch.tensor([tokens, [p + delta for p in positions]], device=self.device).split(1)  # [1, q] each
         mask = additive_mask(allowed, past, self.dtype, self.device)  # [1, 1, q, past + r]
         if self.stack is not None and not self.stack_checked:
             self._check_stack(ids, pos, mask)
         t0 = time.perf_counter()
-        logits = self.stack(ids, pos, mask, self.cache) if self.stack is not None else self._forward(ids, pos, mask)
+        if self.stack is not None:
+            logits = self.stack(ids, pos, mask, self.cache, max(positions) + delta)
+        else:
+            logits = self._forward(ids, pos, mask)
         _sync(self.device)
         return Pass(self._logits(logits[0]), (time.perf_counter() - t0) * 1e3)
 
@@ -156,5 +159,7 @@ class ModelRunner:
         compact(self.cache, start, cols)
 
     def _logits(self, logits: torch.Tensor) -> torch.Tensor:
-        logits = logits.float()
-        return logits if self.vocab_limit is None else logits[..., : self.vocab_limit]
+        if logits.dtype != torch.float32:
+            logits = logits.float()
+        limit = self.vocab_limit
+        return logits if limit is None or limit >= logits.shape[-1] else logits[..., :limit]

@@ -36,14 +36,15 @@ class DecoderStack:
     def _rows(self, positions: torch.Tensor) -> torch.Tensor:
         return positions[None].expand(3, 1, -1) if self.mrope else positions
 
-    def position_embeddings(self, h: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def position_embeddings(self, h: torch.Tensor, positions: torch.Tensor,
+                            top: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The model's rotary (cos, sin) for `positions` [1, q]. A static rotary ("default" rope type)
         depends on each position alone, so its outputs for 0..n-1 are computed once, by the model's own
         rotary module, and indexed: the same numbers for a fraction of the cost (an M-RoPE rotary
         recomposes its three axes chunk by chunk, ~0.3 ms a call here, as long as a 1-layer draft's layer)."""
         if not self.static_rope:
             return self.rotary(h, self._rows(positions))
-        need = int(positions.max()) + 1
+        need = (int(positions.max()) if top is None else top) + 1  # top: the largest position, when known
         cos = self.tables.get("cos")
         if cos is None or cos.shape[1] < need or cos.dtype != h.dtype or cos.device != h.device:
             n = 1 << max(need - 1, 255).bit_length()  # grow by powers of two
@@ -53,10 +54,12 @@ class DecoderStack:
         idx = positions[0]
         return cos[:, idx], self.tables["sin"][:, idx]
 
-    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache) -> torch.Tensor:
-        """ids, positions [1, q] (positions already shifted), mask [1, 1, q, kv]; appends to `cache`.  # -> [1, q, V]"""
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache,
+                 top: int | None = None) -> torch.Tensor:
+        """ids, positions [1, q] (positions already shifted; `top` their largest, if the caller knows it), mask
+        [1, 1, q, kv]; appends to `cache`.  # -> [1, q, V]"""
         h = self.embed(ids)
-        pe = self.position_embeddings(h, positions)
+        pe = self.position_embeddings(h, positions, top)
         for layer in self.layers:
             h = layer(h, attention_mask=mask, position_embeddings=pe, position_ids=None if self.mrope else positions,
                       past_key_values=cache, use_cache=True)
