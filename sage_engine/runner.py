@@ -115,7 +115,8 @@ class ModelRunner:
         q, r = allowed.shape
         past = self.seq_len + q - r
         delta = self.rope_delta
-        ids, pos = torch.tensor([tokens, [p + delta for p in positions]], device=self.device).split(1)  # [1, q] each
+        ids = torch.tensor([tokens], device=self.device)  # [1, q]
+        pos = torch.tensor([[p + delta for p in positions]], device=self.device)  # [1, q]
         mask = additive_mask(allowed, past, self.dtype, self.device)  # [1, 1, q, past + r]
         if self.stack is not None and not self.stack_checked:
             self._check_stack(ids, pos, mask)
