@@ -138,7 +138,8 @@ def _solve(a: list[list[float]]) -> list[float] | None:
 
 
 class CostMeter:
-    """Sliding windows of step timings: the engine's recent steps (for the prices) and each policy's (its rate)."""
+    """Sliding windows of step timings: the engine's recent steps, its last `window` drafted ones as `Moments` (for
+    the prices), and each policy's (its rate)."""
 
     def __init__(self, window: int = 96, policy_window: int = 24, min_steps: int = 3, recent: int = 8,
                  refit: int = 4):

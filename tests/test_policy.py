@@ -214,6 +214,29 @@ def test_cost_meter_measures_rate_node_and_level_prices():
     assert primed_meter().break_even("sage:other") is None  # rates are kept per policy setting
 
 
+def test_moments_fit_equals_least_squares_over_the_last_window_of_steps():
+    """The meter's running sums give numpy's least-squares fit over exactly the last `window` drafted steps: steps
+    that left the window are subtracted out, and a window whose regressors are collinear has no fit."""
+    from sage_engine.costs import FORWARDS, NODES, VERIFY, WALL, Moments
+    rng = np.random.default_rng(0)
+    steps = [(int(rng.integers(1, 30)), int(rng.integers(1, 9)), float(rng.uniform(2, 20)), float(rng.uniform(1, 5)))
+             for _ in range(50)]
+    moments = Moments(window=16)
+    for step in steps:
+        moments.add(step)
+    last = np.array(steps[-16:])
+    ones = np.ones(16)
+    want = np.linalg.lstsq(np.column_stack([ones, last[:, 0], last[:, 1]]), last[:, 2], rcond=None)[0]
+    assert moments.n == 16 and moments.fit(y=WALL, x=(NODES, FORWARDS)) == pytest.approx(want, rel=1e-9)
+    want = np.linalg.lstsq(np.column_stack([ones, last[:, 0]]), last[:, 3], rcond=None)[0]
+    assert moments.fit(y=VERIFY, x=(NODES,)) == pytest.approx(want, rel=1e-9)
+    same = Moments(window=4)
+    for nodes in (3, 3, 3, 3, 9, 9):  # a window of 4: the first two steps have left it, (3, 3, 9, 9) remain
+        same.add((nodes, 2 * nodes, 1.0 + nodes, 1.0))
+    assert same.fit(y=WALL, x=(NODES,)) == pytest.approx([1.0, 1.0])
+    assert same.fit(y=WALL, x=(NODES, FORWARDS)) is None  # forwards = 2 x nodes: collinear
+
+
 def test_cost_threshold_prices_nodes_and_levels():
     probs = [[0.5, 0.2, 0.1, 0.04, 0.03, 0.02, 0.016, 0.01, 0.005, 0.004]]
     paper = SagePolicy(SageConfig(threshold="paper"))
