@@ -105,13 +105,15 @@ class Clip:
 
 OCCLUSION = 0.2   # the world's share of 3- and 4-object scenes with an occluding pair (training may draw more)
 
+
 def shares_a_cell(o: Obj, objects) -> bool:
     """Whether another of `objects` sits in o's cell: an occluding pair, which one visual token shows whole."""
     return any(x is not o and x.cell == o.cell for x in objects)
 
 
 def has_occluding_pair(objects) -> bool:
-    return any(shares_a_cell(o, objects) for o in objects)
+    """Whether two of `objects` share a cell."""
+    return len({o.cell for o in objects}) < len(objects)
 
 
 def _free_object(rng: random.Random, used: set[tuple[str, str]], cell: int) -> Obj:

@@ -19,7 +19,7 @@ DESCRIPTION_BAR = 0.90  # every (size, colour, shape) triple right, none invente
 SEED_BAR = 0.95  # a single seed's attribute below this is named on the card
 
 
-def _aux_text(tc: dict, labels_version: int = 1) -> str:
+def _aux_text(tc: dict, labels_version: int) -> str:
     """What the auxiliary heads predict, as the card's clause (PlaceAux only with a place weight)."""
     text = ("which colours / sizes, or nothing, fill each 28x28 cell and the shape of the object covering most\n"
             "of it, images and each temporal patch group of the clips")

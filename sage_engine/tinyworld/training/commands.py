@@ -120,8 +120,8 @@ def _train_parser(t: argparse.ArgumentParser, assets: Path) -> None:
     t.add_argument("--retrieval-weight", type=float, default=None,
                    help="weight of the retrieval loss on the target's attention (retrieval.py; default: TrainConfig's)")
     t.add_argument("--occlusion", type=float, default=None,
-                   help="share of the 3- and 4-object training scenes that have an occluding pair (default: the "
-                        "world's own, which the evaluation draws)")
+                   help="share of the 3- and 4-object training scenes that have an occluding pair (default: "
+                        "TrainConfig's; the world, and so the evaluation, draws world.OCCLUSION)")
     t.add_argument("--mirror", type=float, default=None,
                    help="share of training examples shown left-right mirrored, 'left' and 'right' swapped "
                         "(default: TrainConfig's)")
