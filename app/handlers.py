@@ -18,9 +18,10 @@ import gradio as gr
 from gradio.components.plot import PlotData
 
 from sage_engine import InputError, PreparedInput, SageConfig, SageError, StepEvent, make_policy, prepare_input
+from sage_engine.config import parse_spec, spec_knobs
 from sage_engine.inputs import DEFAULT_NUM_FRAMES, video_frames_for
 from sage_engine.media import sample_video
-from sage_engine.policy import Policy, parse_spec, spec_knobs
+from sage_engine.policy import Policy
 from sage_engine.pruning import VisualPruning
 from sage_engine.sampling import Sampling
 

@@ -68,8 +68,9 @@ tokens, which on a CPU costs more than a pass over one. The draft also has to re
 has not learnt (the embedded pair knows only its shapes world), its guesses are mostly rejected. So by
 default `sage` prices every node and draft level with this machine's measured costs and how often the
 draft has recently been right, and when drafted steps keep losing to plain ones it decodes **plain steps**
-(no draft, shown as steps without a tree) and retries the draft now and then. A plain-only run never pays
-for the draft's prefill. The note under the scoreboard shows how many steps of this run were plain, and
+(no draft, shown as steps without a tree) and retries the draft now and then: the draft first reads the
+tokens it missed and counts how many it would have guessed, and drafts again only if that would pay. A
+plain-only run never pays for the draft's prefill. The note under the scoreboard shows how many steps of this run were plain, and
 how well α predicted the accepted length (*α → accepted*: the correlation of each step's α with the
 tokens it accepted; SAGE's premise is that confident steps accept more).
 

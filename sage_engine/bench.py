@@ -20,13 +20,14 @@ from pathlib import Path
 
 import torch
 
+from .config import parse_spec
 from .engine import SpecEngine
 from .errors import InputError
 from .events import GenerationResult
 from .hf_reference import DEFAULT_SCHEDULE, HF_POLICIES, assistant_inputs, is_hf_spec, parse_hf_spec, run_hf
 from .inputs import PreparedInput, prepare_input
 from .models import ModelPair
-from .policy import POLICY_NAMES, make_policy, parse_spec
+from .policy import POLICY_NAMES, make_policy
 from .premise import premise
 from .pruning import VisualPruning
 from .sampling import Sampling

@@ -6,6 +6,7 @@ what we chose and why; every such choice is configurable.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Literal, get_args
@@ -98,7 +99,8 @@ class SageConfig:
     # measured costs (costs.py): a node needs trusted cumulative probability >= rate x ms per node (on top of
     # theta_l), another draft level needs its frontier's to sum >= rate x ms per draft level, and while drafted
     # steps decode slower than plain ones the policy takes plain steps (no draft), retrying the draft with
-    # a growing wait. "paper": the paper's theta_l and N_max alone, every step drafted.
+    # a growing wait (a retry drafts only if the draft's guesses among the tokens it missed would pay).
+    # "paper": the paper's theta_l and N_max alone, every step drafted.
     threshold: Threshold = "cost"
     fallback_steps: int = 2  # threshold "cost": plain steps after drafted ones first lose to plain ones (0: never)
     fallback_window: int = 4  # threshold "cost": this run's last drafted steps that judge the draft
@@ -141,3 +143,42 @@ def sage_problem(cfg: SageConfig) -> str | None:
         return "need history_window >= 1, fallback_steps >= 0 and fallback_window >= 1"
     return None
 
+
+# Each policy's config dataclass (None: no knobs), by policy name; policy.py pairs them with the classes.
+POLICY_CONFIGS: dict[str, type | None] = {
+    "ar": None, "chain": ChainConfig, "static": StaticConfig, "eagle2": Eagle2Config, "sage": SageConfig,
+}
+
+
+def parse_spec(spec: str):
+    """'sage:n_max=32:theta_scale=0.2' -> ('sage', SageConfig(n_max=32, theta_scale=0.2)): a policy with some
+    scalar knobs of its config dataclass changed (for benchmarks that compare settings); ValueError if unknown."""
+    name, changes = spec_knobs(spec)
+    cfg_cls = POLICY_CONFIGS[name]
+    return name, None if cfg_cls is None else dataclasses.replace(cfg_cls(), **changes)
+
+
+def spec_knobs(spec: str) -> tuple[str, dict]:
+    """'chain:k=3' -> ('chain', {'k': 3}): the policy's name and the knobs the spec changes, typed like its
+    config's fields; ValueError (one line) for an unknown policy, knob or value."""
+    name, *pairs = spec.split(":")
+    if name not in POLICY_CONFIGS:
+        raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICY_CONFIGS)}")
+    cfg_cls = POLICY_CONFIGS[name]
+    if cfg_cls is None:
+        if pairs:
+            raise ValueError(f"policy {name!r} has no knobs")
+        return name, {}
+    cfg = cfg_cls()
+    changes = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        current = getattr(cfg, key, None)
+        if not sep or key.startswith("_") or not isinstance(current, (int, float, str)) or isinstance(current, bool):
+            raise ValueError(f"{spec!r}: {key!r} is not a scalar knob of {cfg_cls.__name__}")
+        try:
+            changes[key] = type(current)(value)
+        except ValueError:
+            raise ValueError(f"{spec!r}: {key} must be a {type(current).__name__} (got {value!r})") from None
+    dataclasses.replace(cfg, **changes)  # the config checks the values (SageConfig: one "SAGE knobs:" line)
+    return name, changes

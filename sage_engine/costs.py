@@ -239,6 +239,23 @@ class CostMeter:
         fit = self._moments.fit(y=WALL, x=(NODES, FORWARDS))
         return None if fit is None else (max(0.0, fit[1]), max(0.0, fit[2]))
 
+    def drafted_wall_ms(self, nodes: int, forwards: int) -> float | None:
+        """What a drafted step verifying `nodes` nodes after `forwards` draft forwards costs: a line through recent
+        drafted steps' wall times against their nodes + draft forwards (one slope: the two counts grow together, a
+        chain has as many of each, and the window may hold only the small trees of a losing draft, too little
+        for two), never below a plain step's time."""
+        plain, m = self.plain_rate(), self._moments
+        if plain is None or m.n < self.min_steps:
+            return None
+        s = m.sums
+        n, units, wall = s[0][0], s[0][NODES] + s[0][FORWARDS], s[0][WALL]
+        square = s[NODES][NODES] + 2 * s[NODES][FORWARDS] + s[FORWARDS][FORWARDS]
+        det = n * square - units * units
+        if det <= 1e-9 * n * square:  # every step of one size
+            return None
+        slope = max(0.0, (n * (s[NODES][WALL] + s[FORWARDS][WALL]) - units * wall) / det)
+        return max(1.0 / plain, (wall - slope * units) / n) + slope * (nodes + forwards)
+
     def break_even(self, policy: str) -> BreakEven | None:
         """The current prices for `policy`, None until enough steps are measured."""
         rate, prices = self.rate(policy), self.prices_ms()
@@ -268,4 +285,18 @@ class Quote:
     def drafted_rate(self) -> float | None:
         """This policy's typical rate over its last drafted steps on the engine (earlier runs included)."""
         return self.meter.drafted_rate(self.policy)
+
+    def chain_pays(self, agreement: float, max_depth: int) -> bool | None:
+        """Would drafted steps beat plain ones for a draft whose next token is the target's with probability
+        `agreement`: is there a chain depth D <= max_depth whose expected tokens (1 + a + ... + a^D) per its
+        measured wall time (D nodes, D draft forwards) beat the plain rate? None while either is unmeasured."""
+        plain, tokens = self.meter.plain_rate(), 1.0
+        for depth in range(1, max_depth + 1):
+            wall = self.meter.drafted_wall_ms(depth, depth)
+            if plain is None or wall is None:
+                return None
+            tokens += agreement**depth
+            if wall > 0 and tokens / wall > plain:
+                return True
+        return False
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from .costs import Quote
-from .policy import Frontier, Policy, TreeShape, confidence
+from .policy import Frontier, Policy, Probe, TreeShape, confidence
 from .pruning import VisualPruning
 from .runner import ModelRunner
 from .sampling import DraftSampler, Sampling
@@ -46,6 +46,7 @@ class Drafter:
         self.runner = runner
         self.pruning = pruning  # draft-only visual-token pruning (the output does not depend on it)
         self.pending: list[int] = []  # accepted tokens the draft has not read; the last is the next root
+        self.plain_tail = 0  # how many of them plain steps emitted (the last ones): the probe's pairs
         self._prompt: dict[str, torch.Tensor] | None = None  # the prompt, until the draft has read it
         self._region: tuple[int, int] | None = None  # this step's (cache start, pending tokens fed), if it drafted
         self.sampler: DraftSampler | None = None  # a sampled run's draft distribution and draws; None: greedy
@@ -53,7 +54,7 @@ class Drafter:
     def start(self, prompt: dict[str, torch.Tensor], first: int, sampling: Sampling | None = None) -> None:
         """A new run: the draft will read `prompt` when a step first drafts; `first` (the target's first
         token) is pending."""
-        self._prompt, self.pending, self._region = prompt, [first], None
+        self._prompt, self.pending, self._region, self.plain_tail = prompt, [first], None, 0
         self.sampler = None if sampling is None or sampling.greedy else DraftSampler(sampling)
 
     def _top(self, logits: torch.Tensor, policy: Policy, rows: list[int],
@@ -88,7 +89,7 @@ class Drafter:
         frontier, alpha = self._top(read.logits[-1:], policy, [-1], qs)
         forwards, ms = 1, read.ms
         tree = DraftTree(root_alpha=float(alpha[0]))
-        shape = policy.shape(tree.root_alpha, quote)
+        shape = policy.shape(tree.root_alpha, quote, self._probe(read.logits))
         if max_depth is not None and shape.depth > max_depth:
             shape = replace(shape, depth=max_depth)
         fed = 0  # tree nodes already in the draft cache
@@ -116,15 +117,26 @@ class Drafter:
                 tree.alphas[node] = float(alpha[j])
         return Draft(shape, policy.finalize(tree), len(tree), forwards, ms, prefill_ms)
 
+    def _probe(self, logits: torch.Tensor) -> Probe:
+        """How many of the tokens plain steps emitted were the draft's top choice, from the read's logits (row i
+        predicts pending token i + 1).  # logits [p, V]"""
+        k, pending = self.plain_tail, self.pending
+        if not k:
+            return Probe()
+        p = len(pending)
+        guess = logits[p - 1 - k : p - 1].argmax(-1).tolist()
+        return Probe(k, sum(g == t for g, t in zip(guess, pending[p - k :])))
+
     def settle(self, tree: DraftTree, accepted: list[int], bonus: int) -> None:
         """After verification: keep the pending tokens and the accepted nodes the draft has fed in its cache,
         drop the rest; what it has not read (accepted nodes never fed, the bonus) is pending for the next step.
         After a plain step (no grow()), the bonus simply joins the pending tokens."""
         if self._region is None:
             self.pending = self.pending + [bonus]
+            self.plain_tail += 1
             return
         start, p = self._region
         fed = list(takewhile(lambda n: tree.draft_slots[n] >= 0, accepted))
         self.runner.keep(start, list(range(p)) + [p + tree.draft_slots[n] for n in fed])
         self.pending = [tree.tokens[n] for n in accepted[len(fed):]] + [bonus]
-        self._region = None
+        self._region, self.plain_tail = None, 0

@@ -2,7 +2,7 @@
 
 A policy is a strategy with four verbs, called by the draft stage and the engine:
   skip_draft(quote)        -> bool       before a step: True makes it a plain step (no draft, one target forward)
-  shape(root_alpha, quote) -> TreeShape  before drafting (depth, width, budget)
+  shape(root_alpha, quote, probe) -> TreeShape  after the draft's read (depth, width, budget; depth 0: no tree)
   expand(shape, level, tree, frontier) -> nodes to grow next   while drafting, once per level
   observe(outcome)         -> None       after verification (history, next alpha)
 `quote` is the engine's measured costs for this step (costs.py), None where nothing is measured.
@@ -12,12 +12,11 @@ Symbols follow the SAGE paper: alpha (confidence), D (depth), W (width), theta_l
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .config import ChainConfig, Eagle2Config, SageConfig, StaticConfig
+from .config import POLICY_CONFIGS, ChainConfig, Eagle2Config, SageConfig, StaticConfig, parse_spec
 from .costs import BreakEven, Quote, robust_rate
 from .tree import DraftTree
 
@@ -47,6 +46,20 @@ class Frontier:
     # the sorted candidates above (never from the draws: that would bias the output)
     drawn_tokens: list[list[int]] | None = None  # [F][top_k]
     drawn_probs: list[list[float]] | None = None  # [F][top_k]
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What the draft's read at the start of a step showed: of the `pairs` tokens that plain steps emitted since
+    it last read, how many were its own top choice. Teacher-forced on the target's tokens, it measures the draft's
+    agreement without verifying anything."""
+
+    pairs: int = 0
+    matches: int = 0
+
+    @property
+    def agreement(self) -> float:
+        return (self.matches + 0.5) / (self.pairs + 1)  # pulled towards 1/2 while the pairs are few
 
 
 @dataclass(frozen=True)
@@ -96,7 +109,7 @@ class Policy:
         """The shape of a step decoded without a draft."""
         return TreeShape(depth=0, width=0, max_nodes=0)
 
-    def shape(self, root_alpha: float | None, quote: Quote | None = None) -> TreeShape:
+    def shape(self, root_alpha: float | None, quote: Quote | None = None, probe: Probe | None = None) -> TreeShape:
         raise NotImplementedError
 
     def expand(self, shape: TreeShape, level: int, tree: DraftTree, frontier: Frontier) -> list[int]:
@@ -117,7 +130,7 @@ class AutoregressivePolicy(Policy):
     name = "ar"
     uses_draft = False
 
-    def shape(self, root_alpha: float | None, quote: Quote | None = None) -> TreeShape:
+    def shape(self, root_alpha, quote=None, probe=None):
         return self.plain_shape()
 
     def expand(self, shape, level, tree, frontier):
@@ -133,7 +146,7 @@ class ChainPolicy(Policy):
         self.cfg = cfg
         self.samples_draft = cfg.draw == "sample"
 
-    def shape(self, root_alpha, quote=None):
+    def shape(self, root_alpha, quote=None, probe=None):
         return TreeShape(depth=self.cfg.k, width=1, max_nodes=self.cfg.k, alpha=root_alpha)
 
     def expand(self, shape, level, tree, frontier):
@@ -161,7 +174,7 @@ class StaticTreePolicy(Policy):
         self.top_k = max(p[-1] for p in paths) + 1
         self._path_of: dict[int, tuple[int, ...]] = {}
 
-    def shape(self, root_alpha, quote=None):
+    def shape(self, root_alpha, quote=None, probe=None):
         self._path_of = {-1: ()}
         return TreeShape(depth=self.depth, width=len(self.child_ranks[()]), max_nodes=self.n_nodes, alpha=root_alpha)
 
@@ -199,7 +212,7 @@ class Eagle2Policy(Policy):
         self.cfg = cfg
         self.top_k = cfg.top_k
 
-    def shape(self, root_alpha, quote=None):
+    def shape(self, root_alpha, quote=None, probe=None):
         return TreeShape(depth=self.cfg.depth, width=self.cfg.top_k, max_nodes=self.cfg.total_nodes, alpha=root_alpha)
 
     def expand(self, shape, level, tree, frontier):
@@ -234,7 +247,9 @@ class SagePolicy(Policy):
         self._plain_left = 0  # plain steps still to take before the draft is tried again (threshold "cost")
         self._backoff = cfg.fallback_steps  # plain steps after the next drafted stretch that loses to plain steps
         self._drafted: list[tuple[int, float]] = []  # this run's drafted steps: (tokens, wall ms)
-        self._trying = False  # the step after a plain stretch drafts whatever the window says (a try)
+        self._trying = False  # the step after a plain stretch is a try: the draft reads, its probe decides
+        self._probing = False  # this step is a try: shape() reads the probe
+        self._declined = False  # the probe said no: this step's read is not a drafted step to judge
         self._started = False  # has this run asked skip_draft() yet?
 
     # Eq. 10-11, rounding half up (open in the paper).
@@ -252,10 +267,11 @@ class SagePolicy(Policy):
         The judge is this run's last `fallback_window` drafted steps against the engine's plain rate (measured
         on plain steps, else estimated from drafted steps, costs.py); a run's first step is judged by the
         engine's last drafted steps of this policy (a draft that kept losing on the last inputs starts a new
-        one with 4x `fallback_steps` plain steps; the draft reads the prompt only when tried, so a short answer
+        one with 8x `fallback_steps` plain steps; the draft reads the prompt only when tried, so a short answer
         never pays for it, while a longer one on an input the draft knows loses only its first steps). While
-        they lose, the next `_backoff` steps are plain, then the draft is tried once more; each losing try
-        doubles the wait (up to 8x `fallback_steps`), a winning one resets it."""
+        they lose, the next `_backoff` steps are plain, then the draft is tried: it reads what it missed, and
+        `shape()` drafts only if its agreement with those tokens (the probe) would beat plain steps. Each
+        losing try doubles the wait (up to 8x `fallback_steps`), a winning one resets it."""
         if self.cfg.threshold != "cost" or quote is None or self.cfg.fallback_steps < 1:
             return False
         if self._plain_left > 0:
@@ -266,11 +282,11 @@ class SagePolicy(Policy):
             self._started = True
             earlier = quote.drafted_rate()
             if plain is not None and earlier is not None and earlier < plain:
-                self._backoff = 4 * self.cfg.fallback_steps  # a long wait: the draft lost on earlier inputs
+                self._backoff = 8 * self.cfg.fallback_steps  # the longest wait: the draft lost on earlier inputs
                 return self._fall_back()
         recent = self._drafted[-self.cfg.fallback_window :]
         if self._trying or len(recent) < 2 or plain is None:
-            self._trying = False  # the try has been judged with the window it joined
+            self._probing, self._trying = self._trying, False
             return False
         if (robust_rate(recent) or 0.0) >= plain:
             self._backoff = self.cfg.fallback_steps
@@ -286,8 +302,13 @@ class SagePolicy(Policy):
     def plain_shape(self) -> TreeShape:
         return TreeShape(depth=0, width=0, max_nodes=0, d_max=self.d_max)
 
-    def shape(self, root_alpha, quote=None):
+    def shape(self, root_alpha, quote=None, probe=None):
         alpha = root_alpha if (self.cfg.alpha_source == "current_root" and root_alpha is not None) else self.alpha
+        probing, self._probing = self._probing, False
+        if probing and probe is not None and probe.pairs and quote is not None:
+            if quote.chain_pays(probe.agreement, self.depth_for(1.0)) is False:  # a try the probe turns down
+                self._declined = self._fall_back()
+                return TreeShape(0, 0, 0, alpha, self.d_max)
         self.price = quote.break_even() if self.cfg.threshold == "cost" and quote is not None else None
         return TreeShape(self.depth_for(alpha), self.width_for(alpha), self.cfg.n_max, alpha, self.d_max, self.price)
 
@@ -315,7 +336,8 @@ class SagePolicy(Policy):
 
     def observe(self, outcome):
         cfg = self.cfg
-        if not outcome.drafted:  # a plain step says nothing about the draft (its alpha, its acceptance)
+        if not outcome.drafted or self._declined:  # a plain step (or a turned-down try) says nothing of the draft
+            self._declined = False
             return
         self._drafted.append((outcome.tokens_this_step, outcome.wall_ms))
         tree, path = outcome.tree, outcome.accepted
@@ -341,13 +363,8 @@ class SagePolicy(Policy):
             self._cooldown = cfg.history_cooldown
 
 
-_POLICIES = {
-    "ar": (AutoregressivePolicy, None),
-    "chain": (ChainPolicy, ChainConfig),
-    "static": (StaticTreePolicy, StaticConfig),
-    "eagle2": (Eagle2Policy, Eagle2Config),
-    "sage": (SagePolicy, SageConfig),
-}
+_CLASSES = (AutoregressivePolicy, ChainPolicy, StaticTreePolicy, Eagle2Policy, SagePolicy)
+_POLICIES = {cls.name: (cls, POLICY_CONFIGS[cls.name]) for cls in _CLASSES}
 POLICY_NAMES: tuple[str, ...] = tuple(_POLICIES)  # the one list of the engine's policy names
 SPECULATIVE_POLICIES: tuple[str, ...] = tuple(n for n, (cls, _) in _POLICIES.items() if cls.uses_draft)
 
@@ -364,37 +381,3 @@ def make_policy(name: str, config=None) -> Policy:
     if cfg_cls is None:
         return cls()
     return cls(config if config is not None else cfg_cls())
-
-
-def parse_spec(spec: str):
-    """'sage:n_max=32:theta_scale=0.2' -> ('sage', SageConfig(n_max=32, theta_scale=0.2)): a policy with some
-    scalar knobs of its config dataclass changed (for benchmarks that compare settings); ValueError if unknown."""
-    name, changes = spec_knobs(spec)
-    cfg_cls = _POLICIES[name][1]
-    return name, None if cfg_cls is None else dataclasses.replace(cfg_cls(), **changes)
-
-
-def spec_knobs(spec: str) -> tuple[str, dict]:
-    """'chain:k=3' -> ('chain', {'k': 3}): the policy's name and the knobs the spec changes, typed like its
-    config's fields; ValueError (one line) for an unknown policy, knob or value."""
-    name, *pairs = spec.split(":")
-    if name not in _POLICIES:
-        raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(_POLICIES)}")
-    cfg_cls = _POLICIES[name][1]
-    if cfg_cls is None:
-        if pairs:
-            raise ValueError(f"policy {name!r} has no knobs")
-        return name, {}
-    cfg = cfg_cls()
-    changes = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        current = getattr(cfg, key, None)
-        if not sep or key.startswith("_") or not isinstance(current, (int, float, str)) or isinstance(current, bool):
-            raise ValueError(f"{spec!r}: {key!r} is not a scalar knob of {cfg_cls.__name__}")
-        try:
-            changes[key] = type(current)(value)
-        except ValueError:
-            raise ValueError(f"{spec!r}: {key} must be a {type(current).__name__} (got {value!r})") from None
-    dataclasses.replace(cfg, **changes)  # the config checks the values (SageConfig: one "SAGE knobs:" line)
-    return name, changes

@@ -6,6 +6,7 @@ init, built from configs; images, video and text-only prompts; drafts that agree
 show the test catches a wrong tree mask or wrong positions.
 """
 
+import dataclasses
 import itertools
 
 import pytest
@@ -263,3 +264,55 @@ def test_plain_steps_between_drafted_ones_keep_the_output(family, media, kind, p
     assert plain and drafted and all(s.draft_forwards == 0 and not s.tree.tokens for s in plain)
     assert sum(s.draft_prefill_ms > 0 for s in res.steps) == 1 and drafted[0].draft_prefill_ms > 0
     assert res.steps[0].draft_ms == 0 and res.stats.prefill_seconds * 1e3 >= drafted[0].draft_prefill_ms
+
+
+def teacher_forced_guesses(pair, prep, ids: list[int]) -> list[int]:
+    """The draft's top choice after each of `ids` (one full forward over the prompt and them), from scratch."""
+    inputs = dict(prep.for_draft())
+    n = inputs["input_ids"].shape[1]
+    for key, value in inputs.items():  # per-token rows (ids, attention mask, token types) go on with the text
+        if value.dim() == 2 and value.shape == (1, n):
+            fill = int(key == "attention_mask")  # 1 for the mask, 0 (text) for token types
+            tail = torch.tensor([ids]) if key == "input_ids" else torch.full((1, len(ids)), fill)
+            inputs[key] = torch.cat([value, tail.to(value.dtype)], dim=1)
+    with torch.inference_mode():
+        logits = pair.draft(**inputs).logits[0, -len(ids):]
+    return logits.argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("family,media,kind", [("qwen2.5-vl", "image", "noisy"), ("llava", "image", "copy")])
+def test_tries_turned_down_after_the_drafts_read_keep_the_output_and_count_its_agreement(family, media, kind):
+    """sage's try after a plain stretch: the draft reads the tokens it missed, and its top choices among them (the
+    probe) decide whether the step drafts a tree; a turned-down try is a plain step whose read the draft keeps."""
+    from sage_engine.policy import SagePolicy
+
+    class Declining(SagePolicy):  # three plain steps, then a try; every other try turned down
+        def __init__(self):
+            super().__init__(SageConfig(threshold="paper"))
+            self.calls, self.probes = 0, {}
+
+        def skip_draft(self, quote=None):
+            self.calls += 1
+            return self.calls % 4 != 0
+
+        def shape(self, root_alpha, quote=None, probe=None):
+            self.probes[self.calls] = probe
+            shape = super().shape(root_alpha, quote, probe)
+            return shape if self.calls % 8 == 0 else dataclasses.replace(shape, depth=0)
+
+    pair, prep = sharp_case(family, media, kind)
+    engine = SpecEngine(pair)
+    reference = engine.generate(prep, "ar", max_new_tokens=MAX_NEW, ignore_eos=True).token_ids
+    policy = Declining()
+    res = engine.generate(prep, policy, max_new_tokens=MAX_NEW, ignore_eos=True)
+    assert res.token_ids == reference
+    tries = {s.step: s for s in res.steps[1:] if s.step % 4 == 0}
+    turned_down = [s for s in tries.values() if s.step % 8]
+    assert turned_down and all(s.depth == 0 and s.draft_forwards == 1 and not s.tree.tokens for s in turned_down)
+    assert any(s.tree.tokens for s in tries.values())
+    guesses = teacher_forced_guesses(pair, prep, reference)  # guesses[i]: the draft's choice after token i
+    for step, probe in policy.probes.items():
+        before = sum(len(s.new_token_ids) for s in res.steps[:step])  # tokens emitted before this try
+        plain = range(before - 3, before)  # the three plain steps' tokens
+        assert probe.pairs == 3 and probe.matches == sum(guesses[i - 1] == reference[i] for i in plain)
+    assert len(policy.probes) == len(tries) and {p.matches for p in policy.probes.values()} != {0}

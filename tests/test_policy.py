@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from sage_engine.config import MEDUSA_25, Eagle2Config, SageConfig
+from sage_engine.config import MEDUSA_25, Eagle2Config, SageConfig, parse_spec
 from sage_engine.policy import (
     ChainPolicy,
     Eagle2Policy,
@@ -16,7 +16,6 @@ from sage_engine.policy import (
     StepOutcome,
     confidence,
     make_policy,
-    parse_spec,
 )
 from sage_engine.tree import DraftTree
 
@@ -176,7 +175,7 @@ def test_unknown_policy_is_refused():
 
 
 def test_policy_specs_change_scalar_knobs():
-    from sage_engine.policy import make_policy, parse_spec
+    from sage_engine.policy import make_policy
 
     pol = make_policy("sage:n_max=32:theta_scale=0.2:alpha_source=prev_root")
     assert (pol.cfg.n_max, pol.cfg.theta_scale, pol.cfg.alpha_source) == (32, 0.2, "prev_root")
@@ -312,8 +311,61 @@ def test_a_run_starts_plain_when_the_policys_last_drafted_steps_lost():
     for _ in range(4):  # earlier runs: drafted steps at 0.4 tokens per ms
         meter.record(StepTiming(key, 2, 6, 5.0, 3.0, 1.5, 4, 3.0))
     pol = SagePolicy(SageConfig())
-    assert [pol.skip_draft(meter.quote(key)) for _ in range(8)] == [True] * 8  # a long wait (4 x fallback_steps)
+    assert [pol.skip_draft(meter.quote(key)) for _ in range(16)] == [True] * 16  # the longest wait (8 x fallback_steps)
     assert pol.skip_draft(meter.quote(key)) is False  # then a try
+
+
+def probe_meter():
+    """Plain steps at 1 token per ms; drafted steps that take 0.25 ms per node and per draft forward more."""
+    from sage_engine.costs import StepTiming
+    meter = plain_meter(1.0)
+    for nodes, forwards in [(1, 1), (4, 2), (8, 5), (0, 1), (6, 3)]:
+        meter.record(StepTiming("sage", 2, nodes, 1.0 + 0.25 * (nodes + forwards), 1.0, 0.25 * forwards, forwards))
+    return meter
+
+
+def test_a_chain_pays_when_its_expected_tokens_beat_plain_steps_at_the_fitted_wall_times():
+    from sage_engine.costs import StepTiming
+    from sage_engine.policy import Probe
+    quote = probe_meter().quote("sage")
+    assert quote.meter.drafted_wall_ms(2, 2) == pytest.approx(2.0)
+    assert quote.meter.drafted_wall_ms(0, 0) == pytest.approx(1.0)
+    assert quote.chain_pays(0.6, 8) is True  # depth 1: 1.6 tokens in 1.5 ms beat 1 token per ms
+    assert quote.chain_pays(0.3, 8) is False  # 1 + 0.3 + 0.09 + ... < 1 + 0.5 D for every depth
+    assert quote.chain_pays(0.45, 1) is False and quote.chain_pays(0.45, 8) is False  # 1.45 / 1.5, 1.65 / 2.0, ...
+    assert plain_meter(1.0).quote("sage").chain_pays(0.9, 8) is None  # no drafted step measured yet
+    slow = probe_meter()  # more drafted steps with a fixed cost of their own (0.5 ms, whatever their size)
+    for nodes, forwards in [(2, 2), (10, 6), (0, 1), (5, 5)] * 10:
+        slow.record(StepTiming("sage", 2, nodes, 1.5 + 0.25 * (nodes + forwards), 1.0, 0.25 * forwards, forwards))
+    assert 1.9 < slow.drafted_wall_ms(1, 1) < 2.0  # the line's intercept moved up by most of it (45 steps, 40 slow)
+    assert slow.quote("sage").chain_pays(0.6, 8) is False  # 1.6 tokens in ~2 ms no longer beat plain steps
+    assert Probe().agreement == 0.5 and Probe(4, 4).agreement == pytest.approx(0.9)
+    assert Probe(30, 0).agreement == pytest.approx(0.5 / 31)
+
+
+def test_a_try_drafts_only_when_the_drafts_agreement_with_the_plain_tokens_would_pay():
+    from sage_engine.policy import Probe
+    pol = SagePolicy(SageConfig(threshold="cost", fallback_steps=2, fallback_window=4))
+    q = probe_meter().quote(pol.key)
+    drafted(pol, q, 1, 4.0)
+    drafted(pol, q, 1, 4.0)  # losing: 2 tokens in 8 ms
+    assert [pol.skip_draft(q) for _ in range(2)] == [True, True]
+    assert pol.skip_draft(q) is False  # the try: the draft reads the two plain tokens it missed
+    turned_down = pol.shape(0.9, q, Probe(2, 0))  # it guessed neither
+    assert turned_down.depth == 0 and turned_down.price is None
+    pol.observe(StepOutcome(DraftTree(), [], 1, 1.3))  # the read's step is not a drafted step to judge
+    assert pol._drafted == [(1, 4.0), (1, 4.0)]
+    assert [pol.skip_draft(q) for _ in range(3)] == [True] * 3  # this step and 3 more were plain: the wait doubled
+    assert pol.skip_draft(q) is False  # the next try
+    shape = pol.shape(0.9, q, Probe(4, 4))  # the draft agrees again
+    assert shape.depth > 0  # so it drafts: the try
+    pol.observe(StepOutcome(DraftTree(), [], 9, 3.0))
+    assert pol.skip_draft(q) is False  # judged with the window it joined: 11 tokens in 11 ms, as fast as plain
+    # no pairs (the draft had missed nothing plain steps made) or no measured costs: the try drafts, as before
+    for probe, quote in [(Probe(), q), (Probe(3, 0), plain_meter(1.0).quote(pol.key))]:
+        other = SagePolicy(SageConfig(threshold="cost"))
+        other._probing = True
+        assert other.shape(0.9, quote, probe).depth > 0
 
 
 def test_plain_rate_is_measured_or_estimated_from_the_verify_intercept():
