@@ -307,7 +307,8 @@ class SagePolicy(Policy):
         probing, self._probing = self._probing, False
         if probing and probe is not None and probe.pairs and quote is not None:
             if quote.chain_pays(probe.agreement, self.depth_for(1.0)) is False:  # a try the probe turns down
-                self._declined = self._fall_back()
+                self._fall_back()
+                self._declined = True
                 return TreeShape(0, 0, 0, alpha, self.d_max)
         self.price = quote.break_even() if self.cfg.threshold == "cost" and quote is not None else None
         return TreeShape(self.depth_for(alpha), self.width_for(alpha), self.cfg.n_max, alpha, self.d_max, self.price)
