@@ -70,8 +70,8 @@ default `sage` prices every node and draft level with this machine's measured co
 draft has recently been right, and when drafted steps keep losing to plain ones it decodes **plain steps**
 (no draft, shown as steps without a tree) and retries the draft now and then: the draft first reads the
 tokens it missed and counts how many it would have guessed, and drafts again only if that would pay. A
-plain-only run never pays for the draft's prefill. The note under the scoreboard shows how many steps of this run were plain, and
-how well α predicted the accepted length (*α → accepted*: the correlation of each step's α with the
+plain-only run never pays for the draft's prefill. The note under the scoreboard shows how many steps of this
+run were plain, and how well α predicted the accepted length (*α → accepted*: the correlation of each step's α with the
 tokens it accepted; SAGE's premise is that confident steps accept more).
 
 **Sampling (temperature above 0).** The target then draws each token from its own distribution p (tempered,

@@ -732,16 +732,17 @@ def test_card_status_reads_the_pooled_table_and_names_each_seed_below_the_bar():
 @pytest.mark.skipif(not (ASSETS / "tinyworld-target" / "README.md").exists(), reason="no model card")
 def test_card_writes_the_shipped_training_section_from_a_summary():
     """The shipped card's training section, written again from a summary.json of its run (TrainConfig's defaults,
-    2 threads, the seconds behind the minutes on the card), is the card's text word for word."""
+    2 threads, the seconds behind the minutes on the card: the draft re-distilled alone from the target of an
+    earlier run, with that run's cache), is the card's text word for word."""
     import dataclasses
 
     from sage_engine.tinyworld.training.card import _training_text
     from sage_engine.tinyworld.training.config import TrainConfig
     card = (ASSETS / "tinyworld-target" / "README.md").read_text()
     section = card[card.index("## Training"):card.index("## Evaluation")].rstrip("\n")
-    note = re.search(r"2 thread\(s\), (.*): cache 88 s", section).group(1)
-    summary = {"config": dataclasses.asdict(TrainConfig()), "labels_version": 3, "threads": 2, "only_draft": False,
-               "seconds": {"cache": 87.7, "target": 64.1 * 60, "draft": 11.2 * 60, "total": 76.8 * 60}}
+    note = re.search(r"2 thread\(s\), (.*): cache reused", section).group(1)
+    summary = {"config": dataclasses.asdict(TrainConfig()), "labels_version": 3, "threads": 2, "only_draft": True,
+               "seconds": {"cache": None, "target": 64.1 * 60, "draft": 25.0 * 60, "total": 25.0 * 60}}
     assert _training_text(json.loads(json.dumps(summary)), 2, note) == section
     # the shipped run drew more occluding pairs than the world and says so; a run at the world's share does not
     assert "; 50% of the training scenes of 3 or 4 objects have an occluding pair" in section
