@@ -291,12 +291,13 @@ class Quote:
         `agreement`: is there a chain depth D <= max_depth whose expected tokens (1 + a + ... + a^D) per its
         measured wall time (D nodes, D draft forwards) beat the plain rate? None while either is unmeasured."""
         plain, tokens = self.meter.plain_rate(), 1.0
+        if plain is None:
+            return None
         for depth in range(1, max_depth + 1):
             wall = self.meter.drafted_wall_ms(depth, depth)
-            if plain is None or wall is None:
+            if wall is None:
                 return None
             tokens += agreement**depth
-            if wall > 0 and tokens / wall > plain:
+            if tokens / wall > plain:  # wall >= a plain step's time > 0
                 return True
         return False
-
