@@ -117,6 +117,18 @@ class Moments:
         a = [[s[min(i, j)][max(i, j)] for j in cols] + [s[min(i, y)][max(i, y)]] for i in cols]
         return _solve(a)
 
+    def line(self, y: int, x: tuple[int, ...]) -> tuple[float, float] | None:
+        """(intercept, slope) of column `y` on the sum of columns `x`, the slope kept >= 0 (the intercept then
+        refitted); None when that sum is the same for every step of the window."""
+        s = self.sums
+        n, u, w = s[0][0], sum(s[0][i] for i in x), s[0][y]
+        uu = sum(s[min(i, j)][max(i, j)] for i in x for j in x)
+        det = n * uu - u * u
+        if det <= 1e-9 * n * uu:
+            return None
+        slope = max(0.0, (n * sum(s[min(i, y)][max(i, y)] for i in x) - u * w) / det)
+        return (w - slope * u) / n, slope
+
 
 def _solve(a: list[list[float]]) -> list[float] | None:
     """The solution of the square system in augmented rows `a` (Gaussian elimination, partial pivoting), None when
@@ -240,21 +252,20 @@ class CostMeter:
         return None if fit is None else (max(0.0, fit[1]), max(0.0, fit[2]))
 
     def drafted_wall_ms(self, nodes: int, forwards: int) -> float | None:
-        """What a drafted step verifying `nodes` nodes after `forwards` draft forwards costs: a line through recent
-        drafted steps' wall times against their nodes + draft forwards (one slope: the two counts grow together, a
-        chain has as many of each, and the window may hold only the small trees of a losing draft, too little
-        for two), never below a plain step's time."""
-        plain, m = self.plain_rate(), self._moments
-        if plain is None or m.n < self.min_steps:
+        """What a drafted step verifying `nodes` nodes after `forwards` draft forwards costs (`drafted_line`)."""
+        line = self.drafted_line()
+        return None if line is None else line[0] + line[1] * (nodes + forwards)
+
+    def drafted_line(self) -> tuple[float, float] | None:
+        """(ms of a drafted step with no node and no draft forward, ms per node or draft forward): a line through
+        recent drafted steps' wall times against their nodes + draft forwards (one slope: the two counts grow
+        together, a chain has as many of each, and the window may hold only the small trees of a losing draft,
+        too little for two), its intercept never below a plain step's time. None until measured."""
+        plain = self.plain_rate()
+        line = self._moments.line(y=WALL, x=(NODES, FORWARDS)) if self._moments.n >= self.min_steps else None
+        if plain is None or line is None:
             return None
-        s = m.sums
-        n, units, wall = s[0][0], s[0][NODES] + s[0][FORWARDS], s[0][WALL]
-        square = s[NODES][NODES] + 2 * s[NODES][FORWARDS] + s[FORWARDS][FORWARDS]
-        det = n * square - units * units
-        if det <= 1e-9 * n * square:  # every step of one size
-            return None
-        slope = max(0.0, (n * (s[NODES][WALL] + s[FORWARDS][WALL]) - units * wall) / det)
-        return max(1.0 / plain, (wall - slope * units) / n) + slope * (nodes + forwards)
+        return max(1.0 / plain, line[0]), line[1]
 
     def break_even(self, policy: str) -> BreakEven | None:
         """The current prices for `policy`, None until enough steps are measured."""
@@ -290,14 +301,13 @@ class Quote:
         """Would drafted steps beat plain ones for a draft whose next token is the target's with probability
         `agreement`: is there a chain depth D <= max_depth whose expected tokens (1 + a + ... + a^D) per its
         measured wall time (D nodes, D draft forwards) beat the plain rate? None while either is unmeasured."""
-        plain, tokens = self.meter.plain_rate(), 1.0
-        if plain is None:
+        plain, line = self.meter.plain_rate(), self.meter.drafted_line()
+        if plain is None or line is None:
             return None
+        base, per_unit = line  # base >= a plain step's time > 0
+        tokens = 1.0
         for depth in range(1, max_depth + 1):
-            wall = self.meter.drafted_wall_ms(depth, depth)
-            if wall is None:
-                return None
             tokens += agreement**depth
-            if tokens / wall > plain:  # wall >= a plain step's time > 0
+            if tokens / (base + per_unit * 2 * depth) > plain:
                 return True
         return False

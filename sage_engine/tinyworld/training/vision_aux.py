@@ -199,15 +199,15 @@ class VisionAux(torch.nn.Module):
         feats = torch.cat(self._feats)
         self.clear()
         lg = self.head(feats).view(labels.shape)
-        pred, lab, out = lg > 0, labels.bool(), []
-        for s in (slice(0, len(COLOURS)), SIZE_LABELS):
+        pred, lab = lg > 0, labels.bool()
+
+        def exact(s: slice) -> float:  # share of the cells holding something in `s` whose labels there are all right
             has = lab[..., s].any(-1)
-            out.append(float((pred[has][:, s] == lab[has][:, s]).all(-1).float().mean()))
+            return float((pred[has][:, s] == lab[has][:, s]).all(-1).float().mean())
+
         d = dom.long()
-        out.append(float((lg[..., SHAPE].argmax(-1)[d >= 0] == d[d >= 0]).float().mean()))
-        has = lab[..., TRIPLES].any(-1)
-        out.append(float((pred[has][:, TRIPLES] == lab[has][:, TRIPLES]).all(-1).float().mean()))
-        return tuple(out)
+        shape = float((lg[..., SHAPE].argmax(-1)[d >= 0] == d[d >= 0]).float().mean())
+        return exact(slice(0, len(COLOURS))), exact(SIZE_LABELS), shape, exact(TRIPLES)
 
     def clear(self) -> None:
         self._feats = []
