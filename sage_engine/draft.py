@@ -6,6 +6,7 @@ The draft's KV cache region of a step holds the pending tokens (accepted text th
 not read yet; the last one is the root) followed by the fed tree nodes in feeding order;
 `tree.draft_slots` records each node's column, and `settle()` keeps the accepted ones.
 The draft reads the prompt with the first step that drafts: a run of plain steps never pays for it.
+A node whose token ends the run (end of sequence) is verified but never fed: nothing after it can be emitted.
 Under sampling the draft's distribution is warped like the target's (temperature, top-p): candidates, their
 probabilities and alpha come from it, and a policy that samples its draft (chain, sage:draw=sample) draws its
 children from it without replacement.
@@ -50,11 +51,14 @@ class Drafter:
         self._prompt: dict[str, torch.Tensor] | None = None  # the prompt, until the draft has read it
         self._region: tuple[int, int] | None = None  # this step's (cache start, pending tokens fed), if it drafted
         self.sampler: DraftSampler | None = None  # a sampled run's draft distribution and draws; None: greedy
+        self.ends: frozenset[int] = frozenset()  # tokens that end the run: no node is drafted below one
 
-    def start(self, prompt: dict[str, torch.Tensor], first: int, sampling: Sampling | None = None) -> None:
+    def start(self, prompt: dict[str, torch.Tensor], first: int, sampling: Sampling | None = None,
+              ends: frozenset[int] = frozenset()) -> None:
         """A new run: the draft will read `prompt` when a step first drafts; `first` (the target's first
-        token) is pending."""
+        token) is pending; `ends`: the tokens that end the run (its EOS tokens, none when it ignores EOS)."""
         self._prompt, self.pending, self._region, self.plain_tail = prompt, [first], None, 0
+        self.ends = frozenset(ends)
         self.sampler = None if sampling is None or sampling.greedy else DraftSampler(sampling)
 
     def _top(self, logits: torch.Tensor, policy: Policy, rows: list[int],
@@ -98,6 +102,8 @@ class Drafter:
             grow = policy.expand(shape, level, tree, frontier)
             for n in range(size, len(tree)) if qs else ():  # a sampled draft: each new node's q
                 tree.q_dists[n] = qs.get(tree.parents[n])
+            if self.ends:  # an end-of-sequence node is a leaf: the run stops there if it is accepted
+                grow = [n for n in grow if tree.tokens[n] not in self.ends]
             if not grow:
                 break
             allowed = np.zeros((len(grow), p + fed + len(grow)), dtype=bool)  # [g, p + fed + g]

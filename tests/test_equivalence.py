@@ -99,6 +99,43 @@ def test_eos_inside_an_accepted_chunk_stops_at_the_same_token():
     assert sage.token_ids == ar.token_ids and sage.stats.finish_reason == "eos"
 
 
+@pytest.mark.parametrize("policy", ["chain", "static", "sage:threshold=paper"])
+def test_nothing_is_drafted_below_an_end_of_sequence_node(policy):
+    """An EOS node is verified (the run stops there if it is accepted) but never fed to the draft, so no node
+    has an EOS parent; the output still ends at the target's own EOS. A sharpened pair (see "Deep trees" below):
+    SAGE drafts deep trees on it."""
+    pair = qwen25_pair("copy", seed=0, sigma=0.05, sharpness=8.0)  # its own: the test changes its EOS
+    engine = SpecEngine(pair)
+    prep = prepare_input(pair, "describe what you see", images=[image(7)])
+
+    def trees(res):
+        return [s.tree for s in res.steps[1:] if s.tree is not None]
+
+    def below(res, tok):
+        return sum(p >= 0 and t.tokens[p] == tok for t in trees(res) for p in t.parents)
+
+    def drafted_parents(res):
+        """Tokens the run emits first as an accepted node that has children in its tree (after 8 tokens)."""
+        emitted = list(res.steps[0].new_token_ids)
+        for s in res.steps[1:]:
+            for n in s.accepted_nodes:
+                tok = s.tree.tokens[n]
+                if len(emitted) >= 8 and tok not in emitted and n in s.tree.parents:
+                    yield tok
+                emitted.append(tok)
+            emitted.append(s.bonus_token)
+
+    free = engine.generate(prep, policy, max_new_tokens=MAX_NEW, ignore_eos=True)
+    stop_tok = next(drafted_parents(free))  # the EOS to be
+    pair.target.generation_config.eos_token_id = stop_tok
+    pair.target.config.text_config.eos_token_id = stop_tok
+    ar = engine.generate(prep, "ar", max_new_tokens=MAX_NEW)
+    spec = engine.generate(prep, policy, max_new_tokens=MAX_NEW)
+    assert ar.token_ids == free.token_ids[: free.token_ids.index(stop_tok) + 1] and spec.token_ids == ar.token_ids
+    assert any(stop_tok in t.tokens for t in trees(spec))  # the EOS was drafted...
+    assert below(spec, stop_tok) == 0  # ...and nothing below it
+
+
 def test_budget_cuts_inside_a_step():
     pair = get_pair("qwen2.5-vl", "copy", 0)
     prep = prepare_input(pair, "describe", images=[image(3)])
