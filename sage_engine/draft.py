@@ -14,6 +14,7 @@ children from it without replacement.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from itertools import takewhile
 
@@ -54,7 +55,7 @@ class Drafter:
         self.ends: frozenset[int] = frozenset()  # tokens that end the run: no node is drafted below one
 
     def start(self, prompt: dict[str, torch.Tensor], first: int, sampling: Sampling | None = None,
-              ends: frozenset[int] = frozenset()) -> None:
+              ends: Iterable[int] = ()) -> None:
         """A new run: the draft will read `prompt` when a step first drafts; `first` (the target's first
         token) is pending; `ends`: the tokens that end the run (its EOS tokens, none when it ignores EOS)."""
         self._prompt, self.pending, self._region, self.plain_tail = prompt, [first], None, 0

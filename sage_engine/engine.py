@@ -208,7 +208,7 @@ class SpecEngine:
         ids, _, text = out.extend([first])
         yield self._event(0, policy, out, ids, ["", text], t0, target_ms=prefill.ms)
         if drafting:
-            self.drafter.start(prepared.for_draft(), first, sampling, frozenset(eos))
+            self.drafter.start(prepared.for_draft(), first, sampling, ends=eos)
         root, step = first, 0
         while not out.finished:
             step += 1
