@@ -251,11 +251,6 @@ class CostMeter:
         fit = self._moments.fit(y=WALL, x=(NODES, FORWARDS))
         return None if fit is None else (max(0.0, fit[1]), max(0.0, fit[2]))
 
-    def drafted_wall_ms(self, nodes: int, forwards: int) -> float | None:
-        """What a drafted step verifying `nodes` nodes after `forwards` draft forwards costs (`drafted_line`)."""
-        line = self.drafted_line()
-        return None if line is None else line[0] + line[1] * (nodes + forwards)
-
     def drafted_line(self) -> tuple[float, float] | None:
         """(ms of a drafted step with no node and no draft forward, ms per node or draft forward): a line through
         recent drafted steps' wall times against their nodes + draft forwards (one slope: the two counts grow

@@ -324,12 +324,18 @@ def probe_meter():
     return meter
 
 
+def drafted_wall_ms(meter, nodes: int, forwards: int) -> float:
+    """The meter's fitted wall time of a drafted step verifying `nodes` nodes after `forwards` draft forwards."""
+    base, per_unit = meter.drafted_line()
+    return base + per_unit * (nodes + forwards)
+
+
 def test_a_chain_pays_when_its_expected_tokens_beat_plain_steps_at_the_fitted_wall_times():
     from sage_engine.costs import StepTiming
     from sage_engine.policy import Probe
     quote = probe_meter().quote("sage")
-    assert quote.meter.drafted_wall_ms(2, 2) == pytest.approx(2.0)
-    assert quote.meter.drafted_wall_ms(0, 0) == pytest.approx(1.0)
+    assert drafted_wall_ms(quote.meter, 2, 2) == pytest.approx(2.0)
+    assert drafted_wall_ms(quote.meter, 0, 0) == pytest.approx(1.0)
     assert quote.chain_pays(0.6, 8) is True  # depth 1: 1.6 tokens in 1.5 ms beat 1 token per ms
     assert quote.chain_pays(0.3, 8) is False  # 1 + 0.3 + 0.09 + ... < 1 + 0.5 D for every depth
     assert quote.chain_pays(0.45, 1) is False and quote.chain_pays(0.45, 8) is False  # 1.45 / 1.5, 1.65 / 2.0, ...
@@ -337,7 +343,7 @@ def test_a_chain_pays_when_its_expected_tokens_beat_plain_steps_at_the_fitted_wa
     slow = probe_meter()  # more drafted steps with a fixed cost of their own (0.5 ms, whatever their size)
     for nodes, forwards in [(2, 2), (10, 6), (0, 1), (5, 5)] * 10:
         slow.record(StepTiming("sage", 2, nodes, 1.5 + 0.25 * (nodes + forwards), 1.0, 0.25 * forwards, forwards))
-    assert 1.9 < slow.drafted_wall_ms(1, 1) < 2.0  # the line's intercept moved up by most of it (45 steps, 40 slow)
+    assert 1.9 < drafted_wall_ms(slow, 1, 1) < 2.0  # the line's intercept moved up by most of it (45 steps, 40 slow)
     assert slow.quote("sage").chain_pays(0.6, 8) is False  # 1.6 tokens in ~2 ms no longer beat plain steps
     assert Probe().agreement == 0.5 and Probe(4, 4).agreement == pytest.approx(0.9)
     assert Probe(30, 0).agreement == pytest.approx(0.5 / 31)
