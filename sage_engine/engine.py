@@ -105,7 +105,8 @@ class SpecEngine:
     def __init__(self, pair: ModelPair, acceptance=None, draft_pruning: VisualPruning | None = None,
                  layer_stack: bool = True, keep_prompt: bool = False):
         """draft_pruning: feed the draft only part of the visual tokens (draft-only; output unchanged).
-        layer_stack: tree forwards call the decoder layers directly where checked equal (stack.py).
+        layer_stack: tree forwards call the decoder layers directly where checked equal (stack.py); the draft's
+        compute them with fused products where checked close (fused.py: the draft's last bits never reach the output).
         keep_prompt: runs on the same PreparedInput as the last one reuse both models' prefilled caches
         (runner.py); for many draws on one prompt, never where prefill is timed."""
         self.pair = pair
@@ -115,7 +116,7 @@ class SpecEngine:
         self.draft = None
         if pair.draft is not None:
             self.draft = ModelRunner(pair.draft, vocab_limit=shared_vocab(pair.target, pair.draft),
-                                     layer_stack=layer_stack)
+                                     layer_stack=layer_stack, fused=layer_stack)
         self.drafter = Drafter(self.draft, draft_pruning) if self.draft is not None else None
         self.keep_prompt = keep_prompt
         self.accept = acceptance or GreedyAcceptance()

@@ -7,7 +7,8 @@ the family's rule reads after prefill (M-RoPE: the model's rope_deltas; 1D: 0; a
 prefill: what keeps the text at its unpruned positions).
 Prefill goes through the model's public forward(); tree forwards go through the model's own decoder
 layers called in turn (stack.py) once the first one has given bit-identical logits to forward(), else
-through forward(). No modeling code is forked.
+through forward(). A draft's runner may instead compute its layers with fused products (fused.py), checked
+close to forward() once: the draft only proposes, so its last bits never reach the output.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from transformers import DynamicCache
 
 from .cache import compact, copy_cache
 from .families import Family, adapter_for
+from .fused import FusedDecoder, fused_decoder
 from .pruning import VisualPruning, pruned_prefill_inputs
 from .stack import DecoderStack, decoder_stack
 from .tree import additive_mask
@@ -45,6 +47,15 @@ class _KeptPrompt:
     logits: torch.Tensor  # [V] after the prompt's last token
 
 
+def _close(got: torch.Tensor, ref: torch.Tensor, argmax: bool = False) -> bool:
+    """Within 1e-3 of `ref`'s scale and, with `argmax` (logits), the same argmax on every row (fused.py's check)."""
+    if got.shape != ref.shape:
+        return False
+    scale = float(ref.abs().max()) or 1.0
+    near = float((got.float() - ref.float()).abs().max()) <= 1e-3 * scale
+    return near and (not argmax or torch.equal(got.argmax(-1), ref.argmax(-1)))
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -52,13 +63,16 @@ def _sync(device: torch.device) -> None:
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, vocab_limit: int | None = None, family: Family | None = None,
-                 layer_stack: bool = True):
+                 layer_stack: bool = True, fused: bool = False):
         """layer_stack: run tree forwards through the decoder layers directly (stack.py) where that is
-        checked to equal forward(); False: always forward()."""
+        checked to equal forward(); False: always forward(). fused: with the stack, compute the layers with
+        fused products where they are checked close to forward() (fused.py; for a draft only: its logits may
+        differ from forward()'s in the last bits)."""
         self.model = model
         self.family = family or adapter_for(model)
         self.stack: DecoderStack | None = decoder_stack(model, self.family) if layer_stack else None
-        self.stack_checked = False  # the first tree forward compares the stack with forward()
+        self.fused: FusedDecoder | None = fused_decoder(self.stack) if fused and self.stack is not None else None
+        self.stack_checked = False  # the first tree forward compares the stack (and the fused layers) with forward()
         emb = model.get_input_embeddings()
         self.device = emb.weight.device  # where input ids go (first shard)
         if self.device.type == "meta":  # accelerate offloaded it (CPU/disk): ids go where its hook runs it
@@ -121,8 +135,9 @@ class ModelRunner:
         if self.stack is not None and not self.stack_checked:
             self._check_stack(ids, pos, mask)
         t0 = time.perf_counter()
-        if self.stack is not None:
-            logits = self.stack(ids, pos, mask, self.cache, max(positions) + delta)
+        net = self.fused or self.stack
+        if net is not None:
+            logits = net(ids, pos, mask, self.cache, max(positions) + delta)
         else:
             logits = self._forward(ids, pos, mask)
         _sync(self.device)
@@ -130,8 +145,8 @@ class ModelRunner:
 
     @property
     def tree_forward(self) -> str:
-        """How tree steps run: "layers" (stack.py) or "forward" (the model's forward())."""
-        return "layers" if self.stack is not None else "forward"
+        """How tree steps run: "fused" (fused.py), "layers" (stack.py) or "forward" (the model's forward())."""
+        return "fused" if self.fused is not None else "layers" if self.stack is not None else "forward"
 
     def _forward(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=self.cache,
@@ -139,20 +154,35 @@ class ModelRunner:
 
     def _check_stack(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> None:
         """Run this forward both ways (dropping the appended cache columns after each); keep the stack
-        only if its logits equal forward()'s bit for bit."""
+        only if its logits equal forward()'s bit for bit, and the fused layers only if theirs and the keys they
+        append are close to forward()'s (`_close`) with the same argmax on every row."""
         self.stack_checked = True
         start = self.seq_len
         ref = self._forward(ids, pos, mask)
+        ref_keys = [layer.keys[:, :, start:].clone() for layer in self.cache.layers]
         compact(self.cache, start, [])
+        if not self._try(self.stack, (ids, pos, mask), lambda got: torch.equal(got, ref)):
+            self.stack = self.fused = None
+            return
+
+        def close(got: torch.Tensor) -> bool:  # the fused layers' logits and appended keys
+            keys = (layer.keys[:, :, start:] for layer in self.cache.layers)
+            return _close(got, ref, argmax=True) and all(_close(k, r) for k, r in zip(keys, ref_keys))
+
+        if self.fused is not None and not self._try(self.fused, (ids, pos, mask), close):
+            self.fused = None
+
+    def _try(self, net, args: tuple, same) -> bool:
+        """Run `net` on this forward's inputs, judge its logits with `same`, drop what it appended."""
+        start = self.seq_len
         try:
-            got = self.stack(ids, pos, mask, self.cache)
-            same = got.shape == ref.shape and torch.equal(got, ref)
-        except Exception:  # noqa: BLE001 - any failure means: not the same computation, use forward()
-            same = False
+            got = net(*args, self.cache)
+            ok = bool(got.shape[:-1] == args[0].shape and same(got))
+        except Exception:  # noqa: BLE001 - any failure means: not the same computation, do not use it
+            ok = False
         if self.seq_len > start:
             compact(self.cache, start, [])
-        if not same:
-            self.stack = None
+        return ok
 
     @torch.inference_mode()
     def keep(self, start: int, cols: list[int]) -> None:

@@ -1,0 +1,124 @@
+"""The draft's fused layers (sage_engine/fused.py): close to the model's forward() under a real tree mask on every
+family, used for the draft and never for the target, dropped by the runner's check when they are not close, and
+refused where a layer is not exactly the block they compute."""
+
+import numpy as np
+import pytest
+import torch
+from test_stack import DEPTH, PAIRS, TREE, pair_for
+from tiny_models import image
+
+from sage_engine import SpecEngine, prepare_input
+from sage_engine import families as fam
+from sage_engine import fused as fused_mod
+from sage_engine.runner import ModelRunner
+from sage_engine.stack import decoder_stack
+from sage_engine.tree import additive_mask
+
+
+def _tree_inputs(runner: ModelRunner):
+    start = runner.seq_len
+    ids = torch.tensor([[5, 7, 9, 11, 13, 17, 19]])
+    pos = torch.tensor([[start + d for d in DEPTH]]) + runner.rope_delta
+    return start, ids, pos, additive_mask(TREE, start, runner.dtype, runner.device)
+
+
+@pytest.mark.parametrize("name", PAIRS)
+def test_fused_layers_are_close_to_forward_under_a_tree_mask(name):
+    pair = pair_for(name)
+    prep = prepare_input(pair, "describe what you see", images=[image(4)])
+    runner = ModelRunner(pair.draft, fused=True)
+    assert runner.fused is not None, f"{name}: the draft's layers were not fused"
+    runner.prefill(prep.for_draft())
+    start, ids, pos, mask = _tree_inputs(runner)
+    with torch.inference_mode():
+        ref = pair.draft(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=runner.cache,
+                         use_cache=True).logits  # [1, 7, V]
+        ref_kv = [(layer.keys[:, :, start:].clone(), layer.values[:, :, start:].clone())
+                  for layer in runner.cache.layers]
+        runner.keep(start, [])
+        got = runner.fused(ids, pos, mask, runner.cache)
+    assert runner.seq_len == start + ids.shape[1]
+    scale = ref.abs().max()
+    assert (got - ref).abs().max() <= 1e-4 * scale, name
+    assert torch.equal(got.argmax(-1), ref.argmax(-1))
+    for layer, (keys, values) in zip(runner.cache.layers, ref_kv):
+        assert torch.allclose(layer.keys[:, :, start:], keys, atol=1e-5)
+        assert torch.allclose(layer.values[:, :, start:], values, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-vl", "smolvlm"])
+def test_the_engine_drafts_with_fused_layers_and_verifies_with_the_targets_own(name):
+    pair = pair_for(name)
+    prep = prepare_input(pair, "describe what you see", images=[image(6)])
+    engine = SpecEngine(pair)
+    reference = engine.generate(prep, "ar", max_new_tokens=24, ignore_eos=True).token_ids
+    assert engine.generate(prep, "sage", max_new_tokens=24, ignore_eos=True).token_ids == reference
+    assert engine.draft.tree_forward == "fused" and engine.draft.stack_checked   # kept by the check
+    assert engine.target.tree_forward == "layers" and engine.target.fused is None   # never for the target
+    plain = SpecEngine(pair, layer_stack=False)
+    assert plain.draft.tree_forward == "forward" and plain.draft.fused is None
+
+
+def test_fused_layers_that_are_not_close_are_dropped_and_the_output_stays(monkeypatch):
+    pair = pair_for("qwen2.5-vl")
+    prep = prepare_input(pair, "describe what you see", images=[image(8)])
+    reference = SpecEngine(pair, layer_stack=False).generate(prep, "sage", max_new_tokens=24,
+                                                              ignore_eos=True).token_ids
+
+    def interleaved(x, cos, sin):   # a plausible slip: the other rotary convention (pairs, not halves)
+        pairs = torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
+        return x * cos + pairs * sin
+
+    monkeypatch.setattr(fused_mod, "_rotate", interleaved)
+    engine = SpecEngine(pair)
+    assert engine.draft.fused is not None   # built ...
+    assert engine.generate(prep, "sage", max_new_tokens=24, ignore_eos=True).token_ids == reference
+    assert engine.draft.fused is None and engine.draft.stack is not None   # ... and dropped by the check
+    # the control is real: the slip does change the draft's logits
+    runner = ModelRunner(pair.draft, fused=True)
+    runner.prefill(prep.for_draft())
+    start, ids, pos, mask = _tree_inputs(runner)
+    with torch.inference_mode():
+        wrong = runner.fused(ids, pos, mask, runner.cache)
+        runner.keep(start, [])
+        right = runner.stack(ids, pos, mask, runner.cache)
+    assert (wrong - right).abs().max() > 1e-2 * right.abs().max()
+
+
+def test_layers_that_are_not_the_plain_block_are_not_fused(monkeypatch):
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+    text = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                num_key_value_heads=1, head_dim=16)
+
+    def fusable(model):
+        stack = decoder_stack(model, fam.TEXT)
+        assert stack is not None   # the layers can be called in turn: only the fusing is refused
+        return fused_mod.fused_decoder(stack) is not None
+
+    assert fusable(Qwen2ForCausalLM(Qwen2Config(**text)))
+    assert not fusable(Qwen3ForCausalLM(Qwen3Config(**text)))   # q/k norms inside the attention
+    assert not fusable(Qwen2ForCausalLM(Qwen2Config(**text, hidden_act="gelu")))   # not SwiGLU
+    odd = Qwen2ForCausalLM(Qwen2Config(**text))
+    odd.model.layers[1].mlp.down_proj = torch.nn.Sequential(odd.model.layers[1].mlp.down_proj)   # not a Linear
+    assert not fusable(odd)
+    monkeypatch.setattr(fused_mod, "MAX_FUSED_PARAMS", 1000)   # a draft whose copies would be too big
+    assert not fusable(Qwen2ForCausalLM(Qwen2Config(**text)))
+
+
+def test_a_fused_text_model_drafts_losslessly():
+    """A plain decoder-only LM (TEXT family), Llama-style blocks without q/k/v biases."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    cfg = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2)
+    draft = LlamaForCausalLM(LlamaConfig(**cfg)).eval()
+    runner = ModelRunner(draft, fused=True)
+    assert runner.fused is not None and runner.fused.layers[0].qkv_bias is None
+    runner.prefill({"input_ids": torch.tensor([[1, 2, 3, 4, 5]]), "attention_mask": torch.ones(1, 5, dtype=torch.long)})
+    allowed = np.tril(np.ones((3, 3), bool))
+    out = runner.forward([6, 7, 8], [5, 6, 7], allowed)
+    assert runner.fused is not None   # the check on this first tree forward kept it
+    with torch.inference_mode():
+        full = draft(input_ids=torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])).logits[0, 5:]
+    assert torch.allclose(out.logits, full, atol=1e-4 * float(full.abs().max()))
