@@ -182,8 +182,14 @@ def _aggregate(runs: list[dict], ar_tps: float | None) -> dict:
 
 def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], max_new_tokens: int,
               warmup: int = 1, progress=None, draft_pruning: VisualPruning | None = None,
-              layer_stack: bool = True, sampling: Sampling | None = None) -> dict:
-    """Decode every input with every policy (ar first in the list is added if missing); returns the report."""
+              layer_stack: bool = True, sampling: Sampling | None = None, rounds: int = 1) -> dict:
+    """Decode every input with every policy (ar first in the list is added if missing); returns the report.
+
+    rounds: decode each input with every policy this many times, the policies back to back in rotating order each
+    round; per input and policy the report keeps the run of median wall time (all rounds' times in
+    `round_seconds`), so a stall of the shared machine during one run does not decide an input's speedup."""
+    if rounds < 1:
+        raise ValueError("rounds must be at least 1")
     policies = ["ar"] + [p for p in policies if p != "ar"]
     engine = SpecEngine(pair, draft_pruning=draft_pruning, layer_stack=layer_stack)
     prepared = [prepare_input(pair, i.prompt, images=[i.path] if i.media == "image" else [],
@@ -196,18 +202,23 @@ def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], ma
     peak: dict[str, float] = {}
     events: dict[str, list] = {}  # policy -> each input's step events (the premise's correlations)
     for n, (inp, prep) in enumerate(zip(inputs, prepared)):
-        order = policies[n % len(policies):] + policies[: n % len(policies)]  # rotate to cancel drift
-        results = {}
-        for pol in order:
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-            results[pol] = _decode(engine, prep, pol, max_new_tokens, sampling)
+        tries: dict[str, list[GenerationResult]] = {pol: [] for pol in policies}
+        for r in range(rounds):
+            k = (n + r) % len(policies)
+            for pol in policies[k:] + policies[:k]:  # rotate to cancel drift
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
+                tries[pol].append(_decode(engine, prep, pol, max_new_tokens, sampling))
+                peak[pol] = max(peak.get(pol, 0.0), _peak_memory_mb(device))
+                if progress is not None:
+                    progress.update(1)
+        results = {pol: _median_run(tries[pol]) for pol in policies}
+        for pol in policies:
             events.setdefault(pol, []).append(results[pol].steps)
-            peak[pol] = max(peak.get(pol, 0.0), _peak_memory_mb(device))
-            if progress is not None:
-                progress.update(1)
         ar_ids = results["ar"].token_ids
-        runs += [_run_record(inp, results[pol], None if pol == "ar" else ar_ids) for pol in policies]
+        for pol in policies:
+            record = _run_record(inp, results[pol], None if pol == "ar" else ar_ids)
+            runs.append({**record, "round_seconds": [t.stats.seconds for t in tries[pol]]})
     ar_tps = _aggregate([r for r in runs if r["policy"] == "ar"], None)["tokens_per_second"]
     report = {
         "device": str(device),
@@ -221,6 +232,7 @@ def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], ma
         "tree_forward": {"target": engine.target.tree_forward,
                          "draft": None if engine.draft is None else engine.draft.tree_forward},
         "inputs": len(inputs),
+        "rounds": rounds,
         "policies": {},
         "runs": runs,
     }
@@ -235,6 +247,12 @@ def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], ma
             agg["exact_match_vs_ar"] = 1.0
         report["policies"][pol] = agg
     return report
+
+
+def _median_run(results: list[GenerationResult]) -> GenerationResult:
+    """The run of median wall time (the faster middle one of an even count)."""
+    ordered = sorted(results, key=lambda r: r.stats.seconds)
+    return ordered[(len(ordered) - 1) // 2]
 
 
 def _decode(engine: SpecEngine, prep: PreparedInput, spec: str, max_new_tokens: int,

@@ -107,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "outside references: hf_generate, hf_assisted[:schedule=constant|heuristic]")
     bench.add_argument("--limit", type=int, default=None, help="use only the first N inputs")
     bench.add_argument("--warmup", type=int, default=1, help="inputs decoded once before timing")
+    bench.add_argument("--rounds", type=int, default=1,
+                       help="decode every input with every policy this many times; keep each one's median-time run")
     bench.add_argument("--out", required=True, help="report JSON file")
     _model_args(bench)
     _sampling_args(bench)
@@ -211,12 +213,14 @@ def cmd_bench(args) -> int:
         raise SageError(f"{hf[0]!r} runs greedy only; drop it or --temperature")
     if _names(args)[1] is None and (drafting := [p for p in policies if needs_draft(p)]):
         raise SageError(f"policy {drafting[0]!r} needs a draft model; this run has none (--draft {args.draft!r})")
+    if args.rounds < 1:
+        raise SageError(f"--rounds must be at least 1 (got {args.rounds})")
     inputs = find_inputs(args.inputs, args.prompt)[: args.limit]
     pair = _load(args)
     n_pol = len(set(policies) | {"ar"})
-    with tqdm(total=len(inputs) * n_pol, desc="bench", unit="run", file=sys.stderr) as bar:
+    with tqdm(total=len(inputs) * n_pol * args.rounds, desc="bench", unit="run", file=sys.stderr) as bar:
         report = run_bench(pair, inputs, policies, args.max_new_tokens, args.warmup, bar, args.draft_prune,
-                           layer_stack=args.tree_forward == "layers", sampling=sampling)
+                           layer_stack=args.tree_forward == "layers", sampling=sampling, rounds=args.rounds)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
     print(format_table(report))

@@ -33,7 +33,7 @@ from .suites import DEFAULT_N, DEFAULT_SEED, QUICK_TINYWORLD, REAL, Suite, mater
 QUICK_POLICIES = ("ar", "chain", "sage")  # --quick: the reference, the classic baseline, the paper's policy
 # Fields bench reports today; anything else a report carries is printed under "Notes" as it is.
 KNOWN_REPORT_KEYS = {"device", "dtype", "threads", "models", "max_new_tokens", "draft_pruning", "tree_forward",
-                     "inputs", "policies", "runs", "sampling"}
+                     "inputs", "policies", "runs", "sampling", "rounds"}
 SAMPLED_SUITE = "tinyworld-images"  # the suite decoded again at every --temperatures value above 0
 KNOWN_POLICY_KEYS = {"mean_accepted", "tokens_per_second", "speedup_vs_ar", "exact_match_vs_ar", "target_forwards",
                      "draft_forwards", "overhead_fraction", "overhead_ms_per_step", "time_split",
@@ -165,6 +165,7 @@ def header_markdown(first: dict, meta: dict) -> list[str]:
          f"{meta.get('python', '-')} / {meta.get('torch', '-')} / {meta.get('transformers', '-')}"),
         ("target / draft", f"{_model_text(models, 'target')} / {_model_text(models, 'draft')}"),
         ("max new tokens", str(first.get("max_new_tokens"))),
+        ("rounds", f"{first.get('rounds', 1)} (each input and policy: the run of median wall time)"),
         ("tinyworld seed", _seed_text(meta)),
         ("draft pruning / tree forward",
          f"{_value_text(first.get('draft_pruning') or 'off')} / {_value_text(first.get('tree_forward'))}"),
@@ -184,7 +185,8 @@ def sources_markdown(sources: list[dict]) -> list[str]:
 
 
 READING = ("tau: tokens per target forward (1 for `ar`). Speedup and exact match are against `ar` in the same "
-           "run: every input is decoded by every policy back to back, in rotating order. ms/step: time per target "
+           "run: every input is decoded by every policy back to back, in rotating order (with several rounds, each "
+           "input and policy counts its run of median wall time). ms/step: time per target "
            "forward after the prefill, split into the target's verification, the draft's forwards (its prefill "
            "included) and the engine's own work (policy, tree, masks, acceptance, cache). Worst input: the input "
            "with the lowest speedup vs `ar`, its name, the policy's answer length in tokens, and that speedup. "
@@ -280,6 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=DEFAULT_SEED, help="tinyworld render seed of the fresh suites")
     p.add_argument("--n", type=int, default=DEFAULT_N, help="fresh tinyworld images (and as many clips)")
     p.add_argument("--warmup", type=int, default=1, help="inputs decoded once per suite before timing")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="decode every input with every policy this many times; keep each one's median-time run")
     p.add_argument("--temperatures", default="0",
                    help=f"comma-separated; each value above 0 decodes the {SAMPLED_SUITE} suite again with that "
                         "temperature (seed 0) and adds a sampling section, e.g. 0,0.7,1.0")
@@ -325,10 +329,11 @@ def run_suites(args: argparse.Namespace, suites: list[Suite], policies: list[str
              for t in temps for suite in suites if suite.name == SAMPLED_SUITE]
     for suite, name, sampling, chosen in runs:
         inputs = find_inputs(str(suite.folder))
-        total = len(inputs) * len(set(chosen) | {"ar"})
+        total = len(inputs) * len(set(chosen) | {"ar"}) * args.rounds
         with tqdm(total=total, desc=name, unit="run", file=sys.stderr) as bar:
             reports[name] = run_bench(pair, inputs, chosen, args.max_new_tokens, args.warmup, bar,
-                                      args.draft_prune, layer_stack=args.tree_forward == "layers", sampling=sampling)
+                                      args.draft_prune, layer_stack=args.tree_forward == "layers", sampling=sampling,
+                                      rounds=args.rounds)
     return reports
 
 
@@ -352,6 +357,10 @@ def main(argv: list[str] | None = None) -> int:
 def write_report(args: argparse.Namespace, argv: list[str]) -> int:
     """Materialise, measure, write OUT and the JSON reports; the command is recorded as it was typed."""
     temperatures(args.temperatures)  # a bad value fails before any work
+    if args.rounds < 1:
+        from .errors import SageError
+
+        raise SageError(f"--rounds must be at least 1 (got {args.rounds})")
     chosen = args.policies.split(",") if args.policies else QUICK_POLICIES if args.quick else default_policies()
     policies = [p.strip() for p in chosen if p.strip()]
     out, work = Path(args.out), Path(args.work_dir)

@@ -97,6 +97,45 @@ def test_bench_writes_the_report(saved_qwen_pair, media, tmp_path, capsys):
     assert "reaches depth" in stdout and all(0 <= x <= 1 for x in report["policies"]["sage"]["accepted_by_depth"])
 
 
+def test_bench_rounds_keep_each_inputs_median_run(saved_qwen_pair, media, monkeypatch):
+    """--rounds N: every input is decoded by every policy N times, in rotating order each round; the report keeps
+    each input and policy's run of median wall time and lists all N times."""
+    import dataclasses
+
+    from sage_engine import bench
+    from sage_engine.models import load_pair
+
+    pair = load_pair(*saved_qwen_pair)
+    inputs = [bench.BenchInput(str(media / "a.png"), "image", "describe"),
+              bench.BenchInput(str(media / "b.mp4"), "video", "what happens?")]
+    times = iter([0.5, 0.1, 0.3, 0.2, 0.9, 0.4] * 2)  # per input: (ar, sage) in call order, 3 rounds
+    order, real = [], bench._decode
+
+    def timed(engine, prep, spec, max_new_tokens, sampling=None):
+        res = real(engine, prep, spec, max_new_tokens, sampling)
+        order.append(spec)
+        res.stats = dataclasses.replace(res.stats, seconds=next(times))
+        return res
+
+    monkeypatch.setattr(bench, "_decode", timed)
+    report = bench.run_bench(pair, inputs, ["sage"], max_new_tokens=6, warmup=0, rounds=3)
+    assert report["rounds"] == 3
+    assert order == ["ar", "sage", "sage", "ar", "ar", "sage"] + ["sage", "ar", "ar", "sage", "sage", "ar"]
+    by = {(r["input"], r["policy"]): r for r in report["runs"]}
+    assert by[("a.png", "ar")]["round_seconds"] == [0.5, 0.2, 0.9]
+    assert by[("a.png", "ar")]["seconds"] == 0.5 and by[("a.png", "sage")]["seconds"] == 0.3   # the medians
+    assert by[("b.mp4", "sage")]["round_seconds"] == [0.5, 0.2, 0.9] and by[("b.mp4", "sage")]["seconds"] == 0.5
+    assert all(r["exact_match_vs_ar"] in (None, True) for r in report["runs"])
+    assert report["policies"]["sage"]["seconds"] == pytest.approx(0.3 + 0.5)
+
+
+def test_bench_rounds_below_one_are_a_usage_error(saved_qwen_pair, media, tmp_path, capsys):
+    target, draft = saved_qwen_pair
+    code, _, err = run_main(capsys, "bench", "--inputs", str(media), "--policies", "sage", "--rounds", "0",
+                            "--target", target, "--draft", draft, "--out", str(tmp_path / "r.json"))
+    assert code == 2 and err.strip() == "error: --rounds must be at least 1 (got 0)"
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--image", "{media}/broken.png"], "cannot read image"),
     (["--image", "{media}/missing.png"], "not found"),
