@@ -4,7 +4,8 @@ A level of a 1-layer, hidden-128 draft costs ~0.2 ms on a 2-core CPU through its
 all of it the cost of dozens of small calls: three projections for q, k and v, two for the MLP's gate and up, three
 RMSNorms of six operations each, the attention wrapper, the cache's update. `FusedDecoder` computes the same layer
 (pre-norm attention with rotary positions, SwiGLU MLP) with q/k/v as one product and gate/up as one, torch's
-`rms_norm`, the DecoderStack's rotary tables and SDPA on the cache's own tensors: ~40% less time per level.
+`rms_norm`, the DecoderStack's rotary tables and SDPA on the cache's own tensors: 25-30% less time per level
+(0.11 against 0.16 ms for one token, 0.17 against 0.22 ms for four, on this 2-core CPU).
 
 It is for the draft only. The draft proposes tokens and the target checks every one, so the draft's logits may
 differ from its forward()'s in the last bits (a fused product sums in another order) without changing any output;
@@ -103,7 +104,7 @@ class FusedDecoder:
         cos, sin = cos[:, None], sin[:, None]  # [1, 1, q, hd]
         for f in self.layers:
             H, KV, hd = f.heads, f.kv_heads, f.head_dim
-            x = F.rms_norm(h, (h.shape[-1],), *f.norm1)
+            x = _rms_norm(h, *f.norm1)
             qs, ks, vs = F.linear(x, f.qkv, f.qkv_bias).split([H * hd, KV * hd, KV * hd], -1)
             qs = _rotate(qs.view(1, q, H, hd).transpose(1, 2), cos, sin)  # [1, H, q, hd]
             ks = _rotate(ks.view(1, q, KV, hd).transpose(1, 2), cos, sin)  # [1, KV, q, hd]
@@ -113,9 +114,14 @@ class FusedDecoder:
             a = F.scaled_dot_product_attention(qs, layer.keys, layer.values, attn_mask=mask, scale=f.scaling,
                                                enable_gqa=H != KV)  # [1, H, q, hd]
             h = h + f.out(a.transpose(1, 2).reshape(1, q, H * hd))
-            gate, up = F.linear(F.rms_norm(h, (h.shape[-1],), *f.norm2), f.gate_up).chunk(2, dim=-1)
+            gate, up = F.linear(_rms_norm(h, *f.norm2), f.gate_up).chunk(2, dim=-1)
             h = h + f.down(F.silu(gate) * up)
-        return self.stack.head(F.rms_norm(h, (h.shape[-1],), *self.norm))
+        return self.stack.head(_rms_norm(h, *self.norm))
+
+
+def _rms_norm(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm as Llama / Qwen2 compute it: normalised in float32, cast back, then scaled in the input's dtype."""
+    return weight * F.rms_norm(h.float(), (h.shape[-1],), eps=eps).to(h.dtype)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -122,3 +122,20 @@ def test_a_fused_text_model_drafts_losslessly():
     with torch.inference_mode():
         full = draft(input_ids=torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])).logits[0, 5:]
     assert torch.allclose(out.logits, full, atol=1e-4 * float(full.abs().max()))
+
+
+def test_a_bf16_draft_keeps_its_fused_layers():
+    """RMSNorm normalises in float32 and scales in the input's dtype, as the model's own norm does: the embedded
+    draft in bf16 keeps its fused layers (with the norm computed in bf16 throughout, the check dropped them)."""
+    from pathlib import Path
+
+    from sage_engine.models import load_pair
+
+    pair = load_pair(dtype="bfloat16")
+    example = Path(__file__).resolve().parents[1] / "assets" / "examples" / "shapes_1.png"
+    prep = prepare_input(pair, "Describe the image.", images=[str(example)])
+    runner = ModelRunner(pair.draft, fused=True)
+    runner.prefill(prep.for_draft())
+    start = runner.seq_len
+    runner.forward([5, 7, 9], [start, start + 1, start + 2], np.tril(np.ones((3, 3), bool)))
+    assert runner.stack_checked and runner.fused is not None
