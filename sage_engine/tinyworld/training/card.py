@@ -136,9 +136,10 @@ def _arch(model) -> str:
 
 def _tree_forward_text(report: dict) -> str:
     how = report.get("tree_forward") or {}
-    if how.get("target") == "layers" and how.get("draft") == "layers":
-        return "; tree steps through the decoder layers directly, sage_engine/stack.py"
-    return ""
+    if how.get("target") != "layers" or how.get("draft") not in ("layers", "fused"):
+        return ""
+    text = "; tree steps through the decoder layers directly, sage_engine/stack.py"
+    return text + (" (the draft's fused, sage_engine/fused.py)" if how["draft"] == "fused" else "")
 
 
 def _bench_text(bench: dict | None) -> str:
