@@ -51,7 +51,7 @@ class FusedLayer:
 def _rms(norm: torch.nn.Module) -> tuple[torch.Tensor, float] | None:
     eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
     weight = getattr(norm, "weight", None)
-    if eps is None or weight is None or "RMSNorm" not in type(norm).__name__ or any(True for _ in norm.children()):
+    if eps is None or weight is None or "RMSNorm" not in type(norm).__name__ or list(norm.children()):
         return None
     return weight, float(eps)
 
@@ -131,8 +131,8 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 def fused_decoder(stack: DecoderStack) -> FusedDecoder | None:
-    """The stack's layers fused, or None where a layer is not exactly the block FusedDecoder computes, the
-    rotary is not a static table (`static_rope`), the cache has no layer per decoder layer or the copies are big."""
+    """The stack's layers fused, or None where a layer is not exactly the block FusedDecoder computes, the rotary
+    is not a static table (`static_rope`) or the fused copies would hold more than MAX_FUSED_PARAMS weights."""
     if not stack.static_rope or not stack.layers:
         return None
     suffixes = tuple(f"{part}.weight" for part in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"))

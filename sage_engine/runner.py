@@ -154,20 +154,21 @@ class ModelRunner:
 
     def _check_stack(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> None:
         """Run this forward both ways (dropping the appended cache columns after each); keep the stack
-        only if its logits equal forward()'s bit for bit, and the fused layers only if theirs and the keys they
-        append are close to forward()'s (`_close`) with the same argmax on every row."""
+        only if its logits equal forward()'s bit for bit, and the fused layers only if theirs and the keys and
+        values they append are close to forward()'s (`_close`), with the same argmax on every row."""
         self.stack_checked = True
         start = self.seq_len
         ref = self._forward(ids, pos, mask)
-        ref_keys = [layer.keys[:, :, start:].clone() for layer in self.cache.layers]
+        ref_kv = [(layer.keys[:, :, start:].clone(), layer.values[:, :, start:].clone()) for layer in self.cache.layers]
         compact(self.cache, start, [])
         if not self._try(self.stack, (ids, pos, mask), lambda got: torch.equal(got, ref)):
             self.stack = self.fused = None
             return
 
-        def close(got: torch.Tensor) -> bool:  # the fused layers' logits and appended keys
-            keys = (layer.keys[:, :, start:] for layer in self.cache.layers)
-            return _close(got, ref, argmax=True) and all(_close(k, r) for k, r in zip(keys, ref_keys))
+        def close(got: torch.Tensor) -> bool:  # the fused layers' logits and appended keys and values
+            kv = [(layer.keys[:, :, start:], layer.values[:, :, start:]) for layer in self.cache.layers]
+            return _close(got, ref, argmax=True) and all(
+                _close(k, rk) and _close(v, rv) for (k, v), (rk, rv) in zip(kv, ref_kv))
 
         if self.fused is not None and not self._try(self.fused, (ids, pos, mask), close):
             self.fused = None
