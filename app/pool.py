@@ -6,6 +6,7 @@ are serialised by the queue (one run per device), so the pool only guards its ow
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -70,6 +71,7 @@ class PairPool:
             if name not in self._loaded:
                 while len(self._loaded) >= self.capacity:
                     self._loaded.pop(next(iter(self._loaded)))
+                    gc.unfreeze()  # load_pair froze the heap (models.settle_heap): let its next collect free the pair
                 t0 = time.perf_counter()
                 pair = self.factory(self.presets[name])
                 self._loaded[name] = Loaded(self.presets[name], pair, time.perf_counter() - t0)

@@ -188,3 +188,35 @@ def test_module_entry_point_reports_a_missing_model_without_traceback(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("error:") and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_loading_a_pair_freezes_the_heap_and_the_app_pool_unfreezes_it_to_drop_one(saved_qwen_pair):
+    """load_pair ends with gc.collect() + gc.freeze() (models.settle_heap): a full collection then walks only what
+    was made after loading, not the ~0.5M objects of the models and their libraries. The app's pool unfreezes
+    before it loads another pair, so the dropped pair's reference cycles can still be collected."""
+    import gc
+
+    from app.pool import PairPool
+    from sage_engine.models import load_pair
+    from sage_engine.presets import Preset
+
+    gc.unfreeze()
+    try:
+        assert gc.get_freeze_count() == 0
+        pair = load_pair(*saved_qwen_pair)
+        assert gc.get_freeze_count() > 1000 and gc.get_count()[2] == 0
+        seen = []
+
+        def factory(preset):  # what load_preset does, minus the checks on the preset
+            seen.append(gc.get_freeze_count())
+            gc.freeze()
+            return pair
+
+        presets = {n: Preset(n, "qwen2_5_vl", *saved_qwen_pair, None, None, None, None, False, "test")
+                   for n in ("one", "two")}
+        pool = PairPool(presets, factory, capacity=1)
+        pool.get("one")
+        pool.get("two")   # drops "one" first
+        assert seen[0] > 0 and seen[1] == 0
+    finally:
+        gc.unfreeze()
