@@ -130,6 +130,16 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
+def near(got: torch.Tensor, ref: torch.Tensor, argmax: bool = False) -> bool:
+    """The runner's check of the fused layers against forward(): within 1e-3 of `ref`'s largest magnitude and,
+    with `argmax` (logits), the same argmax on every row."""
+    if got.shape != ref.shape:
+        return False
+    scale = float(ref.abs().max()) or 1.0
+    within = float((got.float() - ref.float()).abs().max()) <= 1e-3 * scale
+    return within and (not argmax or torch.equal(got.argmax(-1), ref.argmax(-1)))
+
+
 def fused_decoder(stack: DecoderStack) -> FusedDecoder | None:
     """The stack's layers fused, or None where a layer is not exactly the block FusedDecoder computes, the rotary
     is not a static table (`static_rope`) or the fused copies would hold more than MAX_FUSED_PARAMS weights."""

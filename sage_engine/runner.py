@@ -22,7 +22,7 @@ from transformers import DynamicCache
 
 from .cache import compact, copy_cache
 from .families import Family, adapter_for
-from .fused import FusedDecoder, fused_decoder
+from .fused import FusedDecoder, fused_decoder, near
 from .pruning import VisualPruning, pruned_prefill_inputs
 from .stack import DecoderStack, decoder_stack
 from .tree import additive_mask
@@ -45,15 +45,6 @@ class _KeptPrompt:
     cache: DynamicCache  # after the prompt (copied on each reuse: a run appends to and crops its own)
     rope_delta: int
     logits: torch.Tensor  # [V] after the prompt's last token
-
-
-def _close(got: torch.Tensor, ref: torch.Tensor, argmax: bool = False) -> bool:
-    """Within 1e-3 of `ref`'s scale and, with `argmax` (logits), the same argmax on every row (fused.py's check)."""
-    if got.shape != ref.shape:
-        return False
-    scale = float(ref.abs().max()) or 1.0
-    near = float((got.float() - ref.float()).abs().max()) <= 1e-3 * scale
-    return near and (not argmax or torch.equal(got.argmax(-1), ref.argmax(-1)))
 
 
 def _sync(device: torch.device) -> None:
@@ -155,11 +146,12 @@ class ModelRunner:
     def _check_stack(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> None:
         """Run this forward both ways (dropping the appended cache columns after each); keep the stack
         only if its logits equal forward()'s bit for bit, and the fused layers only if theirs and the keys and
-        values they append are close to forward()'s (`_close`), with the same argmax on every row."""
+        values they append are near forward()'s (`fused.near`), with the same argmax on every row."""
         self.stack_checked = True
         start = self.seq_len
         ref = self._forward(ids, pos, mask)
-        ref_kv = [(layer.keys[:, :, start:].clone(), layer.values[:, :, start:].clone()) for layer in self.cache.layers]
+        ref_kv = [(layer.keys[:, :, start:].clone(), layer.values[:, :, start:].clone())
+                  for layer in self.cache.layers] if self.fused is not None else []  # only the fused check reads them
         compact(self.cache, start, [])
         if not self._try(self.stack, (ids, pos, mask), lambda got: torch.equal(got, ref)):
             self.stack = self.fused = None
@@ -167,8 +159,8 @@ class ModelRunner:
 
         def close(got: torch.Tensor) -> bool:  # the fused layers' logits and appended keys and values
             kv = [(layer.keys[:, :, start:], layer.values[:, :, start:]) for layer in self.cache.layers]
-            return _close(got, ref, argmax=True) and all(
-                _close(k, rk) and _close(v, rv) for (k, v), (rk, rv) in zip(kv, ref_kv))
+            return near(got, ref, argmax=True) and all(
+                near(k, rk) and near(v, rv) for (k, v), (rk, rv) in zip(kv, ref_kv))
 
         if self.fused is not None and not self._try(self.fused, (ids, pos, mask), close):
             self.fused = None
