@@ -102,6 +102,14 @@ def test_layers_that_are_not_the_plain_block_are_not_fused(monkeypatch):
     odd = Qwen2ForCausalLM(Qwen2Config(**text))
     odd.model.layers[1].mlp.down_proj = torch.nn.Sequential(odd.model.layers[1].mlp.down_proj)   # not a Linear
     assert not fusable(odd)
+
+    class Scaled(torch.nn.Linear):   # a Linear whose forward is not F.linear on its weights (e.g. an adapter)
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    adapted = Qwen2ForCausalLM(Qwen2Config(**text))
+    adapted.model.layers[0].self_attn.o_proj = Scaled(32, 32, bias=False)
+    assert not fusable(adapted)
     monkeypatch.setattr(fused_mod, "MAX_FUSED_PARAMS", 1000)   # a draft whose copies would be too big
     assert not fusable(Qwen2ForCausalLM(Qwen2Config(**text)))
 
