@@ -103,7 +103,8 @@ class FusedDecoder:
         # -> [1, q, V]"""
         q = ids.shape[1]
         embed, head = self.stack.embed, self.stack.head
-        h = F.embedding(ids, embed.weight) if type(embed) is torch.nn.Embedding else embed(ids)  # [1, q, D]
+        plain = type(embed) is torch.nn.Embedding and embed.max_norm is None  # else its own forward (e.g. scaled)
+        h = F.embedding(ids, embed.weight) if plain else embed(ids)  # [1, q, D]
         cos, sin = self.stack.position_embeddings(h, positions, top)  # [1, q, hd]
         cos, sin = cos[:, None], sin[:, None] * self.sign  # [1, 1, q, hd]; sin's first half negated (`_rotate`)
         for f in self.layers:
