@@ -22,7 +22,7 @@ import torch
 
 from .config import parse_spec
 from .engine import SpecEngine
-from .errors import InputError
+from .errors import InputError, SageError
 from .events import GenerationResult
 from .hf_reference import DEFAULT_SCHEDULE, HF_POLICIES, assistant_inputs, is_hf_spec, parse_hf_spec, run_hf
 from .inputs import PreparedInput, prepare_input
@@ -188,8 +188,7 @@ def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], ma
     rounds: decode each input with every policy this many times, the policies back to back in rotating order each
     round; per input and policy the report keeps the run of median wall time (all rounds' times in
     `round_seconds`), so a stall of the shared machine during one run does not decide an input's speedup."""
-    if rounds < 1:
-        raise ValueError("rounds must be at least 1")
+    check_rounds(rounds)
     policies = ["ar"] + [p for p in policies if p != "ar"]
     engine = SpecEngine(pair, draft_pruning=draft_pruning, layer_stack=layer_stack)
     prepared = [prepare_input(pair, i.prompt, images=[i.path] if i.media == "image" else [],
@@ -247,6 +246,12 @@ def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], ma
             agg["exact_match_vs_ar"] = 1.0
         report["policies"][pol] = agg
     return report
+
+
+def check_rounds(rounds: int) -> None:
+    """--rounds must be at least 1 (a usage error; the CLI and the report check it before any model loads)."""
+    if rounds < 1:
+        raise SageError(f"--rounds must be at least 1 (got {rounds})")
 
 
 def _median_run(results: list[GenerationResult]) -> GenerationResult:

@@ -199,7 +199,7 @@ def _stream_text(events, label: str) -> None:
 def cmd_bench(args) -> int:
     from tqdm import tqdm
 
-    from .bench import check_spec, find_inputs, format_table, needs_draft, run_bench
+    from .bench import check_rounds, check_spec, find_inputs, format_table, needs_draft, run_bench
     from .hf_reference import is_hf_spec
 
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -213,8 +213,7 @@ def cmd_bench(args) -> int:
         raise SageError(f"{hf[0]!r} runs greedy only; drop it or --temperature")
     if _names(args)[1] is None and (drafting := [p for p in policies if needs_draft(p)]):
         raise SageError(f"policy {drafting[0]!r} needs a draft model; this run has none (--draft {args.draft!r})")
-    if args.rounds < 1:
-        raise SageError(f"--rounds must be at least 1 (got {args.rounds})")
+    check_rounds(args.rounds)
     inputs = find_inputs(args.inputs, args.prompt)[: args.limit]
     pair = _load(args)
     n_pol = len(set(policies) | {"ar"})

@@ -96,15 +96,15 @@ class FusedDecoder:
     layers: tuple[FusedLayer, ...]
     norm: tuple[torch.Tensor, float]
     sign: torch.Tensor  # [hd]: -1 on the first half, 1 on the second (`_rotate`)
+    embed_weight: torch.Tensor | None  # a plain Embedding's weight (else the stack's module is called)
+    head_params: tuple[torch.Tensor, torch.Tensor | None] | None  # a plain Linear head's (weight, bias), likewise
 
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache,
                  top: int | None = None) -> torch.Tensor:
         """Same contract as DecoderStack: ids, positions [1, q], mask [1, 1, q, kv]; appends to `cache`.
         # -> [1, q, V]"""
         q = ids.shape[1]
-        embed, head = self.stack.embed, self.stack.head
-        plain = type(embed) is torch.nn.Embedding and embed.max_norm is None  # else its own forward (e.g. scaled)
-        h = F.embedding(ids, embed.weight) if plain else embed(ids)  # [1, q, D]
+        h = self.stack.embed(ids) if self.embed_weight is None else F.embedding(ids, self.embed_weight)  # [1, q, D]
         cos, sin = self.stack.position_embeddings(h, positions, top)  # [1, q, hd]
         cos, sin = cos[:, None], sin[:, None] * self.sign  # [1, 1, q, hd]; sin's first half negated (`_rotate`)
         for f in self.layers:
@@ -120,7 +120,7 @@ class FusedDecoder:
             gate, up = F.linear(_rms_norm(h, *f.norm2), f.gate_up).chunk(2, dim=-1)
             h = h + F.linear(F.silu(gate) * up, *f.down)
         h = _rms_norm(h, *self.norm)
-        return F.linear(h, head.weight, head.bias) if type(head) is torch.nn.Linear else head(h)
+        return self.stack.head(h) if self.head_params is None else F.linear(h, *self.head_params)
 
 
 def _rms_norm(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -167,4 +167,7 @@ def fused_decoder(stack: DecoderStack) -> FusedDecoder | None:
         return None
     weight = layers[0].qkv
     sign = torch.cat([-torch.ones(hd // 2), torch.ones(hd // 2)]).to(device=weight.device, dtype=weight.dtype)
-    return FusedDecoder(stack, layers, norm, sign)
+    embed, head = stack.embed, stack.head
+    plain_embed = type(embed) is torch.nn.Embedding and embed.max_norm is None  # else its own forward (e.g. scaled)
+    return FusedDecoder(stack, layers, norm, sign, embed.weight if plain_embed else None,
+                        (head.weight, head.bias) if type(head) is torch.nn.Linear else None)

@@ -357,10 +357,9 @@ def main(argv: list[str] | None = None) -> int:
 def write_report(args: argparse.Namespace, argv: list[str]) -> int:
     """Materialise, measure, write OUT and the JSON reports; the command is recorded as it was typed."""
     temperatures(args.temperatures)  # a bad value fails before any work
-    if args.rounds < 1:
-        from .errors import SageError
+    from .bench import check_rounds
 
-        raise SageError(f"--rounds must be at least 1 (got {args.rounds})")
+    check_rounds(args.rounds)
     chosen = args.policies.split(",") if args.policies else QUICK_POLICIES if args.quick else default_policies()
     policies = [p.strip() for p in chosen if p.strip()]
     out, work = Path(args.out), Path(args.work_dir)
