@@ -182,7 +182,7 @@ def _aggregate(runs: list[dict], ar_tps: float | None) -> dict:
 
 def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], max_new_tokens: int,
               warmup: int = 1, progress=None, draft_pruning: VisualPruning | None = None,
-              layer_stack: bool = True, sampling: Sampling | None = None, rounds: int = 1) -> dict:
+              tree_forward: str = "fused", sampling: Sampling | None = None, rounds: int = 1) -> dict:
     """Decode every input with every policy (ar first in the list is added if missing); returns the report.
 
     rounds: decode each input with every policy this many times, the policies back to back in rotating order each
@@ -190,7 +190,7 @@ def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], ma
     `round_seconds`), so a stall of the shared machine during one run does not decide an input's speedup."""
     check_rounds(rounds)
     policies = ["ar"] + [p for p in policies if p != "ar"]
-    engine = SpecEngine(pair, draft_pruning=draft_pruning, layer_stack=layer_stack)
+    engine = SpecEngine(pair, draft_pruning=draft_pruning, tree_forward=tree_forward)
     prepared = [prepare_input(pair, i.prompt, images=[i.path] if i.media == "image" else [],
                               video=i.path if i.media == "video" else None) for i in inputs]
     for prep in prepared[:warmup]:  # warm-up: allocator, kernels, caches

@@ -11,6 +11,7 @@ import json
 import sys
 import time
 
+from .engine import TREE_FORWARDS
 from .errors import SageError
 from .events import summarize
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -34,9 +35,10 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"], help="attention implementation")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--tree-forward", default="layers", choices=["layers", "forward"],
-                   help="cached tree steps: call the decoder layers directly where checked equal to forward() "
-                        "(layers, faster for small models) or always the model's forward()")
+    p.add_argument("--tree-forward", default="fused", choices=TREE_FORWARDS,
+                   help="cached decode steps: fused = both models' layers in fused products (a CPU float32 "
+                        "target's on oneDNN-packed weights), checked close to forward() with the same argmax; layers ="
+                        " the target's own decoder layers, checked bit-identical to forward(); forward = forward()")
     p.add_argument("--draft-prune", default="off", type=_pruning,
                    help="draft-only visual-token pruning: off | paper (80%% image, 90%% video) | IMAGE,VIDEO ratios")
 
@@ -170,7 +172,7 @@ def cmd_generate(args) -> int:
     images = [load_image(p) for p in args.image]  # bad files fail before the models load
     pair = _load(args)
     prepared = prepare_input(pair, args.prompt, images=images, video=args.video, num_frames=args.frames)
-    engine = SpecEngine(pair, draft_pruning=args.draft_prune, layer_stack=args.tree_forward == "layers",
+    engine = SpecEngine(pair, draft_pruning=args.draft_prune, tree_forward=args.tree_forward,
                         keep_prompt=args.num_samples > 1)  # the samples share one prefilled prompt
     for seed in range(args.seed, args.seed + args.num_samples):  # one loaded pair, one sample per seed
         sample = Sampling(sampling.temperature, sampling.top_p, seed)
@@ -219,7 +221,7 @@ def cmd_bench(args) -> int:
     n_pol = len(set(policies) | {"ar"})
     with tqdm(total=len(inputs) * n_pol * args.rounds, desc="bench", unit="run", file=sys.stderr) as bar:
         report = run_bench(pair, inputs, policies, args.max_new_tokens, args.warmup, bar, args.draft_prune,
-                           layer_stack=args.tree_forward == "layers", sampling=sampling, rounds=args.rounds)
+                           tree_forward=args.tree_forward, sampling=sampling, rounds=args.rounds)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
     print(format_table(report))
@@ -243,7 +245,7 @@ def cmd_check_sampling(args) -> int:
         raise SageError(f"--samples must be at least 1 (got {args.samples})")
     image = load_image(args.image or str(ASSETS / "examples" / "shapes_1.png"))
     pair = _load(args)
-    engine = SpecEngine(pair, layer_stack=args.tree_forward == "layers")
+    engine = SpecEngine(pair, tree_forward=args.tree_forward)
     result = check_sampling(engine, prepare_input(pair, args.prompt, images=[image]), args.policy, sampling,
                             args.samples)
     if args.json:

@@ -99,24 +99,32 @@ class Transcript:
         return self.finish_reason is not None
 
 
+TREE_FORWARDS = ("fused", "layers", "forward")  # SpecEngine(tree_forward=...), the CLI's --tree-forward
+
+
 class SpecEngine:
     """Lossless tree speculative decoding of a target VLM with a draft VLM (batch of one)."""
 
     def __init__(self, pair: ModelPair, acceptance=None, draft_pruning: VisualPruning | None = None,
-                 layer_stack: bool = True, keep_prompt: bool = False):
+                 tree_forward: str = "fused", keep_prompt: bool = False):
         """draft_pruning: feed the draft only part of the visual tokens (draft-only; output unchanged).
-        layer_stack: tree forwards call the decoder layers directly where checked equal (stack.py); the draft's
-        compute them with fused products where checked close (fused.py: the draft's last bits never reach the output).
+        tree_forward: how both models' cached steps run (runner.py): "fused", each model's layers computed with fused
+        products where checked close to forward() (fused.py; a CPU float32 target's on oneDNN-packed weights);
+        "layers", the target's through its own decoder layers where checked bit-identical to forward() (stack.py),
+        the draft's fused; "forward", both through forward().
         keep_prompt: runs on the same PreparedInput as the last one reuse both models' prefilled caches
         (runner.py); for many draws on one prompt, never where prefill is timed."""
+        if tree_forward not in TREE_FORWARDS:
+            raise ValueError(f"unknown tree_forward {tree_forward!r}; choose one of {', '.join(TREE_FORWARDS)}")
         self.pair = pair
         self.draft_pruning = draft_pruning
         self.tokenizer = pair.tokenizer
-        self.target = ModelRunner(pair.target, layer_stack=layer_stack)
+        stack = tree_forward != "forward"
+        self.target = ModelRunner(pair.target, layer_stack=stack, fused=tree_forward == "fused")
         self.draft = None
         if pair.draft is not None:
             self.draft = ModelRunner(pair.draft, vocab_limit=shared_vocab(pair.target, pair.draft),
-                                     layer_stack=layer_stack, fused=layer_stack)
+                                     layer_stack=stack, fused=stack)
         self.drafter = Drafter(self.draft, draft_pruning) if self.draft is not None else None
         self.keep_prompt = keep_prompt
         self.accept = acceptance or GreedyAcceptance()

@@ -28,25 +28,40 @@ import torch.nn.functional as F
 from .stack import DecoderStack
 
 MAX_FUSED_PARAMS = 16_000_000  # fused weight copies above this (64 MB in fp32) are not worth their memory
+PACK_MIN_HIDDEN = 256  # narrower products are faster through F.linear than through oneDNN's fixed per-call cost
 _LAYER_PARTS = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
 _ATTN_PARTS = {"q_proj", "k_proj", "v_proj", "o_proj"}
 _MLP_PARTS = {"gate_proj", "up_proj", "down_proj", "act_fn"}
 
 
 @dataclass(frozen=True)
+class Product:
+    """One projection, y = x W^T + b: by `F.linear`, or by oneDNN on a copy of W prepacked into its blocked layout
+    (`pack`), which skips the re-layout of W that a BLAS product does on every call."""
+
+    weight: torch.Tensor  # [out, in]
+    bias: torch.Tensor | None
+    packed: torch.Tensor | None = None  # W in oneDNN's layout (an opaque mkldnn tensor), or None: F.linear
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is None:
+            return F.linear(x, self.weight, self.bias)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+@dataclass(frozen=True)
 class FusedLayer:
     index: int  # the layer's index in the cache
     norm1: tuple[torch.Tensor, float]  # input RMSNorm (weight, eps)
-    qkv: torch.Tensor  # [(H + 2 KV) hd, D]: q, k and v projections stacked
-    qkv_bias: torch.Tensor | None
+    qkv: Product  # [(H + 2 KV) hd, D]: q, k and v projections stacked
     heads: int  # H
     kv_heads: int  # KV
     head_dim: int  # hd
     scaling: float
-    out: tuple[torch.Tensor, torch.Tensor | None]  # o_proj (weight, bias)
+    out: Product  # o_proj
     norm2: tuple[torch.Tensor, float]  # post-attention RMSNorm
-    gate_up: torch.Tensor  # [2 I, D]: gate and up projections stacked
-    down: tuple[torch.Tensor, torch.Tensor | None]  # down_proj (weight, bias)
+    gate_up: Product  # [2 I, D]: gate and up projections stacked
+    down: Product  # down_proj
 
 
 def _rms(norm: torch.nn.Module) -> tuple[torch.Tensor, float] | None:
@@ -57,7 +72,7 @@ def _rms(norm: torch.nn.Module) -> tuple[torch.Tensor, float] | None:
     return weight, float(eps)
 
 
-def _fuse(index: int, layer: torch.nn.Module) -> FusedLayer | None:
+def _fuse(index: int, layer: torch.nn.Module, pack: bool) -> FusedLayer | None:
     """The layer as a FusedLayer, or None if it is not exactly the pre-norm attention + SwiGLU block."""
     parts = dict(layer.named_children())
     if set(parts) != _LAYER_PARTS:
@@ -79,14 +94,14 @@ def _fuse(index: int, layer: torch.nn.Module) -> FusedLayer | None:
     biases = [q.bias, k.bias, v.bias]
     if any(b is None for b in biases) and not all(b is None for b in biases):
         return None
+    qkv_bias = None if biases[0] is None else torch.cat(biases).detach()
     return FusedLayer(
         index=getattr(attn, "layer_idx", index), norm1=norm1,
-        qkv=torch.cat([q.weight, k.weight, v.weight]).detach(),
-        qkv_bias=None if biases[0] is None else torch.cat(biases).detach(),
+        qkv=_product(torch.cat([q.weight, k.weight, v.weight]).detach(), qkv_bias, pack),
         heads=q.out_features // hd, kv_heads=k.out_features // hd, head_dim=hd, scaling=float(scaling),
-        out=(a["o_proj"].weight, a["o_proj"].bias), norm2=norm2,
-        gate_up=torch.cat([m["gate_proj"].weight, m["up_proj"].weight]).detach(),
-        down=(m["down_proj"].weight, m["down_proj"].bias),
+        out=_product(a["o_proj"].weight, a["o_proj"].bias, pack), norm2=norm2,
+        gate_up=_product(torch.cat([m["gate_proj"].weight, m["up_proj"].weight]).detach(), None, pack),
+        down=_product(m["down_proj"].weight, m["down_proj"].bias, pack),
     )
 
 
@@ -97,7 +112,7 @@ class FusedDecoder:
     norm: tuple[torch.Tensor, float]
     sign: torch.Tensor  # [hd]: -1 on the first half, 1 on the second (`_rotate`)
     embed_weight: torch.Tensor | None  # a plain Embedding's weight (else the stack's module is called)
-    head_params: tuple[torch.Tensor, torch.Tensor | None] | None  # a plain Linear head's (weight, bias), likewise
+    head: Product | None  # a plain Linear head, likewise
 
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache,
                  top: int | None = None) -> torch.Tensor:
@@ -109,18 +124,18 @@ class FusedDecoder:
         cos, sin = cos[:, None], sin[:, None] * self.sign  # [1, 1, q, hd]; sin's first half negated (`_rotate`)
         for f in self.layers:
             H, KV, hd = f.heads, f.kv_heads, f.head_dim
-            qkv = F.linear(_rms_norm(h, *f.norm1), f.qkv, f.qkv_bias).view(1, q, H + 2 * KV, hd).transpose(1, 2)
+            qkv = f.qkv(_rms_norm(h, *f.norm1)).view(1, q, H + 2 * KV, hd).transpose(1, 2)
             qk = _rotate(qkv[:, : H + KV], cos, sin)  # q and k heads in one rotation: [1, H + KV, q, hd]
             layer = cache.layers[f.index]
             layer.keys = torch.cat([layer.keys, qk[:, H:]], dim=-2)  # what DynamicLayer.update does
             layer.values = torch.cat([layer.values, qkv[:, H + KV :]], dim=-2)
             a = F.scaled_dot_product_attention(qk[:, :H], layer.keys, layer.values, attn_mask=mask,
                                                scale=f.scaling, enable_gqa=H != KV)  # [1, H, q, hd]
-            h = h + F.linear(a.transpose(1, 2).reshape(1, q, H * hd), *f.out)
-            gate, up = F.linear(_rms_norm(h, *f.norm2), f.gate_up).chunk(2, dim=-1)
-            h = h + F.linear(F.silu(gate) * up, *f.down)
+            h = h + f.out(a.transpose(1, 2).reshape(1, q, H * hd))
+            gate, up = f.gate_up(_rms_norm(h, *f.norm2)).chunk(2, dim=-1)
+            h = h + f.down(F.silu(gate) * up)
         h = _rms_norm(h, *self.norm)
-        return self.stack.head(h) if self.head_params is None else F.linear(h, *self.head_params)
+        return self.stack.head(h) if self.head is None else self.head(h)
 
 
 def _rms_norm(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -149,25 +164,48 @@ def near(got: torch.Tensor, ref: torch.Tensor, argmax: bool = False) -> bool:
     return within and (not argmax or torch.equal(got.argmax(-1), ref.argmax(-1)))
 
 
+def packs(stack: DecoderStack) -> bool:
+    """Whether the stack's products go through oneDNN on prepacked weights: float32 on the CPU, hidden size at least
+    PACK_MIN_HIDDEN, and torch's oneDNN operators present and right on a small product."""
+    weight = stack.head.weight if isinstance(getattr(stack.head, "weight", None), torch.Tensor) else None
+    if weight is None or weight.device.type != "cpu" or weight.dtype != torch.float32:
+        return False
+    if weight.shape[-1] < PACK_MIN_HIDDEN or not torch.backends.mkldnn.is_available():
+        return False
+    try:  # a private operator (what torch.compile's CPU backend uses for frozen weights): check it is there and right
+        w, b, x = torch.randn(24, 16), torch.randn(24), torch.randn(1, 3, 16)
+        return torch.allclose(_product(w, b, True)(x), F.linear(x, w, b), atol=1e-5)
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def _product(weight: torch.Tensor, bias: torch.Tensor | None, pack: bool) -> Product:
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach()) if pack else None
+    return Product(weight, bias, packed)
+
+
 def fused_decoder(stack: DecoderStack) -> FusedDecoder | None:
-    """The stack's layers fused, or None where a layer is not exactly the block FusedDecoder computes, the rotary
-    is not a static table (`static_rope`) or the fused copies would hold more than MAX_FUSED_PARAMS weights."""
+    """The stack's layers fused (their products packed where `packs`), or None where a layer is not exactly the block
+    FusedDecoder computes, the rotary is not a static table (`static_rope`) or the fused or packed copies would hold
+    more than MAX_FUSED_PARAMS weights."""
     if not stack.static_rope or not stack.layers:
         return None
-    suffixes = tuple(f"{part}.weight" for part in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"))
+    pack = packs(stack)
+    copied = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj") + (("o_proj", "down_proj") if pack else ())
+    suffixes = tuple(f"{part}.weight" for part in copied)
     if sum(p.numel() for layer in stack.layers for name, p in layer.named_parameters()
            if name.endswith(suffixes)) > MAX_FUSED_PARAMS:
         return None
     norm = _rms(stack.norm)
-    layers = tuple(_fuse(i, layer) for i, layer in enumerate(stack.layers))
+    layers = tuple(_fuse(i, layer, pack) for i, layer in enumerate(stack.layers))
     if norm is None or any(f is None for f in layers):
         return None
     hd = layers[0].head_dim
     if hd % 2 or any(f.head_dim != hd for f in layers):
         return None
-    weight = layers[0].qkv
+    weight = layers[0].qkv.weight
     sign = torch.cat([-torch.ones(hd // 2), torch.ones(hd // 2)]).to(device=weight.device, dtype=weight.dtype)
     embed, head = stack.embed, stack.head
     plain_embed = type(embed) is torch.nn.Embedding and embed.max_norm is None  # else its own forward (e.g. scaled)
     return FusedDecoder(stack, layers, norm, sign, embed.weight if plain_embed else None,
-                        (head.weight, head.bias) if type(head) is torch.nn.Linear else None)
+                        _product(head.weight, head.bias, pack) if type(head) is torch.nn.Linear else None)

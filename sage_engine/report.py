@@ -332,7 +332,7 @@ def run_suites(args: argparse.Namespace, suites: list[Suite], policies: list[str
         total = len(inputs) * len(set(chosen) | {"ar"}) * args.rounds
         with tqdm(total=total, desc=name, unit="run", file=sys.stderr) as bar:
             reports[name] = run_bench(pair, inputs, chosen, args.max_new_tokens, args.warmup, bar,
-                                      args.draft_prune, layer_stack=args.tree_forward == "layers", sampling=sampling,
+                                      args.draft_prune, tree_forward=args.tree_forward, sampling=sampling,
                                       rounds=args.rounds)
     return reports
 

@@ -136,8 +136,11 @@ class ModelRunner:
 
     @property
     def tree_forward(self) -> str:
-        """How tree steps run: "fused" (fused.py), "layers" (stack.py) or "forward" (the model's forward())."""
-        return "fused" if self.fused is not None else "layers" if self.stack is not None else "forward"
+        """How cached steps run: "fused+packed" or "fused" (fused.py, with or without oneDNN-packed products),
+        "layers" (stack.py) or "forward" (the model's forward())."""
+        if self.fused is not None:
+            return "fused+packed" if self.fused.layers[0].qkv.packed is not None else "fused"
+        return "layers" if self.stack is not None else "forward"
 
     def _forward(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=self.cache,

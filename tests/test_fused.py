@@ -1,6 +1,7 @@
-"""The draft's fused layers (sage_engine/fused.py): close to the model's forward() under a real tree mask on every
-family, used for the draft and never for the target, dropped by the runner's check when they are not close, and
-refused where a layer is not exactly the block they compute."""
+"""Fused layers (sage_engine/fused.py): close to the model's forward() under a real tree mask on every family, with
+and without oneDNN-packed products, used for both models by default and for the draft alone with
+tree_forward="layers", dropped by the runner's check when they are not close, and refused where a layer is not
+exactly the block they compute."""
 
 import numpy as np
 import pytest
@@ -48,23 +49,30 @@ def test_fused_layers_are_close_to_forward_under_a_tree_mask(name):
 
 
 @pytest.mark.parametrize("name", ["qwen2.5-vl", "smolvlm"])
-def test_the_engine_drafts_with_fused_layers_and_verifies_with_the_targets_own(name):
+def test_the_engine_fuses_both_models_and_layers_mode_keeps_the_targets_own(name):
     pair = pair_for(name)
     prep = prepare_input(pair, "describe what you see", images=[image(6)])
+    exact = SpecEngine(pair, tree_forward="layers")
+    reference = exact.generate(prep, "ar", max_new_tokens=24, ignore_eos=True).token_ids
+    assert exact.generate(prep, "sage", max_new_tokens=24, ignore_eos=True).token_ids == reference
+    assert exact.target.tree_forward == "layers" and exact.target.fused is None   # the target's own layers
+    assert exact.draft.tree_forward == "fused" and exact.draft.stack_checked   # the draft fused, kept by the check
     engine = SpecEngine(pair)
-    reference = engine.generate(prep, "ar", max_new_tokens=24, ignore_eos=True).token_ids
+    assert engine.generate(prep, "ar", max_new_tokens=24, ignore_eos=True).token_ids == reference
     assert engine.generate(prep, "sage", max_new_tokens=24, ignore_eos=True).token_ids == reference
-    assert engine.draft.tree_forward == "fused" and engine.draft.stack_checked   # kept by the check
-    assert engine.target.tree_forward == "layers" and engine.target.fused is None   # never for the target
-    plain = SpecEngine(pair, layer_stack=False)
+    assert engine.target.tree_forward == "fused" and engine.draft.tree_forward == "fused"   # narrow: not packed
+    assert engine.target.stack_checked
+    plain = SpecEngine(pair, tree_forward="forward")
     assert plain.draft.tree_forward == "forward" and plain.draft.fused is None
+    with pytest.raises(ValueError, match="tree_forward"):
+        SpecEngine(pair, tree_forward="fast")
 
 
 def test_fused_layers_that_are_not_close_are_dropped_and_the_output_stays(monkeypatch):
     pair = pair_for("qwen2.5-vl")
     prep = prepare_input(pair, "describe what you see", images=[image(8)])
-    reference = SpecEngine(pair, layer_stack=False).generate(prep, "sage", max_new_tokens=24,
-                                                              ignore_eos=True).token_ids
+    reference = SpecEngine(pair, tree_forward="forward").generate(prep, "sage", max_new_tokens=24,
+                                                                   ignore_eos=True).token_ids
 
     def interleaved(x, cos, sin):   # a plausible slip: the other rotary convention (pairs, not halves)
         pairs = torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
@@ -72,9 +80,10 @@ def test_fused_layers_that_are_not_close_are_dropped_and_the_output_stays(monkey
 
     monkeypatch.setattr(fused_mod, "_rotate", interleaved)
     engine = SpecEngine(pair)
-    assert engine.draft.fused is not None   # built ...
+    assert engine.draft.fused is not None and engine.target.fused is not None   # built ...
     assert engine.generate(prep, "sage", max_new_tokens=24, ignore_eos=True).token_ids == reference
-    assert engine.draft.fused is None and engine.draft.stack is not None   # ... and dropped by the check
+    for runner in (engine.target, engine.draft):   # ... and dropped by the check, the model's own layers kept
+        assert runner.fused is None and runner.stack is not None
     # the control is real: the slip does change the draft's logits
     runner = ModelRunner(pair.draft, fused=True)
     runner.prefill(prep.for_draft())
@@ -122,7 +131,7 @@ def test_a_fused_text_model_drafts_losslessly():
                num_key_value_heads=2)
     draft = LlamaForCausalLM(LlamaConfig(**cfg)).eval()
     runner = ModelRunner(draft, fused=True)
-    assert runner.fused is not None and runner.fused.layers[0].qkv_bias is None
+    assert runner.fused is not None and runner.fused.layers[0].qkv.bias is None
     runner.prefill({"input_ids": torch.tensor([[1, 2, 3, 4, 5]]), "attention_mask": torch.ones(1, 5, dtype=torch.long)})
     allowed = np.tril(np.ones((3, 3), bool))
     out = runner.forward([6, 7, 8], [5, 6, 7], allowed)
@@ -147,3 +156,71 @@ def test_a_bf16_draft_keeps_its_fused_layers():
     start = runner.seq_len
     runner.forward([5, 7, 9], [start, start + 1, start + 2], np.tril(np.ones((3, 3), bool)))
     assert runner.stack_checked and runner.fused is not None
+
+
+def _wide_text_model(**over):
+    """A Qwen2 LM wide enough for packed products (hidden fused_mod.PACK_MIN_HIDDEN)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(1)
+    cfg = dict(vocab_size=96, hidden_size=fused_mod.PACK_MIN_HIDDEN, intermediate_size=512, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2) | over
+    return Qwen2ForCausalLM(Qwen2Config(**cfg)).eval()
+
+
+def _prefilled(model):
+    runner = ModelRunner(model, fused=True)
+    runner.prefill({"input_ids": torch.tensor([[1, 2, 3, 4, 5]]), "attention_mask": torch.ones(1, 5, dtype=torch.long)})
+    return runner
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+def test_packed_products_are_close_to_forward_and_kept_by_the_check():
+    model = _wide_text_model()
+    runner = _prefilled(model)
+    assert runner.tree_forward == "fused+packed"
+    layer = runner.fused.layers[0]
+    assert all(p.packed is not None for p in (layer.qkv, layer.out, layer.gate_up, layer.down, runner.fused.head))
+    x = torch.randn(1, 7, fused_mod.PACK_MIN_HIDDEN)
+    assert torch.allclose(layer.gate_up(x), torch.nn.functional.linear(x, layer.gate_up.weight), atol=1e-4)
+    allowed = np.tril(np.ones((3, 3), bool))
+    out = runner.forward([6, 7, 8], [5, 6, 7], allowed)
+    assert runner.fused is not None   # the check on this first cached forward kept it
+    with torch.inference_mode():
+        full = model(input_ids=torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])).logits[0, 5:]
+    assert torch.allclose(out.logits, full, atol=1e-4 * float(full.abs().max()))
+    assert torch.equal(out.logits.argmax(-1), full.argmax(-1))
+    one = runner.forward([9], [8], np.ones((1, 1), bool))   # a one-token step goes the same way
+    with torch.inference_mode():
+        full = model(input_ids=torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8, 9]])).logits[0, -1:]
+    assert torch.allclose(one.logits, full, atol=1e-4 * float(full.abs().max()))
+
+
+def test_products_are_packed_only_for_wide_float32_models_with_onednn(monkeypatch):
+    def packed(model):
+        stack = decoder_stack(model, fam.TEXT)
+        return fused_mod.fused_decoder(stack).layers[0].qkv.packed is not None
+
+    if torch.backends.mkldnn.is_available():
+        assert packed(_wide_text_model())
+    assert not packed(_wide_text_model(hidden_size=128))   # narrow: F.linear is faster there
+    assert not packed(_wide_text_model().to(torch.bfloat16))
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    assert not packed(_wide_text_model())
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+def test_a_wrong_packed_product_is_dropped_by_the_check(monkeypatch):
+    model = _wide_text_model()
+    real = fused_mod.Product.__call__
+
+    def biasless(self, x):   # a plausible slip: the packed call loses the projection's bias
+        return real(self, x) if self.packed is None else fused_mod.Product(self.weight, None, self.packed)(x)
+
+    runner = _prefilled(model)
+    assert runner.tree_forward == "fused+packed"   # built (before the slip: packs() would refuse it) ...
+    monkeypatch.setattr(fused_mod.Product, "__call__", biasless)
+    out = runner.forward([6, 7, 8], [5, 6, 7], np.tril(np.ones((3, 3), bool)))
+    assert runner.fused is None and runner.stack is not None   # ... and dropped: the model's own layers from here
+    own = ModelRunner(model)   # the model's own layers, checked bit-identical to forward()
+    own.prefill({"input_ids": torch.tensor([[1, 2, 3, 4, 5]]), "attention_mask": torch.ones(1, 5, dtype=torch.long)})
+    assert torch.equal(out.logits, own.forward([6, 7, 8], [5, 6, 7], np.tril(np.ones((3, 3), bool))).logits)

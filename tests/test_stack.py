@@ -65,10 +65,10 @@ def test_layer_stack_equals_forward_under_a_tree_mask(name):
 def test_engine_keeps_the_stack_and_speculation_stays_lossless(name):
     pair = pair_for(name)
     prep = prepare_input(pair, "describe what you see", images=[image(6)])
-    plain = SpecEngine(pair, layer_stack=False)
+    plain = SpecEngine(pair, tree_forward="forward")
     reference = plain.generate(prep, "ar", max_new_tokens=24, ignore_eos=True).token_ids
     assert plain.target.stack is None and plain.draft.stack is None
-    engine = SpecEngine(pair)
+    engine = SpecEngine(pair, tree_forward="layers")
     assert engine.generate(prep, "ar", max_new_tokens=24, ignore_eos=True).token_ids == reference
     assert engine.generate(prep, "sage", max_new_tokens=24, ignore_eos=True).token_ids == reference
     assert engine.target.stack is not None and engine.draft.stack is not None   # both checks passed
@@ -78,14 +78,15 @@ def test_engine_keeps_the_stack_and_speculation_stays_lossless(name):
 def test_a_stack_that_differs_from_forward_is_dropped(monkeypatch):
     pair = pair_for("qwen2.5-vl")
     prep = prepare_input(pair, "describe what you see", images=[image(8)])
-    reference = SpecEngine(pair, layer_stack=False).generate(prep, "sage", max_new_tokens=24, ignore_eos=True).token_ids
+    reference = SpecEngine(pair, tree_forward="forward").generate(prep, "sage", max_new_tokens=24,
+                                                                   ignore_eos=True).token_ids
     real = stack_mod.DecoderStack.__call__
 
     def without_final_norm(self, ids, positions, mask, cache):   # a plausible slip: the final norm forgotten
         return real(dataclasses.replace(self, norm=torch.nn.Identity()), ids, positions, mask, cache)
 
     monkeypatch.setattr(stack_mod.DecoderStack, "__call__", without_final_norm)
-    engine = SpecEngine(pair)
+    engine = SpecEngine(pair, tree_forward="layers")
     assert engine.target.stack is not None   # found ...
     assert engine.generate(prep, "sage", max_new_tokens=24, ignore_eos=True).token_ids == reference
     assert engine.target.stack is None and engine.draft.stack is None   # ... and dropped by the check

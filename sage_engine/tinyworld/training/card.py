@@ -136,10 +136,11 @@ def _arch(model) -> str:
 
 def _tree_forward_text(report: dict) -> str:
     how = report.get("tree_forward") or {}
-    if how.get("target") != "layers" or how.get("draft") not in ("layers", "fused"):
-        return ""
-    text = "; tree steps through the decoder layers directly, sage_engine/stack.py"
-    return text + (" (the draft's fused, sage_engine/fused.py)" if how["draft"] == "fused" else "")
+    parts = {"layers": "through its decoder layers directly (sage_engine/stack.py)",
+             "fused": "with fused products (sage_engine/fused.py)",
+             "fused+packed": "with fused products on oneDNN-packed weights (sage_engine/fused.py)"}
+    said = [f"the {who}'s {parts[how[who]]}" for who in ("target", "draft") if how.get(who) in parts]
+    return "; decode steps: " + ", ".join(said) if said else ""
 
 
 def _bench_text(bench: dict | None) -> str:
