@@ -5,10 +5,11 @@ of the engine speaks only in sequence positions, token ids and boolean attention
 sequence position p is fed at position_ids [1, q] = p + rope_delta, where rope_delta is the text shift
 the family's rule reads after prefill (M-RoPE: the model's rope_deltas; 1D: 0; after a pruned draft
 prefill: what keeps the text at its unpruned positions).
-Prefill goes through the model's public forward(); tree forwards go through the model's own decoder
-layers called in turn (stack.py) once the first one has given bit-identical logits to forward(), else
-through forward(). A draft's runner may instead compute its layers with fused products (fused.py), checked
-close to forward() once: the draft only proposes, so its last bits never reach the output.
+Prefill goes through the model's public forward(); cached forwards (decode steps, tree levels, verify passes) go
+through the model's own decoder layers called in turn (stack.py) once the first one has given bit-identical logits
+to forward(), else through forward(). With `fused`, the runner computes those layers with fused products instead
+(fused.py; a CPU float32 target's on oneDNN-packed weights), kept once its first forward came out close to
+forward() with the same argmax on every row (their last bits may differ: see fused.py on exactness).
 """
 
 from __future__ import annotations
@@ -55,10 +56,10 @@ def _sync(device: torch.device) -> None:
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, vocab_limit: int | None = None, family: Family | None = None,
                  layer_stack: bool = True, fused: bool = False):
-        """layer_stack: run tree forwards through the decoder layers directly (stack.py) where that is
+        """layer_stack: run cached forwards through the decoder layers directly (stack.py) where that is
         checked to equal forward(); False: always forward(). fused: with the stack, compute the layers with
-        fused products where they are checked close to forward() (fused.py; for a draft only: its logits may
-        differ from forward()'s in the last bits)."""
+        fused products where they are checked close to forward() (fused.py: logits that may differ from
+        forward()'s in the last bits)."""
         self.model = model
         self.family = family or adapter_for(model)
         self.stack: DecoderStack | None = decoder_stack(model, self.family) if layer_stack else None
