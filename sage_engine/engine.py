@@ -221,7 +221,7 @@ class SpecEngine:
         root, step = first, 0
         while not out.finished:
             step += 1
-            t0 = time.perf_counter()
+            t0, checked_ms = time.perf_counter(), self._check_ms()
             quote = self.costs.quote(key)
             # 1. draft a tree shaped by the policy (ar, or a step the policy decodes plain: an empty tree).
             left = out.budget - len(out.ids)  # tokens the run may still emit: a tree deeper than left - 1 is waste
@@ -240,7 +240,10 @@ class SpecEngine:
             if drafting:
                 self.drafter.settle(tree, verdict.accepted, verdict.bonus)
             # 5. the policy learns from the outcome (and the meter from what the step cost).
-            wall_ms = (time.perf_counter() - t0) * 1e3 - draft.prefill_ms
+            # the step's cost as the meter and the policy judge it: without the draft's prefill and the runners'
+            # one-off check of their layers (a first drafted step ~10 ms slower would turn a fresh engine's policy
+            # to plain steps), both still in the event's times
+            wall_ms = (time.perf_counter() - t0) * 1e3 - draft.prefill_ms - (self._check_ms() - checked_ms)
             self.costs.record(StepTiming(key, len(verdict.accepted) + 1, len(tree), wall_ms, verify.ms, draft.ms,
                                          draft.forwards, sum(tree.cum_probs)))
             policy.observe(StepOutcome(tree, verdict.accepted, len(verdict.accepted) + 1, wall_ms, draft.forwards > 0))
@@ -261,6 +264,10 @@ class SpecEngine:
         ids = [t for s in steps for t in s.new_token_ids]
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         return GenerationResult(name, text, ids, summarize(steps, ids, seconds), steps)
+
+    def _check_ms(self) -> float:
+        """Time the runners have spent checking their layers against forward() (stack.py, fused.py) so far."""
+        return self.target.check_ms + (0.0 if self.draft is None else self.draft.check_ms)
 
     # ------------------------------------------------------------------ telemetry
     def _event(self, step: int, policy: Policy, out: Transcript, ids: list[int], text: list[str], t0: float, *,

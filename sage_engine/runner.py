@@ -65,6 +65,7 @@ class ModelRunner:
         self.stack: DecoderStack | None = decoder_stack(model, self.family) if layer_stack else None
         self.fused: FusedDecoder | None = fused_decoder(self.stack) if fused and self.stack is not None else None
         self.stack_checked = False  # the first tree forward compares the stack (and the fused layers) with forward()
+        self.check_ms = 0.0  # time that check took (once per runner: not a cost of the step it fell in)
         emb = model.get_input_embeddings()
         self.device = emb.weight.device  # where input ids go (first shard)
         if self.device.type == "meta":  # accelerate offloaded it (CPU/disk): ids go where its hook runs it
@@ -125,7 +126,9 @@ class ModelRunner:
         pos = torch.tensor([[p + delta for p in positions]], device=self.device)  # [1, q]
         mask = additive_mask(allowed, past, self.dtype, self.device)  # [1, 1, q, past + r]
         if self.stack is not None and not self.stack_checked:
+            t0 = time.perf_counter()
             self._check_stack(ids, pos, mask)
+            self.check_ms = (time.perf_counter() - t0) * 1e3
         t0 = time.perf_counter()
         net = self.fused or self.stack
         if net is not None:

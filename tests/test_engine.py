@@ -105,6 +105,29 @@ def test_engine_meters_every_step_and_the_cost_threshold_prices_from_it(setup):
     assert all(s.node_price is None and s.level_price is None for s in ar.steps)
 
 
+def test_the_runners_one_off_check_is_not_metered_as_a_step_cost(monkeypatch):
+    """The first cached forward of each model is checked against forward() (runner.py): that time is in the first
+    step's event, but not in what the cost meter and the policy judge drafted steps by."""
+    import time
+
+    from sage_engine.runner import ModelRunner
+    real = ModelRunner._check_stack
+
+    def slow_check(self, *args):
+        time.sleep(0.05)
+        return real(self, *args)
+
+    monkeypatch.setattr(ModelRunner, "_check_stack", slow_check)
+    pair = qwen25_pair("noisy", seed=2)
+    engine = SpecEngine(pair)
+    res = engine.generate(prepare_input(pair, "describe the scene", images=[image(2)]), "chain", max_new_tokens=12,
+                          ignore_eos=True)
+    first = res.steps[1]   # the first step ran both runners' checks
+    assert engine.target.check_ms >= 50 and engine.draft.check_ms >= 50
+    assert first.other_ms >= 100   # the event keeps every millisecond of the step
+    assert engine.costs.steps[0].wall_ms < 50   # the meter does not
+
+
 def test_bad_requests_raise_input_errors(setup):
     pair, engine, prep = setup
     with pytest.raises(InputError, match="empty"):
