@@ -126,6 +126,10 @@ class SpecEngine:
             self.draft = ModelRunner(pair.draft, vocab_limit=shared_vocab(pair.target, pair.draft),
                                      layer_stack=stack, fused=stack)
         self.drafter = Drafter(self.draft, draft_pruning) if self.draft is not None else None
+        words = (self.tokenizer.encode("A check of the layers.", add_special_tokens=False) * 8)[:8]
+        for runner in (self.target, self.draft):  # each model's layers checked against forward() now, not in a run
+            if runner is not None:
+                runner.check_layers(words)
         self.keep_prompt = keep_prompt
         self.accept = acceptance or GreedyAcceptance()
         self.costs = CostMeter()  # step timings of every run on this engine (cost-aware policies read them)

@@ -184,6 +184,24 @@ class ModelRunner:
             compact(self.cache, start, [])
         return ok
 
+    def check_layers(self, ids: list[int]) -> None:
+        """Check the stack (and the fused layers) now, on a text prompt of `ids` and a 3-node tree after it, instead
+        of inside the first decode step; the cache is dropped after it. Where the model cannot take a text-only
+        prompt, the check stays where it was (the first cached forward of a run)."""
+        if self.stack is None or self.stack_checked or len(ids) < 4:
+            return
+        t0 = time.perf_counter()
+        try:
+            self.prefill({"input_ids": torch.tensor([ids[:-3]]), "attention_mask": torch.ones(1, len(ids) - 3,
+                                                                                               dtype=torch.long)})
+            n = self.seq_len
+            self.forward(ids[-3:], [n, n + 1, n + 1], np.array([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=bool))
+        except Exception:  # noqa: BLE001 - e.g. a model that needs its images: checked on the first real forward
+            self.stack_checked = False
+        finally:
+            self.cache, self.rope_delta, self._kept = None, 0, None
+        self.check_ms = (time.perf_counter() - t0) * 1e3
+
     @torch.inference_mode()
     def keep(self, start: int, cols: list[int]) -> None:
         """Keep cache columns start + cols (in order), drop the rest of the region."""

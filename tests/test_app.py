@@ -19,7 +19,7 @@ import pytest
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 
-from sage_engine import RunStats
+from sage_engine import RunStats, SpecEngine
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -85,7 +85,17 @@ def test_api_signature(client):
 
 
 @pytest.mark.parametrize("preset", app_server.presets())
-def test_image_streams_and_matches(client, media, preset):
+def test_image_streams_and_matches(client, media, preset, monkeypatch):
+    # each decode step slowed by 10 ms: the test pairs answer 40 tokens in a few hundredths of a second, too fast for
+    # the pacer to afford an update besides the first token's (the server runs in this process)
+    real_stream = SpecEngine.stream
+
+    def slowed(self, *args, **kwargs):
+        for event in real_stream(self, *args, **kwargs):
+            time.sleep(0.01)
+            yield event
+
+    monkeypatch.setattr(SpecEngine, "stream", slowed)
     updates, final = run(client, image=handle_file(media.image), video=None, prompt=media.image_prompt,
                          max_new_tokens=40, policy="sage", preset=preset)
     check_summary(final)

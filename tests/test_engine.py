@@ -105,9 +105,11 @@ def test_engine_meters_every_step_and_the_cost_threshold_prices_from_it(setup):
     assert all(s.node_price is None and s.level_price is None for s in ar.steps)
 
 
-def test_the_runners_one_off_check_is_not_metered_as_a_step_cost(monkeypatch):
-    """The first cached forward of each model is checked against forward() (runner.py): that time is in the first
-    step's event, but not in what the cost meter and the policy judge drafted steps by."""
+@pytest.mark.parametrize("when", ["built", "first step"])
+def test_the_runners_one_off_check_is_not_metered_as_a_step_cost(monkeypatch, when):
+    """Each model's layers are checked against forward() once (runner.py): when the engine is built, or, for a model
+    that cannot take a text-only prompt, on its first cached forward. Either way that time is not in what the cost
+    meter and the policy judge drafted steps by (in the second case it is in the first step's event)."""
     import time
 
     from sage_engine.runner import ModelRunner
@@ -118,14 +120,17 @@ def test_the_runners_one_off_check_is_not_metered_as_a_step_cost(monkeypatch):
         return real(self, *args)
 
     monkeypatch.setattr(ModelRunner, "_check_stack", slow_check)
+    if when == "first step":
+        monkeypatch.setattr(ModelRunner, "check_layers", lambda self, ids: None)
     pair = qwen25_pair("noisy", seed=2)
     engine = SpecEngine(pair)
+    assert (engine.target.stack_checked and engine.draft.stack_checked) == (when == "built")
     res = engine.generate(prepare_input(pair, "describe the scene", images=[image(2)]), "chain", max_new_tokens=12,
                           ignore_eos=True)
-    first = res.steps[1]   # the first step ran both runners' checks
     assert engine.target.check_ms >= 50 and engine.draft.check_ms >= 50
-    assert first.other_ms >= 100   # the event keeps every millisecond of the step
-    assert engine.costs.steps[0].wall_ms < 50   # the meter does not
+    first = res.steps[1]
+    assert (first.other_ms >= 100) == (when == "first step")   # the event keeps every millisecond of its step
+    assert engine.costs.steps[0].wall_ms < 50   # the meter does not count the check
 
 
 def test_bad_requests_raise_input_errors(setup):

@@ -79,11 +79,12 @@ def test_fused_layers_that_are_not_close_are_dropped_and_the_output_stays(monkey
         return x * cos + pairs * sin
 
     monkeypatch.setattr(fused_mod, "_rotate", interleaved)
+    assert ModelRunner(pair.draft, fused=True).fused is not None   # built ...
+    assert ModelRunner(pair.target, fused=True).fused is not None
     engine = SpecEngine(pair)
-    assert engine.draft.fused is not None and engine.target.fused is not None   # built ...
+    for runner in (engine.target, engine.draft):   # ... and dropped by the check (when the engine was built)
+        assert runner.stack_checked and runner.fused is None and runner.stack is not None
     assert engine.generate(prep, "sage", max_new_tokens=24, ignore_eos=True).token_ids == reference
-    for runner in (engine.target, engine.draft):   # ... and dropped by the check, the model's own layers kept
-        assert runner.fused is None and runner.stack is not None
     # the control is real: the slip does change the draft's logits
     runner = ModelRunner(pair.draft, fused=True)
     runner.prefill(prep.for_draft())

@@ -86,10 +86,11 @@ def test_a_stack_that_differs_from_forward_is_dropped(monkeypatch):
         return real(dataclasses.replace(self, norm=torch.nn.Identity()), ids, positions, mask, cache)
 
     monkeypatch.setattr(stack_mod.DecoderStack, "__call__", without_final_norm)
+    assert ModelRunner(pair.target).stack is not None   # found ...
     engine = SpecEngine(pair, tree_forward="layers")
-    assert engine.target.stack is not None   # found ...
-    assert engine.generate(prep, "sage", max_new_tokens=24, ignore_eos=True).token_ids == reference
+    assert engine.target.stack_checked and engine.draft.stack_checked
     assert engine.target.stack is None and engine.draft.stack is None   # ... and dropped by the check
+    assert engine.generate(prep, "sage", max_new_tokens=24, ignore_eos=True).token_ids == reference
     # the control is real: the wrong stack does change the logits
     runner = ModelRunner(pair.target)
     runner.prefill(prep.target_inputs)
@@ -134,3 +135,21 @@ def test_rotary_table_gives_the_rotary_modules_own_numbers(name):
             want = stack.rotary(h, p[None].expand(3, 1, -1) if stack.mrope else p)
             assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), pos
     assert stack.tables["cos"].shape[1] == 8192
+
+
+def test_a_model_that_cannot_be_checked_on_text_is_checked_on_its_first_forward(monkeypatch):
+    pair = pair_for("qwen2.5-vl")
+    runner = ModelRunner(pair.target, fused=True)
+
+    def needs_images(inputs, pruning=None):
+        raise ValueError("this model needs pixel_values")
+
+    monkeypatch.setattr(runner, "prefill", needs_images)
+    runner.check_layers([5, 6, 7, 8, 9])
+    assert not runner.stack_checked and runner.cache is None   # nothing checked, nothing left behind
+    monkeypatch.undo()
+    prep = prepare_input(pair, "describe what you see", images=[image(3)])
+    runner.prefill(prep.target_inputs)
+    n = runner.seq_len
+    runner.forward([5, 6], [n, n + 1], np.tril(np.ones((2, 2), bool)))
+    assert runner.stack_checked and runner.check_ms > 0 and runner.fused is not None   # checked here, and kept
