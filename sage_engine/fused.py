@@ -25,8 +25,9 @@ different BLAS paths and differ by as much. Every emitted token is the argmax of
 computes them, in the `ar` lane and in verification alike; it equals transformers' own generate() wherever no two
 top logits are closer than that (every `bench` run checks `hf_generate` token for token against `ar`).
 `--tree-forward layers` keeps the target on its own modules (stack.py, bit-identical to forward() at the same
-shapes) and fuses only the draft. The runner checks the fused layers once per model, on its first cached forward:
-the same argmax on every row and logits within 1e-3 of their scale, or they are dropped.
+shapes) and fuses only the draft. The runner checks the fused layers once per model (when the engine is built, on a
+short text prompt; else on its first cached forward): the same argmax on every row and logits within 1e-3 of their
+scale, or they are dropped.
 
 Used where a layer is exactly that block: its children are the two norms, an attention of q/k/v/o projections and
 an MLP of gate/up/down projections with SiLU (nothing else, e.g. no q/k norms), and the fused copies of the
@@ -211,8 +212,9 @@ def fused_decoder(stack: DecoderStack) -> FusedDecoder | None:
     pack = packs(stack)
     copied = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj") + (("o_proj", "down_proj") if pack else ())
     suffixes = tuple(f"{part}.weight" for part in copied)
-    if sum(p.numel() for layer in stack.layers for name, p in layer.named_parameters()
-           if name.endswith(suffixes)) > MAX_FUSED_PARAMS:
+    head_copy = stack.head.weight.numel() if pack else 0  # packs() found a weight on the head
+    if head_copy + sum(p.numel() for layer in stack.layers for name, p in layer.named_parameters()
+                       if name.endswith(suffixes)) > MAX_FUSED_PARAMS:
         return None
     norm = _rms(stack.norm)
     layers = tuple(_fuse(i, layer, pack) for i, layer in enumerate(stack.layers))
@@ -235,8 +237,9 @@ def fused_decoder(stack: DecoderStack) -> FusedDecoder | None:
 
 @torch.inference_mode()
 def _warm(products: list[Product], rows: int) -> None:
-    """Call one packed product of each weight shape on 1..rows rows, so that no decode step builds a kernel."""
-    shapes = {tuple(p.weight.shape): p for p in products if p.packed is not None}
+    """Call one packed product of each kind (weight shape, with or without a bias) on 1..rows rows, so that no decode
+    step builds a kernel."""
+    shapes = {(tuple(p.weight.shape), p.bias is None): p for p in products if p.packed is not None}
     for p in shapes.values():
         for m in range(1, rows + 1):
             p(p.weight.new_zeros(1, m, p.weight.shape[1]))

@@ -9,7 +9,8 @@ Prefill goes through the model's public forward(); cached forwards (decode steps
 through the model's own decoder layers called in turn (stack.py) once the first one has given bit-identical logits
 to forward(), else through forward(). With `fused`, the runner computes those layers with fused products instead
 (fused.py; a CPU float32 target's on oneDNN-packed weights), kept once its first forward came out close to
-forward() with the same argmax on every row (their last bits may differ: see fused.py on exactness).
+forward() with the same argmax on every row (their last bits may differ: see fused.py on exactness). The check runs
+once per model: on a short text prompt when the engine is built (`check_layers`), else on its first cached forward.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class ModelRunner:
         self.stack: DecoderStack | None = decoder_stack(model, self.family) if layer_stack else None
         self.fused: FusedDecoder | None = fused_decoder(self.stack) if fused and self.stack is not None else None
         self.stack_checked = False  # the first tree forward compares the stack (and the fused layers) with forward()
-        self.check_ms = 0.0  # time that check took (once per runner: not a cost of the step it fell in)
+        self.check_ms = 0.0  # time spent checking so far (once per runner: not a cost of the step it falls in)
         emb = model.get_input_embeddings()
         self.device = emb.weight.device  # where input ids go (first shard)
         if self.device.type == "meta":  # accelerate offloaded it (CPU/disk): ids go where its hook runs it
@@ -128,7 +129,7 @@ class ModelRunner:
         if self.stack is not None and not self.stack_checked:
             t0 = time.perf_counter()
             self._check_stack(ids, pos, mask)
-            self.check_ms = (time.perf_counter() - t0) * 1e3
+            self.check_ms += (time.perf_counter() - t0) * 1e3
         t0 = time.perf_counter()
         net = self.fused or self.stack
         if net is not None:
@@ -190,7 +191,7 @@ class ModelRunner:
         prompt, the check stays where it was (the first cached forward of a run)."""
         if self.stack is None or self.stack_checked or len(ids) < 4:
             return
-        t0 = time.perf_counter()
+        t0, before = time.perf_counter(), self.check_ms
         try:
             self.prefill({"input_ids": torch.tensor([ids[:-3]]), "attention_mask": torch.ones(1, len(ids) - 3,
                                                                                                dtype=torch.long)})
@@ -200,7 +201,7 @@ class ModelRunner:
             self.stack_checked = False
         finally:
             self.cache, self.rope_delta, self._kept = None, 0, None
-        self.check_ms = (time.perf_counter() - t0) * 1e3
+        self.check_ms = before + (time.perf_counter() - t0) * 1e3  # the check's prompt included
 
     @torch.inference_mode()
     def keep(self, start: int, cols: list[int]) -> None:

@@ -124,6 +124,24 @@ def test_layers_that_are_not_the_plain_block_are_not_fused(monkeypatch):
     assert not fusable(Qwen2ForCausalLM(Qwen2Config(**text)))
 
 
+def _prefilled(model):
+    """A fused runner of `model` after the prompt 1..5."""
+    runner = ModelRunner(model, fused=True)
+    runner.prefill({"input_ids": torch.tensor([[1, 2, 3, 4, 5]]), "attention_mask": torch.ones(1, 5, dtype=torch.long)})
+    return runner
+
+
+def _chain_close_to_forward(runner, model):
+    """Feed 6, 7, 8 after the prompt as one cached forward: kept by the runner's check, and close to the model's
+    forward() over the whole sequence. Returns (the runner's logits, forward()'s)."""
+    out = runner.forward([6, 7, 8], [5, 6, 7], np.tril(np.ones((3, 3), bool)))
+    assert runner.fused is not None   # the check on this first cached forward kept it
+    with torch.inference_mode():
+        full = model(input_ids=torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])).logits[0, 5:]
+    assert torch.allclose(out.logits, full, atol=1e-4 * float(full.abs().max()))
+    return out.logits, full
+
+
 def test_a_fused_text_model_drafts_losslessly():
     """A plain decoder-only LM (TEXT family), Llama-style blocks without q/k/v biases."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -131,15 +149,9 @@ def test_a_fused_text_model_drafts_losslessly():
     cfg = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                num_key_value_heads=2)
     draft = LlamaForCausalLM(LlamaConfig(**cfg)).eval()
-    runner = ModelRunner(draft, fused=True)
+    runner = _prefilled(draft)
     assert runner.fused is not None and runner.fused.layers[0].qkv.bias is None
-    runner.prefill({"input_ids": torch.tensor([[1, 2, 3, 4, 5]]), "attention_mask": torch.ones(1, 5, dtype=torch.long)})
-    allowed = np.tril(np.ones((3, 3), bool))
-    out = runner.forward([6, 7, 8], [5, 6, 7], allowed)
-    assert runner.fused is not None   # the check on this first tree forward kept it
-    with torch.inference_mode():
-        full = draft(input_ids=torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])).logits[0, 5:]
-    assert torch.allclose(out.logits, full, atol=1e-4 * float(full.abs().max()))
+    _chain_close_to_forward(runner, draft)
 
 
 def test_a_bf16_draft_keeps_its_fused_layers():
@@ -168,12 +180,6 @@ def _wide_text_model(**over):
     return Qwen2ForCausalLM(Qwen2Config(**cfg)).eval()
 
 
-def _prefilled(model):
-    runner = ModelRunner(model, fused=True)
-    runner.prefill({"input_ids": torch.tensor([[1, 2, 3, 4, 5]]), "attention_mask": torch.ones(1, 5, dtype=torch.long)})
-    return runner
-
-
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 def test_packed_products_are_close_to_forward_and_kept_by_the_check():
     model = _wide_text_model()
@@ -183,13 +189,8 @@ def test_packed_products_are_close_to_forward_and_kept_by_the_check():
     assert all(p.packed is not None for p in (layer.qkv, layer.out, layer.gate_up, layer.down, runner.fused.head))
     x = torch.randn(1, 7, fused_mod.PACK_MIN_HIDDEN)
     assert torch.allclose(layer.gate_up(x), torch.nn.functional.linear(x, layer.gate_up.weight), atol=1e-4)
-    allowed = np.tril(np.ones((3, 3), bool))
-    out = runner.forward([6, 7, 8], [5, 6, 7], allowed)
-    assert runner.fused is not None   # the check on this first cached forward kept it
-    with torch.inference_mode():
-        full = model(input_ids=torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])).logits[0, 5:]
-    assert torch.allclose(out.logits, full, atol=1e-4 * float(full.abs().max()))
-    assert torch.equal(out.logits.argmax(-1), full.argmax(-1))
+    got, full = _chain_close_to_forward(runner, model)
+    assert torch.equal(got.argmax(-1), full.argmax(-1))
     one = runner.forward([9], [8], np.ones((1, 1), bool))   # a one-token step goes the same way
     with torch.inference_mode():
         full = model(input_ids=torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8, 9]])).logits[0, -1:]
