@@ -133,7 +133,7 @@ class FusedDecoder:
     embed_weight: torch.Tensor | None  # a plain Embedding's weight (else the stack's module is called)
     head: Product | None  # a plain Linear head, likewise
 
-    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache,
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache,
                  top: int | None = None) -> torch.Tensor:
         """Same contract as DecoderStack: ids, positions [1, q], mask [1, 1, q, kv]; appends to `cache`.
         # -> [1, q, V]"""

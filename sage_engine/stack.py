@@ -54,10 +54,10 @@ class DecoderStack:
         idx = positions[0]
         return cos[:, idx], self.tables["sin"][:, idx]
 
-    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache,
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache,
                  top: int | None = None) -> torch.Tensor:
         """ids, positions [1, q] (positions already shifted; `top` their largest, if the caller knows it), mask
-        [1, 1, q, kv]; appends to `cache`.  # -> [1, q, V]"""
+        [1, 1, q, kv] (None: a single token that sees every column); appends to `cache`.  # -> [1, q, V]"""
         h = self.embed(ids)
         pe = self.position_embeddings(h, positions, top)
         for layer in self.layers:

@@ -10,6 +10,7 @@ of the tree, testable on hand-built trees.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -123,9 +124,12 @@ def verify_allowed(parents: list[int]) -> np.ndarray:
     return allowed
 
 
+@functools.lru_cache(maxsize=64)
 def chain_allowed(q: int) -> np.ndarray:
-    """Causal pattern for q consecutive tokens.  # [q, q] bool"""
-    return np.tril(np.ones((q, q), dtype=bool))
+    """Causal pattern for q consecutive tokens, read-only (one array per q, kept).  # [q, q] bool"""
+    out = np.tril(np.ones((q, q), dtype=bool))
+    out.flags.writeable = False
+    return out
 
 
 def additive_mask(allowed: np.ndarray, past_len: int, dtype: torch.dtype, device) -> torch.Tensor:
