@@ -133,6 +133,11 @@ class FusedDecoder:
     embed_weight: torch.Tensor | None  # a plain Embedding's weight (else the stack's module is called)
     head: Product | None  # a plain Linear head, likewise
 
+    @property
+    def packed(self) -> bool:
+        """Do the products go through oneDNN on packed weights (`packs`)?"""
+        return self.layers[0].qkv.packed is not None
+
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache,
                  top: int | None = None) -> torch.Tensor:
         """Same contract as DecoderStack: ids, positions [1, q], mask [1, 1, q, kv]; appends to `cache`.
@@ -210,11 +215,16 @@ def fused_decoder(stack: DecoderStack) -> FusedDecoder | None:
     if not stack.static_rope or not stack.layers:
         return None
     pack = packs(stack)
-    copied = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj") + (("o_proj", "down_proj") if pack else ())
-    suffixes = tuple(f"{part}.weight" for part in copied)
-    head_copy = stack.head.weight.numel() if pack else 0  # packs() found a weight on the head
-    if head_copy + sum(p.numel() for layer in stack.layers for name, p in layer.named_parameters()
-                       if name.endswith(suffixes)) > MAX_FUSED_PARAMS:
+
+    def weights(*parts: str) -> int:
+        suffixes = tuple(f"{part}.weight" for part in parts)
+        return sum(p.numel() for layer in stack.layers for name, p in layer.named_parameters()
+                   if name.endswith(suffixes))
+
+    stacked = weights("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")  # the q/k/v and gate/up copies
+    # packed: a second copy of every product, the head's too (packs() found a weight on the head)
+    packed = stacked + weights("o_proj", "down_proj") + stack.head.weight.numel() if pack else 0
+    if stacked + packed > MAX_FUSED_PARAMS:
         return None
     norm = _rms(stack.norm)
     layers = tuple(_fuse(i, layer, pack) for i, layer in enumerate(stack.layers))
@@ -235,11 +245,18 @@ def fused_decoder(stack: DecoderStack) -> FusedDecoder | None:
     return fused
 
 
+_WARMED: set[tuple] = set()  # kinds of packed product whose kernels this process has built (oneDNN keeps them)
+
+
 @torch.inference_mode()
 def _warm(products: list[Product], rows: int) -> None:
-    """Call one packed product of each kind (weight shape, with or without a bias) on 1..rows rows, so that no decode
-    step builds a kernel."""
-    shapes = {(tuple(p.weight.shape), p.bias is None): p for p in products if p.packed is not None}
-    for p in shapes.values():
+    """Call one packed product of each kind (weight shape, with or without a bias, at this thread count) on 1..rows
+    rows, so that no decode step builds a kernel; a kind an earlier model of this process warmed is skipped."""
+    kinds = {(tuple(p.weight.shape), p.bias is None, torch.get_num_threads(), rows): p
+             for p in products if p.packed is not None}
+    for kind, p in kinds.items():
+        if kind in _WARMED:
+            continue
         for m in range(1, rows + 1):
             p(p.weight.new_zeros(1, m, p.weight.shape[1]))
+        _WARMED.add(kind)

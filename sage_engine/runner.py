@@ -146,7 +146,7 @@ class ModelRunner:
         """How cached steps run: "fused+packed" or "fused" (fused.py, with or without oneDNN-packed products),
         "layers" (stack.py) or "forward" (the model's forward())."""
         if self.fused is not None:
-            return "fused+packed" if self.fused.layers[0].qkv.packed is not None else "fused"
+            return "fused+packed" if self.fused.packed else "fused"
         return "layers" if self.stack is not None else "forward"
 
     def _forward(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -195,8 +195,8 @@ class ModelRunner:
             return
         t0, before = time.perf_counter(), self.check_ms
         try:
-            self.prefill({"input_ids": torch.tensor([ids[:-3]]), "attention_mask": torch.ones(1, len(ids) - 3,
-                                                                                               dtype=torch.long)})
+            prompt = torch.tensor([ids[:-3]])
+            self.prefill({"input_ids": prompt, "attention_mask": torch.ones_like(prompt)})
             n = self.seq_len
             self.forward(ids[-3:], [n, n + 1, n + 1], np.array([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=bool))
         except Exception:  # noqa: BLE001 - e.g. a model that needs its images: checked on the first real forward
