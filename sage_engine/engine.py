@@ -20,6 +20,8 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
+import torch
+
 from .costs import CostMeter, StepTiming
 from .draft import Draft, Drafter
 from .errors import InputError
@@ -207,7 +209,7 @@ class SpecEngine:
         sampling: temperature, top-p and seed (sampling.py); None or temperature 0: greedy.
         """
         policy = make_policy(policy) if isinstance(policy, str) else policy
-        key, drafting = policy.key, policy.uses_draft
+        drafting = policy.uses_draft
         if drafting and self.draft is None:
             raise InputError(f"policy {policy.name!r} needs a draft model")
         eos = set() if ignore_eos else self.pair.eos_token_ids
@@ -225,37 +227,44 @@ class SpecEngine:
         root, step = first, 0
         while not out.finished:
             step += 1
-            t0, checked_ms = time.perf_counter(), self._check_ms()
-            quote = self.costs.quote(key)
-            # 1. draft a tree shaped by the policy (ar, or a step the policy decodes plain: an empty tree).
-            left = out.budget - len(out.ids)  # tokens the run may still emit: a tree deeper than left - 1 is waste
-            if drafting and left > 1 and not policy.skip_draft(quote):
-                draft = self.drafter.grow(policy, quote, max_depth=left - 1)
-            else:
-                draft = Draft(policy.plain_shape(), DraftTree(), 0)
-            tree = draft.tree
-            # 2. verify the whole tree in one target forward.
-            start_t = self.target.seq_len
-            verify = verify_tree(self.target, root, tree)
-            # 3. accept the longest agreeing path plus the bonus token.
-            verdict = accept(tree, verify.logits)
-            # 4. compact both caches to the accepted path.
-            self.target.keep(start_t, [0] + [1 + n for n in verdict.accepted])
-            if drafting:
-                self.drafter.settle(tree, verdict.accepted, verdict.bonus)
-            # 5. the policy learns from the outcome (and the meter from what the step cost).
-            # the step's cost as the meter and the policy judge it: without the draft's prefill and the runners'
-            # one-off check of their layers (a first drafted step ~10 ms slower would turn a fresh engine's policy
-            # to plain steps), both still in the event's times
-            wall_ms = (time.perf_counter() - t0) * 1e3 - draft.prefill_ms - (self._check_ms() - checked_ms)
-            self.costs.record(StepTiming(key, len(verdict.accepted) + 1, len(tree), wall_ms, verify.ms, draft.ms,
-                                         draft.forwards, sum(tree.cum_probs)))
-            policy.observe(StepOutcome(tree, verdict.accepted, len(verdict.accepted) + 1, wall_ms, draft.forwards > 0))
-            ids, *text = out.extend(verdict.accepted_tokens + [verdict.bonus], len(verdict.accepted_tokens))
-            view = self._tree_view(root, tree, draft.drafted, verdict, accept.name)
-            root = verdict.bonus
-            yield self._event(step, policy, out, ids, text, t0, target_ms=verify.ms, draft=draft, view=view,
-                              verdict=verdict)
+            event = self._step(step, root, policy, accept, out)
+            root = event.bonus_token
+            yield event
+
+    @torch.inference_mode()  # one entry for the step's dozen runner calls (runner.inference)
+    def _step(self, step: int, root: int, policy: Policy, accept, out: Transcript) -> StepEvent:
+        """Decode step `step` after `root` (the last decided token): draft, verify, accept, compact, observe."""
+        key, drafting = policy.key, policy.uses_draft
+        t0, checked_ms = time.perf_counter(), self._check_ms()
+        quote = self.costs.quote(key)
+        # 1. draft a tree shaped by the policy (ar, or a step the policy decodes plain: an empty tree).
+        left = out.budget - len(out.ids)  # tokens the run may still emit: a tree deeper than left - 1 is waste
+        if drafting and left > 1 and not policy.skip_draft(quote):
+            draft = self.drafter.grow(policy, quote, max_depth=left - 1)
+        else:
+            draft = Draft(policy.plain_shape(), DraftTree(), 0)
+        tree = draft.tree
+        # 2. verify the whole tree in one target forward.
+        start_t = self.target.seq_len
+        verify = verify_tree(self.target, root, tree)
+        # 3. accept the longest agreeing path plus the bonus token.
+        verdict = accept(tree, verify.logits)
+        # 4. compact both caches to the accepted path.
+        self.target.keep(start_t, [0] + [1 + n for n in verdict.accepted])
+        if drafting:
+            self.drafter.settle(tree, verdict.accepted, verdict.bonus)
+        # 5. the policy learns from the outcome (and the meter from what the step cost).
+        # the step's cost as the meter and the policy judge it: without the draft's prefill and the runners'
+        # one-off check of their layers (a first drafted step ~10 ms slower would turn a fresh engine's policy
+        # to plain steps), both still in the event's times
+        wall_ms = (time.perf_counter() - t0) * 1e3 - draft.prefill_ms - (self._check_ms() - checked_ms)
+        self.costs.record(StepTiming(key, len(verdict.accepted) + 1, len(tree), wall_ms, verify.ms, draft.ms,
+                                     draft.forwards, sum(tree.cum_probs)))
+        policy.observe(StepOutcome(tree, verdict.accepted, len(verdict.accepted) + 1, wall_ms, draft.forwards > 0))
+        ids, *text = out.extend(verdict.accepted_tokens + [verdict.bonus], len(verdict.accepted_tokens))
+        view = self._tree_view(root, tree, draft.drafted, verdict, accept.name)
+        return self._event(step, policy, out, ids, text, t0, target_ms=verify.ms, draft=draft, view=view,
+                           verdict=verdict)
 
     def generate(self, prepared: PreparedInput, policy: Policy | str = "sage", max_new_tokens: int = 128,
                  stop: tuple[str, ...] = (), ignore_eos: bool = False,

@@ -36,7 +36,7 @@ weights are small (a large model's forward is arithmetic, not overhead, and the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -55,30 +55,78 @@ _MLP_PARTS = {"gate_proj", "up_proj", "down_proj", "act_fn"}
 
 @dataclass(frozen=True)
 class Product:
-    """One projection, y = x W^T + b: by `F.linear`, or by oneDNN on a copy of W prepacked into its blocked layout
-    (`pack`), which skips the re-layout of W that a BLAS product does on every call."""
+    """One projection, y = x W^T + b. In float32, as x @ W^T on a contiguous copy of W^T, or by oneDNN on a copy of W
+    prepacked into its blocked layout (`packed`): either skips what `F.linear` does on every call with the module's
+    [out, in] weight, a BLAS product over its transposed view (on this CPU, 128 -> 384 over 4 rows: 14.5 us by
+    F.linear, 7.1 us on the transposed copy). A single row is computed as two (the same row twice): BLAS takes a
+    matrix-vector path for one row, which sums in another order than its matrix-matrix path, so a token's logits
+    would depend on how many tokens share its forward, and a near-tie could then go one way in an `ar` step and the
+    other in a verify pass; from two rows up, every row of x @ W^T comes out the same whatever the row count
+    (checked for the embedded pair's shapes up to 120 rows; oneDNN's packed products are row-count invariant too).
+    Other dtypes: `F.linear`, whose bias is added before the one rounding (a separate addition would round twice in
+    bfloat16)."""
 
-    weight: torch.Tensor  # [out, in]
+    weight: torch.Tensor  # [out, in] (a view of `transposed` when there is one)
     bias: torch.Tensor | None
-    packed: torch.Tensor | None = None  # W in oneDNN's layout (an opaque mkldnn tensor), or None: F.linear
+    packed: torch.Tensor | None = None  # W in oneDNN's layout (an opaque mkldnn tensor)
+    transposed: torch.Tensor | None = None  # W^T [in, out], contiguous
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is None:
+        if self.packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        if self.transposed is None:
             return F.linear(x, self.weight, self.bias)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        if x.shape[-2] == 1:  # one row goes through the kernel of several (`Product`)
+            y = (x.expand(*x.shape[:-2], 2, x.shape[-1]) @ self.transposed)[..., :1, :]
+        else:
+            y = x @ self.transposed
+        return y if self.bias is None else y + self.bias
+
+
+@dataclass(frozen=True)
+class Norm:
+    """An RMSNorm as FusedDecoder computes it. In float32 its weight (times sqrt(D)) is folded into the columns of
+    the product that reads its output, so the norm itself is h / sqrt(||h||^2 + D eps) = h / (sqrt(D) rms(h)): a
+    reduction, a hypot and a division, against the half-dozen operations of torch's rms_norm (4.6 against 12 us a
+    call on this CPU; a 6-layer target has 13 norms per forward). Other dtypes: the model's own formula
+    (`_rms_norm`)."""
+
+    weight: torch.Tensor | None  # None: folded into the next product
+    eps: float
+    floor: torch.Tensor | None = None  # folded: sqrt(D eps), as a tensor for torch.hypot
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        if self.weight is None:
+            return h / torch.linalg.vector_norm(h, dim=-1, keepdim=True).hypot_(self.floor)
+        return _rms_norm(h, self.weight, self.eps)
+
+
+def _norm(norm: tuple[torch.Tensor, float], fold: bool) -> tuple[Norm, torch.Tensor | None]:
+    """The Norm, and with `fold` the per-column factor to fold into the next product's weight (else None)."""
+    weight, eps = norm
+    if not fold:
+        return Norm(weight, eps), None
+    d = weight.shape[-1]
+    floor = torch.tensor((d * eps) ** 0.5, dtype=weight.dtype, device=weight.device)
+    return Norm(None, eps, floor), weight.detach() * d**0.5
+
+
+def _folded(weight: torch.Tensor, factor: torch.Tensor | None) -> torch.Tensor:
+    """W diag(factor): a product that reads a folded Norm's output."""
+    return weight.detach() if factor is None else weight.detach() * factor
 
 
 @dataclass(frozen=True)
 class FusedLayer:
     index: int  # the layer's index in the cache
-    norm1: tuple[torch.Tensor, float]  # input RMSNorm (weight, eps)
+    norm1: Norm  # input RMSNorm
     qkv: Product  # [(H + 2 KV) hd, D]: q, k and v projections stacked
     heads: int  # H
     kv_heads: int  # KV
     head_dim: int  # hd
     scaling: float
     out: Product  # o_proj
-    norm2: tuple[torch.Tensor, float]  # post-attention RMSNorm
+    norm2: Norm  # post-attention RMSNorm
     gate_up: Product  # [2 I, D]: gate and up projections stacked
     down: Product  # down_proj
 
@@ -91,8 +139,9 @@ def _rms(norm: torch.nn.Module) -> tuple[torch.Tensor, float] | None:
     return weight, float(eps)
 
 
-def _fuse(index: int, layer: torch.nn.Module, pack: bool) -> FusedLayer | None:
-    """The layer as a FusedLayer, or None if it is not exactly the pre-norm attention + SwiGLU block."""
+def _fuse(index: int, layer: torch.nn.Module, pack: bool, fold: bool) -> FusedLayer | None:
+    """The layer as a FusedLayer, or None if it is not exactly the pre-norm attention + SwiGLU block; `fold`: its
+    norms' weights folded into the products after them (`Norm`)."""
     parts = dict(layer.named_children())
     if set(parts) != _LAYER_PARTS:
         return None
@@ -114,12 +163,13 @@ def _fuse(index: int, layer: torch.nn.Module, pack: bool) -> FusedLayer | None:
     if any(b is None for b in biases) and not all(b is None for b in biases):
         return None
     qkv_bias = None if biases[0] is None else torch.cat(biases).detach()
+    (norm1, f1), (norm2, f2) = _norm(norm1, fold), _norm(norm2, fold)
     return FusedLayer(
         index=getattr(attn, "layer_idx", index), norm1=norm1,
-        qkv=_product(torch.cat([q.weight, k.weight, v.weight]).detach(), qkv_bias, pack),
+        qkv=_product(_folded(torch.cat([q.weight, k.weight, v.weight]), f1), qkv_bias, pack),
         heads=q.out_features // hd, kv_heads=k.out_features // hd, head_dim=hd, scaling=float(scaling),
         out=_product(a["o_proj"].weight, a["o_proj"].bias, pack), norm2=norm2,
-        gate_up=_product(torch.cat([m["gate_proj"].weight, m["up_proj"].weight]).detach(), None, pack),
+        gate_up=_product(_folded(torch.cat([m["gate_proj"].weight, m["up_proj"].weight]), f2), None, pack),
         down=_product(m["down_proj"].weight, m["down_proj"].bias, pack),
     )
 
@@ -128,15 +178,29 @@ def _fuse(index: int, layer: torch.nn.Module, pack: bool) -> FusedLayer | None:
 class FusedDecoder:
     stack: DecoderStack  # embedding, rotary tables, final norm and head
     layers: tuple[FusedLayer, ...]
-    norm: tuple[torch.Tensor, float]
+    norm: Norm
     sign: torch.Tensor  # [hd]: -1 on the first half, 1 on the second (`_rotate`)
     embed_weight: torch.Tensor | None  # a plain Embedding's weight (else the stack's module is called)
     head: Product | None  # a plain Linear head, likewise
+    rope: dict = field(default_factory=dict)  # "table": [n, 2 hd], (cos, signed sin) of positions 0..n-1
 
     @property
     def packed(self) -> bool:
         """Do the products go through oneDNN on packed weights (`packs`)?"""
         return self.layers[0].qkv.packed is not None
+
+    def rotary(self, h: torch.Tensor, positions: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, signed sin) of `positions` [1, q] for `_rotate`, from one table row each: the stack's rotary
+        tables (the model's own rotary, `DecoderStack.position_embeddings`) with sin's first half negated, side by
+        side, so that one embedding lookup gathers both.  # -> 2 x [1, 1, q, hd]"""
+        table = self.rope.get("table")
+        if table is None or table.shape[0] <= top or table.dtype != h.dtype or table.device != h.device:
+            self.stack.position_embeddings(h, positions, top)  # grows the stack's tables to cover `top`
+            cos, sin = self.stack.tables["cos"][0], self.stack.tables["sin"][0]  # [n, hd]
+            table = self.rope["table"] = torch.cat([cos, sin * self.sign], dim=-1)
+        cs = F.embedding(positions, table)[:, None]  # [1, 1, q, 2 hd]
+        hd = self.sign.shape[0]
+        return cs[..., :hd], cs[..., hd:]
 
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache,
                  top: int | None = None) -> torch.Tensor:
@@ -144,11 +208,10 @@ class FusedDecoder:
         # -> [1, q, V]"""
         q = ids.shape[1]
         h = self.stack.embed(ids) if self.embed_weight is None else F.embedding(ids, self.embed_weight)  # [1, q, D]
-        cos, sin = self.stack.position_embeddings(h, positions, top)  # [1, q, hd]
-        cos, sin = cos[:, None], sin[:, None] * self.sign  # [1, 1, q, hd]; sin's first half negated (`_rotate`)
+        cos, sin = self.rotary(h, positions, int(positions.max()) if top is None else top)  # [1, 1, q, hd]
         for f in self.layers:
             H, KV, hd = f.heads, f.kv_heads, f.head_dim
-            qkv = f.qkv(_rms_norm(h, *f.norm1)).view(1, q, H + 2 * KV, hd).transpose(1, 2)
+            qkv = f.qkv(f.norm1(h)).view(1, q, H + 2 * KV, hd).transpose(1, 2)
             qk = _rotate(qkv[:, : H + KV], cos, sin)  # q and k heads in one rotation: [1, H + KV, q, hd]
             layer = cache.layers[f.index]
             layer.keys = torch.cat([layer.keys, qk[:, H:]], dim=-2)  # what DynamicLayer.update does
@@ -156,9 +219,9 @@ class FusedDecoder:
             a = F.scaled_dot_product_attention(qk[:, :H], layer.keys, layer.values, attn_mask=mask,
                                                scale=f.scaling, enable_gqa=H != KV)  # [1, H, q, hd]
             h = h + f.out(a.transpose(1, 2).reshape(1, q, H * hd))
-            gate, up = f.gate_up(_rms_norm(h, *f.norm2)).chunk(2, dim=-1)
+            gate, up = f.gate_up(f.norm2(h)).chunk(2, dim=-1)
             h = h + f.down(F.silu(gate) * up)
-        h = _rms_norm(h, *self.norm)
+        h = self.norm(h)
         return self.stack.head(h) if self.head is None else self.head(h)
 
 
@@ -175,6 +238,8 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> tor
     rotate_half(x) = (-x2, x1) for the halves x1, x2 of x. With `signed_sin` = (-sin1, sin2) that is
     x cos + (x2, x1) signed_sin, the same products and sum: a roll of x instead of a negation, two slices and a
     concatenation (one fused multiply-add would round differently from the model in bfloat16)."""
+    if x.dtype == torch.float32:  # the sum and the second product in one call (not the model's rounding in bf16)
+        return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), signed_sin)
     return x * cos + x.roll(x.shape[-1] // 2, -1) * signed_sin
 
 
@@ -204,41 +269,50 @@ def packs(stack: DecoderStack) -> bool:
 
 
 def _product(weight: torch.Tensor, bias: torch.Tensor | None, pack: bool) -> Product:
-    packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach()) if pack else None
-    return Product(weight, bias, packed)
+    weight = weight.detach()
+    if pack:
+        return Product(weight, bias, packed=torch.ops.mkldnn._reorder_linear_weight(weight))
+    if weight.dtype != torch.float32:
+        return Product(weight, bias)
+    transposed = weight.t().contiguous()
+    return Product(transposed.t(), bias, transposed=transposed)
 
 
-def fused_decoder(stack: DecoderStack) -> FusedDecoder | None:
-    """The stack's layers fused (their products packed where `packs`), or None where a layer is not exactly the block
-    FusedDecoder computes, the rotary is not a static table (`static_rope`) or the fused or packed copies would hold
-    more than MAX_FUSED_PARAMS weights."""
+def fused_decoders(stack: DecoderStack) -> list[FusedDecoder]:
+    """The ways this stack's layers can be fused: products on transposed copies, and on packed ones where `packs`
+    (the runner keeps the faster of those close to forward(), `ModelRunner._check_stack`); none where a layer is not
+    exactly the block FusedDecoder computes, the rotary is not a static table (`static_rope`) or the copies would
+    hold more than MAX_FUSED_PARAMS weights."""
+    kinds = [False, True] if packs(stack) else [False]
+    return [d for d in (fused_decoder(stack, pack) for pack in kinds) if d is not None]
+
+
+def fused_decoder(stack: DecoderStack, pack: bool = False) -> FusedDecoder | None:
+    """The stack's layers fused, their products on transposed copies of the weights or (`pack`) on packed ones."""
     if not stack.static_rope or not stack.layers:
         return None
-    pack = packs(stack)
-
-    def weights(*parts: str) -> int:
-        suffixes = tuple(f"{part}.weight" for part in parts)
-        return sum(p.numel() for layer in stack.layers for name, p in layer.named_parameters()
-                   if name.endswith(suffixes))
-
-    stacked = weights("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")  # the q/k/v and gate/up copies
-    # packed: a second copy of every product, the head's too (packs() found a weight on the head)
-    packed = stacked + weights("o_proj", "down_proj") + stack.head.weight.numel() if pack else 0
-    if stacked + packed > MAX_FUSED_PARAMS:
+    head = stack.head
+    plain_head = type(head) is torch.nn.Linear
+    copies = sum(p.numel() for layer in stack.layers for name, p in layer.named_parameters()  # every product's copy
+                 if name.endswith("_proj.weight")) + (head.weight.numel() if plain_head else 0)
+    if copies > MAX_FUSED_PARAMS:
         return None
+    # float32: the norms' weights folded into the products after them (`Norm`), the final one into the head's copy
+    fold = head.weight.dtype == torch.float32 and plain_head
     norm = _rms(stack.norm)
-    layers = tuple(_fuse(i, layer, pack) for i, layer in enumerate(stack.layers))
+    layers = tuple(_fuse(i, layer, pack, fold) for i, layer in enumerate(stack.layers))
     if norm is None or any(f is None for f in layers):
         return None
+    norm, factor = _norm(norm, fold)
     hd = layers[0].head_dim
     if hd % 2 or any(f.head_dim != hd for f in layers):
         return None
     weight = layers[0].qkv.weight
     sign = torch.cat([-torch.ones(hd // 2), torch.ones(hd // 2)]).to(device=weight.device, dtype=weight.dtype)
-    embed, head = stack.embed, stack.head
+    embed = stack.embed
     plain_embed = type(embed) is torch.nn.Embedding and embed.max_norm is None  # else its own forward (e.g. scaled)
     fused = FusedDecoder(stack, layers, norm, sign, embed.weight if plain_embed else None,
-                         _product(head.weight, head.bias, pack) if type(head) is torch.nn.Linear else None)
+                         _product(_folded(head.weight, factor), head.bias, pack) if plain_head else None)
     if pack:
         products = [p for f in layers for p in (f.qkv, f.out, f.gate_up, f.down)] + [fused.head]
         _warm([p for p in products if p is not None], WARM_ROWS)

@@ -15,6 +15,7 @@ once per model: on a short text prompt when the engine is built (`check_layers`)
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 
@@ -24,7 +25,7 @@ from transformers import DynamicCache
 
 from .cache import compact, copy_cache
 from .families import Family, adapter_for
-from .fused import FusedDecoder, fused_decoder, near
+from .fused import FusedDecoder, fused_decoders, near
 from .pruning import VisualPruning, pruned_prefill_inputs
 from .stack import DecoderStack, decoder_stack
 from .tree import additive_mask
@@ -49,6 +50,20 @@ class _KeptPrompt:
     logits: torch.Tensor  # [V] after the prompt's last token
 
 
+def inference(fn):
+    """`torch.inference_mode` around `fn`, entered only where the caller is not in it already: entering costs ~3 us,
+    and the engine runs each decode step, a dozen runner calls, inside one (engine.py)."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        if torch.is_inference_mode_enabled():
+            return fn(*args, **kwargs)
+        with torch.inference_mode():
+            return fn(*args, **kwargs)
+
+    return run
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -64,7 +79,9 @@ class ModelRunner:
         self.model = model
         self.family = family or adapter_for(model)
         self.stack: DecoderStack | None = decoder_stack(model, self.family) if layer_stack else None
-        self.fused: FusedDecoder | None = fused_decoder(self.stack) if fused and self.stack is not None else None
+        # the ways its layers can be fused (fused.py): the check keeps the fastest of those close to forward()
+        self._candidates = fused_decoders(self.stack) if fused and self.stack is not None else []
+        self.fused: FusedDecoder | None = self._candidates[0] if self._candidates else None
         self.stack_checked = False  # the first tree forward compares the stack (and the fused layers) with forward()
         self.check_ms = 0.0  # time spent checking so far (once per runner: not a cost of the step it falls in)
         emb = model.get_input_embeddings()
@@ -115,7 +132,7 @@ class ModelRunner:
             self._kept = _KeptPrompt(inputs, pruning, copy_cache(self.cache), self.rope_delta, logits)
         return Pass(logits, ms)
 
-    @torch.inference_mode()
+    @inference
     def forward(self, tokens: list[int], positions: list[int], allowed: np.ndarray) -> Pass:
         """Append `tokens` at sequence `positions`; `allowed` [q, r] is their attention pattern over the
         newest r key columns (the last q of which are these tokens); older columns are always visible.
@@ -123,8 +140,8 @@ class ModelRunner:
         q, r = allowed.shape
         past = self.seq_len + q - r
         delta = self.rope_delta
-        ids = torch.tensor([tokens], device=self.device)  # [1, q]
-        pos = torch.tensor([[p + delta for p in positions]], device=self.device)  # [1, q]
+        rows = torch.tensor([tokens, [p + delta for p in positions]], device=self.device)  # one call: ~7 us each
+        ids, pos = rows[:1], rows[1:]  # [1, q] each
         # [1, 1, q, past + r]; none for one token that sees every column (a plain step, a chain level): building it
         # after a model forward took ~35 us, and SDPA without a mask is faster still
         mask = None if q == 1 and allowed.all() else additive_mask(allowed, past, self.dtype, self.device)
@@ -164,7 +181,7 @@ class ModelRunner:
                   for layer in self.cache.layers] if self.fused is not None else []  # only the fused check reads them
         compact(self.cache, start, [])
         if not self._try(self.stack, (ids, pos, mask), lambda got: torch.equal(got, ref)):
-            self.stack = self.fused = None
+            self.stack, self.fused, self._candidates = None, None, []
             return
 
         def close(got: torch.Tensor) -> bool:  # the fused layers' logits and appended keys and values
@@ -172,8 +189,28 @@ class ModelRunner:
             return near(got, ref, argmax=True) and all(
                 near(k, rk) and near(v, rv) for (k, v), (rk, rv) in zip(kv, ref_kv))
 
-        if self.fused is not None and not self._try(self.fused, (ids, pos, mask), close):
-            self.fused = None
+        close_ones = [c for c in self._candidates if self._try(c, (ids, pos, mask), close)]
+        self._candidates = []
+        self.fused = self._fastest(close_ones, (ids, pos, mask)) if close_ones else None
+
+    def _fastest(self, candidates: list[FusedDecoder], args: tuple, rounds: int = 5) -> FusedDecoder:
+        """The candidate with the least median time over `rounds` interleaved rounds of this forward and a one-token
+        step (which of packed or transposed products is faster depends on the CPU: fused.py)."""
+        if len(candidates) == 1:
+            return candidates[0]
+        ids, pos, _ = args
+        shapes = (args, (ids[:, :1], pos[:, :1], None))  # the first token sees every column: no mask
+        start, times = self.seq_len, [[] for _ in candidates]
+        for _ in range(rounds):
+            for net, spent in zip(candidates, times):
+                t0 = time.perf_counter()
+                for shape in shapes:
+                    net(*shape, self.cache)
+                    compact(self.cache, start, [])
+                _sync(self.device)
+                spent.append(time.perf_counter() - t0)
+        medians = [sorted(spent)[len(spent) // 2] for spent in times]
+        return candidates[medians.index(min(medians))]
 
     def _try(self, net, args: tuple, same) -> bool:
         """Run `net` on this forward's inputs, judge its logits with `same`, drop what it appended."""
@@ -205,7 +242,7 @@ class ModelRunner:
             self.cache, self.rope_delta, self._kept = None, 0, None
         self.check_ms = before + (time.perf_counter() - t0) * 1e3  # the check's prompt included
 
-    @torch.inference_mode()
+    @inference
     def keep(self, start: int, cols: list[int]) -> None:
         """Keep cache columns start + cols (in order), drop the rest of the region."""
         compact(self.cache, start, cols)

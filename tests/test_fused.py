@@ -177,19 +177,35 @@ def _wide_text_model(**over):
     torch.manual_seed(1)
     cfg = dict(vocab_size=96, hidden_size=fused_mod.PACK_MIN_HIDDEN, intermediate_size=512, num_hidden_layers=2,
                num_attention_heads=4, num_key_value_heads=2) | over
-    return Qwen2ForCausalLM(Qwen2Config(**cfg)).eval()
+    model = Qwen2ForCausalLM(Qwen2Config(**cfg)).eval()
+    with torch.no_grad():   # q/k/v biases that matter (the initialisation leaves them at zero)
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0.0, 0.5)
+    return model
+
+
+def _prefer(monkeypatch, packed: bool) -> None:
+    """Make the runner's timed choice between the fused candidates pick the packed one (or the other)."""
+    monkeypatch.setattr(ModelRunner, "_fastest", lambda self, candidates, args: next(
+        c for c in candidates if c.packed == packed))
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
-def test_packed_products_are_close_to_forward_and_kept_by_the_check():
+@pytest.mark.parametrize("packed", [True, False])
+def test_packed_and_transposed_products_are_close_to_forward(monkeypatch, packed):
+    _prefer(monkeypatch, packed)
     model = _wide_text_model()
     runner = _prefilled(model)
-    assert runner.tree_forward == "fused+packed"
+    kinds = sorted(c.packed for c in runner._candidates)
+    assert kinds == [False, True]   # a wide float32 model on the CPU: both ways are candidates
+    got, full = _chain_close_to_forward(runner, model)
+    assert runner.tree_forward == ("fused+packed" if packed else "fused")
     layer = runner.fused.layers[0]
-    assert all(p.packed is not None for p in (layer.qkv, layer.out, layer.gate_up, layer.down, runner.fused.head))
+    products = (layer.qkv, layer.out, layer.gate_up, layer.down, runner.fused.head)
+    assert all((p.packed is not None) == packed and (p.transposed is not None) != packed for p in products)
     x = torch.randn(1, 7, fused_mod.PACK_MIN_HIDDEN)
     assert torch.allclose(layer.gate_up(x), torch.nn.functional.linear(x, layer.gate_up.weight), atol=1e-4)
-    got, full = _chain_close_to_forward(runner, model)
     assert torch.equal(got.argmax(-1), full.argmax(-1))
     one = runner.forward([9], [8], np.ones((1, 1), bool))   # a one-token step goes the same way
     with torch.inference_mode():
@@ -197,32 +213,87 @@ def test_packed_products_are_close_to_forward_and_kept_by_the_check():
     assert torch.allclose(one.logits, full, atol=1e-4 * float(full.abs().max()))
 
 
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+@pytest.mark.parametrize("slow", ["packed", "transposed"])
+def test_the_runner_keeps_the_faster_way_to_compute_the_products(monkeypatch, slow):
+    import time
+    real = fused_mod.Product.__call__
+
+    def slowed(self, x):   # one way made slower by 0.2 ms a product
+        if getattr(self, slow) is not None:
+            time.sleep(2e-4)
+        return real(self, x)
+
+    monkeypatch.setattr(fused_mod.Product, "__call__", slowed)
+    model = _wide_text_model()
+    runner = _prefilled(model)
+    _chain_close_to_forward(runner, model)
+    assert runner.fused.packed == (slow == "transposed")
+
+
 def test_products_are_packed_only_for_wide_float32_models_with_onednn(monkeypatch):
-    def packed(model):
+    def kinds(model):   # per candidate: (packed, transposed)
         stack = decoder_stack(model, fam.TEXT)
-        return fused_mod.fused_decoder(stack).layers[0].qkv.packed is not None
+        return [(c.layers[0].qkv.packed is not None, c.layers[0].qkv.transposed is not None)
+                for c in fused_mod.fused_decoders(stack)]
 
     if torch.backends.mkldnn.is_available():
-        assert packed(_wide_text_model())
-    assert not packed(_wide_text_model(hidden_size=128))   # narrow: F.linear is faster there
-    assert not packed(_wide_text_model().to(torch.bfloat16))
+        assert kinds(_wide_text_model()) == [(False, True), (True, False)]
+    assert kinds(_wide_text_model(hidden_size=128)) == [(False, True)]   # narrow: oneDNN's fixed cost dominates
+    assert kinds(_wide_text_model().to(torch.bfloat16)) == [(False, False)]   # F.linear: one rounding with the bias
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
-    assert not packed(_wide_text_model())
+    assert kinds(_wide_text_model()) == [(False, True)]
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
-def test_a_wrong_packed_product_is_dropped_by_the_check(monkeypatch):
+@pytest.mark.parametrize("packed", [True, False])
+def test_a_product_that_loses_its_bias_is_dropped_by_the_check(monkeypatch, packed):
     model = _wide_text_model()
     real = fused_mod.Product.__call__
 
-    def biasless(self, x):   # a plausible slip: the packed call loses the projection's bias
-        return real(self, x) if self.packed is None else fused_mod.Product(self.weight, None, self.packed)(x)
+    def biasless(self, x):   # a plausible slip in one way of computing the products: the projection's bias is lost
+        if (self.packed is not None) == packed:
+            return real(fused_mod.Product(self.weight, None, self.packed, self.transposed), x)
+        return real(self, x)
 
     runner = _prefilled(model)
-    assert runner.tree_forward == "fused+packed"   # built (before the slip: packs() would refuse it) ...
+    assert runner.fused is not None   # built ...
     monkeypatch.setattr(fused_mod.Product, "__call__", biasless)
     out = runner.forward([6, 7, 8], [5, 6, 7], np.tril(np.ones((3, 3), bool)))
-    assert runner.fused is None and runner.stack is not None   # ... and dropped: the model's own layers from here
+    assert runner.fused is not None and runner.fused.packed != packed   # ... and only the other way kept
     own = ModelRunner(model)   # the model's own layers, checked bit-identical to forward()
     own.prefill({"input_ids": torch.tensor([[1, 2, 3, 4, 5]]), "attention_mask": torch.ones(1, 5, dtype=torch.long)})
-    assert torch.equal(out.logits, own.forward([6, 7, 8], [5, 6, 7], np.tril(np.ones((3, 3), bool))).logits)
+    ref = own.forward([6, 7, 8], [5, 6, 7], np.tril(np.ones((3, 3), bool))).logits
+    assert torch.allclose(out.logits, ref, atol=1e-4 * float(ref.abs().max()))
+    monkeypatch.setattr(fused_mod.Product, "__call__", lambda self, x: real(   # every product slips: none is kept
+        fused_mod.Product(self.weight, None, self.packed, self.transposed), x))
+    runner = _prefilled(model)
+    out = runner.forward([6, 7, 8], [5, 6, 7], np.tril(np.ones((3, 3), bool)))
+    assert runner.fused is None and runner.stack is not None
+    assert torch.equal(out.logits, ref)
+
+
+def test_a_tokens_logits_do_not_depend_on_how_many_tokens_share_its_forward():
+    """The embedded pair's fused layers give a token the same logits, bit for bit, whether it is fed alone (an `ar`
+    step) or as the root of a tree (a verify pass): a near-tie between two logits cannot go one way in one lane and
+    the other way in the other (fused.Product computes one row as two for that)."""
+    from sage_engine.models import load_pair
+
+    pair = load_pair()
+    words = pair.tokenizer.encode("the red ball is left of the blue cube", add_special_tokens=False)
+    for model in (pair.target, pair.draft):
+        runner = ModelRunner(model, fused=True)
+        runner.check_layers(words[:8])
+        assert runner.fused is not None
+        prompt = torch.tensor([words[:-3]])
+        runner.prefill({"input_ids": prompt, "attention_mask": torch.ones_like(prompt)})
+        n = runner.seq_len
+        alone = runner.forward(words[-3:-2], [n], np.ones((1, 1), bool)).logits
+        runner.keep(n, [])
+        tree = runner.forward(words[-3:], [n, n + 1, n + 1], np.array([[1, 0, 0], [1, 1, 0], [1, 0, 1]], bool)).logits
+        assert torch.equal(tree[:1], alone)
+        runner.keep(n, [0, 1])   # the root and its first child kept: the child alone, next, as its own step
+        after = runner.forward(words[-1:], [n + 2], np.ones((1, 1), bool)).logits
+        runner.keep(n + 2, [])
+        chain = runner.forward(words[-1:] + words[:2], [n + 2, n + 3, n + 4], np.tril(np.ones((3, 3), bool))).logits
+        assert torch.equal(chain[:1], after)
