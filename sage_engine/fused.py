@@ -59,10 +59,11 @@ class Product:
     prepacked into its blocked layout (`packed`): either skips what `F.linear` does on every call with the module's
     [out, in] weight, a BLAS product over its transposed view (on this CPU, 128 -> 384 over 4 rows: 14.5 us by
     F.linear, 7.1 us on the transposed copy). A single row is computed as two (the same row twice): BLAS takes a
-    matrix-vector path for one row, which sums in another order than its matrix-matrix path, so a token's logits
-    would depend on how many tokens share its forward, and a near-tie could then go one way in an `ar` step and the
-    other in a verify pass; from two rows up, every row of x @ W^T comes out the same whatever the row count
-    (checked for the embedded pair's shapes up to 120 rows; oneDNN's packed products are row-count invariant too).
+    matrix-vector path for one row, which sums in another order than its matrix-matrix path, so the products would
+    give a token other numbers in an `ar` step than in a verify pass; from two rows up, every row of x @ W^T comes
+    out the same whatever the row count (checked for the embedded pair's shapes up to 120 rows; oneDNN's packed
+    products are row-count invariant too). Attention is not (its kernel blocks the queries): a token's logits may
+    still differ by ~1e-5 between the two lanes (see the module's note on exactness).
     Other dtypes: `F.linear`, whose bias is added before the one rounding (a separate addition would round twice in
     bfloat16)."""
 
