@@ -1,22 +1,25 @@
 """Decoder layers in fewer, larger calls: a small model's cached decode step is mostly per-call overhead.
 
-A level of a 1-layer, hidden-128 draft costs ~0.2 ms on a 2-core CPU through its own modules (stack.py), nearly
-all of it the cost of dozens of small calls: three projections for q, k and v, two for the MLP's gate and up, three
-RMSNorms of six operations each, the attention wrapper, the cache's update. `FusedDecoder` computes the same layer
-(pre-norm attention with rotary positions, SwiGLU MLP) with q/k/v as one product and gate/up as one, q and k
-rotated together, torch's `rms_norm`, the DecoderStack's rotary tables, SDPA on the cache's own tensors and the
-projections' weights called directly (no module calls): a third less time per level or more (0.09-0.10 against
-0.16 ms for one token, 0.14 against 0.21 ms for four, on this 2-core CPU).
+A level of a 1-layer, hidden-128 draft through its own modules (stack.py) is nearly all the cost of dozens of small
+calls: three projections for q, k and v, two for the MLP's gate and up, three RMSNorms of six operations each, the
+attention wrapper, the cache's update. `FusedDecoder` computes the same layer (pre-norm attention with rotary
+positions, SwiGLU MLP) with q/k/v as one product and gate/up as one, q and k rotated together, the norms' weights
+folded into the products after them (`Norm`), cos and sin from one table lookup, SDPA on the cache's own tensors and
+the weights called directly (no module calls).
 
-Packed products. A float32 model on the CPU with hidden size >= PACK_MIN_HIDDEN (the embedded target) also runs its
-products through oneDNN on weights packed once into oneDNN's blocked layout (`Product`, `packs`). A BLAS product
-(`F.linear`, MKL here) lays the weight out again on every call, which from two rows up costs more than the
-arithmetic of these small products: a 256 -> 768 product over 13 rows took 48 us through F.linear and 25 us packed.
-The embedded target's decode step, over 1 / 13 tokens: 1.8 / 2.8 ms through its own modules, 1.2 / 2.6 ms fused,
-1.0 / 1.5 ms fused and packed. Narrower products (the draft's) are faster through F.linear: a packed call has a
-fixed cost of ~13 us. oneDNN builds a kernel on the first call for each row count, so `fused_decoder` runs every
-row count up to WARM_ROWS once. The operators are torch's own (`torch.ops.mkldnn`, what torch.compile's CPU backend
-uses for frozen weights), checked by `packs` on a small product before they are used.
+Products. A float32 model's products run on a copy of each weight laid out for the call, in one of two ways
+(`Product`): x @ W^T on a contiguous transposed copy, or, for a model on the CPU with hidden size >= PACK_MIN_HIDDEN
+(the embedded target), oneDNN on a copy packed into its blocked layout (`packs`; torch's own operators,
+`torch.ops.mkldnn`, what torch.compile's CPU backend uses for frozen weights). Which is faster depends on the CPU:
+on one 2-core Xeon the packed target step took 1.0 / 1.5 ms over 1 / 13 tokens against 1.2 / 2.6 ms through
+F.linear; on another, with AMX, 2.4 / 3.4 ms packed against 1.9 / 2.5 ms on transposed copies. `fused_decoders`
+builds both where both apply and the runner keeps the one its timing finds faster on this machine
+(`ModelRunner._fastest`, when it checks the layers). Narrower products (the draft's) are never packed: a packed call
+has a fixed cost of 13-27 us. oneDNN builds a kernel on the first call for each row count, so a packed decoder runs
+every row count up to WARM_ROWS once when it is built.
+Measured on the second CPU (median of interleaved blocks, ms per cached forward over 1 / 4 / 13 tokens): the
+embedded target through its own modules 2.66 / 3.44 / 4.38, fused and packed 2.37 / 2.62 / 3.39, fused on
+transposed copies 1.93 / 1.89 / 2.51; the draft through its own modules 0.42 / 0.86 / 0.65, fused 0.28 / 0.40 / 0.34.
 
 Exactness. A fused or packed product sums in another order than the model's modules do, so the logits differ from
 forward()'s in the last bits (the embedded target: up to ~2e-5 on logits of magnitude ~10). Differences of that size
@@ -44,7 +47,7 @@ import torch.nn.functional as F
 from .stack import DecoderStack
 
 MAX_FUSED_PARAMS = 16_000_000  # fused weight copies above this (64 MB in fp32) are not worth their memory
-PACK_MIN_HIDDEN = 256  # narrower products are faster through F.linear than through oneDNN's fixed per-call cost
+PACK_MIN_HIDDEN = 256  # narrower products are faster on a transposed copy than through oneDNN's fixed per-call cost
 # oneDNN builds a kernel for each new (rows, weight shape) on its first call, ~0.4 ms here (then ~0.03 ms): packed
 # products are run once at build time for every row count up to this, which covers a tree of up to 95 nodes
 WARM_ROWS = 96

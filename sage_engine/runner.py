@@ -8,9 +8,10 @@ prefill: what keeps the text at its unpruned positions).
 Prefill goes through the model's public forward(); cached forwards (decode steps, tree levels, verify passes) go
 through the model's own decoder layers called in turn (stack.py) once the first one has given bit-identical logits
 to forward(), else through forward(). With `fused`, the runner computes those layers with fused products instead
-(fused.py; a CPU float32 target's on oneDNN-packed weights), kept once its first forward came out close to
-forward() with the same argmax on every row (their last bits may differ: see fused.py on exactness). The check runs
-once per model: on a short text prompt when the engine is built (`check_layers`), else on its first cached forward.
+(fused.py), kept once its first forward came out close to forward() with the same argmax on every row (their last
+bits may differ: see fused.py on exactness); where two ways of computing the products pass (oneDNN-packed and
+transposed weights), the check times both and keeps the faster. The check runs once per model: on a short text
+prompt when the engine is built (`check_layers`), else on its first cached forward.
 """
 
 from __future__ import annotations
