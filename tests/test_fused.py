@@ -288,3 +288,26 @@ def test_a_rows_product_does_not_depend_on_how_many_rows_share_it():
                 with torch.inference_mode():
                     many = p(x)
                     assert all(torch.equal(p(x[:, i : i + 1]), many[:, i : i + 1]) for i in range(13))
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-vl", "llava"])
+def test_the_fused_rotary_table_gives_the_rotary_modules_own_numbers_as_it_grows(name):
+    model = pair_for(name).target
+    decoder = fused_mod.fused_decoders(decoder_stack(model, fam.adapter_for(model)))[0]
+    stack = decoder.stack
+    h = torch.zeros(1, 3, model.config.get_text_config().hidden_size)
+    with torch.inference_mode():
+        for pos in ([0, 1, 2], [40, 41, 41], [300, 301, 302], [5000, 5001, 5003]):   # past 256: the table grows
+            p = torch.tensor([pos])
+            cos, signed_sin = decoder.rotary(h, p, max(pos))
+            want_cos, want_sin = stack.rotary(h, p[None].expand(3, 1, -1) if stack.mrope else p)
+            assert torch.equal(cos[:, 0], want_cos) and torch.equal(signed_sin[:, 0], want_sin * decoder.sign), pos
+    assert decoder.rope["table"].shape[0] == 8192
+
+
+def test_a_runner_call_from_outside_inference_mode_runs_in_it():
+    """The engine enters inference mode once per step; a runner called on its own enters it itself."""
+    runner = _prefilled(_wide_text_model())
+    assert not torch.is_inference_mode_enabled()
+    out = runner.forward([6, 7, 8], [5, 6, 7], np.tril(np.ones((3, 3), bool)))
+    assert out.logits.is_inference() and runner.cache.layers[0].keys.is_inference()
