@@ -21,8 +21,9 @@ Measured on the second CPU (median of interleaved blocks, ms per cached forward 
 embedded target through its own modules 2.66 / 3.44 / 4.38, fused and packed 2.37 / 2.62 / 3.39, fused on
 transposed copies 1.93 / 1.89 / 2.51; the draft through its own modules 0.42 / 0.86 / 0.65, fused 0.28 / 0.40 / 0.34.
 
-Exactness. A fused or packed product sums in another order than the model's modules do, so the logits differ from
-forward()'s in the last bits (the embedded target: up to ~2e-5 on logits of magnitude ~10). Differences of that size
+Exactness. A fused product (with a norm's weight folded into it) sums and rounds in another order than the model's
+modules do, so the logits differ from forward()'s in the last bits (the embedded target: up to ~2e-5 on logits of
+magnitude ~10-15). Differences of that size
 are already there without fusing: a verify pass over 13 tokens and a one-token step through the same modules take
 different BLAS paths and differ by as much. Every emitted token is the argmax of the target's logits as the engine
 computes them, in the `ar` lane and in verification alike; it equals transformers' own generate() wherever no two
