@@ -117,8 +117,8 @@ def _norm(norm: tuple[torch.Tensor, float], fold: bool) -> tuple[Norm, torch.Ten
 
 
 def _folded(weight: torch.Tensor, factor: torch.Tensor | None) -> torch.Tensor:
-    """W diag(factor): a product that reads a folded Norm's output."""
-    return weight.detach() if factor is None else weight.detach() * factor
+    """W diag(factor): a product that reads a folded Norm's output (`_product` detaches it)."""
+    return weight if factor is None else weight * factor
 
 
 @dataclass(frozen=True)
@@ -199,7 +199,7 @@ class FusedDecoder:
         tables (the model's own rotary, `DecoderStack.position_embeddings`) with sin's first half negated, side by
         side, so that one embedding lookup gathers both.  # -> 2 x [1, 1, q, hd]"""
         table = self.rope.get("table")
-        if table is None or table.shape[0] <= top or table.dtype != h.dtype or table.device != h.device:
+        if table is None or table.shape[0] <= top:  # the model's dtype and device: the stack's, fixed
             self.stack.position_embeddings(h, positions, top)  # grows the stack's tables to cover `top`
             cos, sin = self.stack.tables["cos"][0], self.stack.tables["sin"][0]  # [n, hd]
             table = self.rope["table"] = torch.cat([cos, sin * self.sign], dim=-1)

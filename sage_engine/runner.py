@@ -29,7 +29,7 @@ from .families import Family, adapter_for
 from .fused import FusedDecoder, fused_decoders, near
 from .pruning import VisualPruning, pruned_prefill_inputs
 from .stack import DecoderStack, decoder_stack
-from .tree import additive_mask
+from .tree import additive_mask, verify_allowed
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ class ModelRunner:
     def seq_len(self) -> int:
         return 0 if self.cache is None else self.cache.get_seq_length()
 
-    @torch.inference_mode()
+    @inference
     def prefill(self, inputs: dict[str, torch.Tensor], pruning: VisualPruning | None = None) -> Pass:
         """Run the whole prompt (with `pruning`, only part of its visual tokens): the logits after its last
         token.  # [V]"""
@@ -179,7 +179,7 @@ class ModelRunner:
         start = self.seq_len
         ref = self._forward(ids, pos, mask)
         ref_kv = [(layer.keys[:, :, start:].clone(), layer.values[:, :, start:].clone())
-                  for layer in self.cache.layers] if self.fused is not None else []  # only the fused check reads them
+                  for layer in self.cache.layers] if self._candidates else []  # only the fused check reads them
         compact(self.cache, start, [])
         if not self._try(self.stack, (ids, pos, mask), lambda got: torch.equal(got, ref)):
             self.stack, self.fused, self._candidates = None, None, []
@@ -236,7 +236,7 @@ class ModelRunner:
             prompt = torch.tensor([ids[:-3]])
             self.prefill({"input_ids": prompt, "attention_mask": torch.ones_like(prompt)})
             n = self.seq_len
-            self.forward(ids[-3:], [n, n + 1, n + 1], np.array([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=bool))
+            self.forward(ids[-3:], [n, n + 1, n + 1], verify_allowed([-1, -1]))  # a root and two children
         except Exception:  # noqa: BLE001 - e.g. a model that needs its images: checked on the first real forward
             self.stack_checked = False
         finally:
