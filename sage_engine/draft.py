@@ -62,11 +62,11 @@ class Drafter:
         self.ends = frozenset(ends)
         self.sampler = None if sampling is None or sampling.greedy else DraftSampler(sampling)
 
-    def _top(self, logits: torch.Tensor, policy: Policy, rows: list[int],
-             qs: dict[int, torch.Tensor]) -> tuple[Frontier, list[float]]:
-        """The frontier `rows`' top max(k, entropy_k) candidates, and each row's confidence alpha over its top
-        `entropy_k`. A draft that samples also draws as many tokens per row without replacement from the row's q
-        (in draw order) and keeps q in `qs[row node]`.  # [F, V] -> Frontier [F][K], alpha [F]"""
+    def _top(self, logits: torch.Tensor, policy: Policy, rows: list[int], qs: dict[int, torch.Tensor],
+             alphas: bool = True) -> tuple[Frontier, list[float] | None]:
+        """The frontier `rows`' top max(k, entropy_k) candidates, and (with `alphas`) each row's confidence alpha over
+        its top `entropy_k`. A draft that samples also draws as many tokens per row without replacement from the row's
+        q (in draw order) and keeps q in `qs[row node]`.  # [F, V] -> Frontier [F][K], alpha [F] or None"""
         sampler = self.sampler
         probs = torch.softmax(logits, dim=-1) if sampler is None else sampler.probs(logits)
         k = max(policy.top_k, policy.entropy_k)
@@ -77,7 +77,7 @@ class Drafter:
             frontier.drawn_tokens = drawn.tolist()
             frontier.drawn_probs = torch.gather(probs, -1, drawn).tolist()
             qs.update(zip(rows, probs))
-        return frontier, confidence([row[: policy.entropy_k] for row in frontier.top_probs])
+        return frontier, confidence([row[: policy.entropy_k] for row in frontier.top_probs]) if alphas else None
 
     def grow(self, policy: Policy, quote: Quote | None = None, max_depth: int | None = None) -> Draft:
         """Read the pending tokens (the prompt first, on the run's first drafted step), then draft the tree, no
@@ -119,9 +119,10 @@ class Drafter:
                 [tree.tokens[n] for n in grow], [root_pos + tree.depths[n] for n in grow], allowed
             )  # [g, V]
             forwards, ms, fed = forwards + 1, ms + level_pass.ms, fed + len(grow)
-            frontier, alpha = self._top(level_pass.logits, policy, grow, qs)
-            for j, node in enumerate(grow):
-                tree.alphas[node] = float(alpha[j])
+            # a node's own alpha only where the policy reads it: ~10 us of Python logarithms per level otherwise
+            frontier, alpha = self._top(level_pass.logits, policy, grow, qs, policy.node_alphas)
+            for j, node in enumerate(grow if alpha else ()):
+                tree.alphas[node] = alpha[j]
         return Draft(shape, policy.finalize(tree), len(tree), forwards, ms, prefill_ms)
 
     def _probe(self, logits: torch.Tensor) -> Probe:

@@ -127,7 +127,7 @@ class SpecEngine:
         self.draft = None
         if pair.draft is not None:
             self.draft = ModelRunner(pair.draft, vocab_limit=shared_vocab(pair.target, pair.draft),
-                                     layer_stack=stack, fused=stack)
+                                     layer_stack=stack, fused=stack, row_invariant=False)
         self.drafter = Drafter(self.draft, draft_pruning) if self.draft is not None else None
         words = (self.tokenizer.encode("A check of the layers.", add_special_tokens=False) * 8)[:8]
         for runner in (self.target, self.draft):  # each model's layers checked against forward() now, not in a run

@@ -67,7 +67,9 @@ class Product:
     give a token other numbers in an `ar` step than in a verify pass; from two rows up, every row of x @ W^T comes
     out the same whatever the row count (checked for the embedded pair's shapes up to 120 rows; oneDNN's packed
     products are row-count invariant too). Attention is not (its kernel blocks the queries): a token's logits may
-    still differ by ~1e-5 between the two lanes (see the module's note on exactness).
+    still differ by ~1e-5 between the two lanes (see the module's note on exactness). The two-row product costs
+    about twice the one-row one (the embedded draft's: ~16 against ~8 us), so a model whose numbers only shape
+    guesses (the draft) keeps the one-row path (`pad` False).
     Other dtypes: `F.linear`, whose bias is added before the one rounding (a separate addition would round twice in
     bfloat16)."""
 
@@ -75,13 +77,14 @@ class Product:
     bias: torch.Tensor | None
     packed: torch.Tensor | None = None  # W in oneDNN's layout (an opaque mkldnn tensor)
     transposed: torch.Tensor | None = None  # W^T [in, out], contiguous
+    pad: bool = True  # a single row computed as two (transposed copies only), for row-count invariance
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         if self.transposed is None:
             return F.linear(x, self.weight, self.bias)
-        if x.shape[-2] == 1:  # one row goes through the kernel of several (`Product`)
+        if x.shape[-2] == 1 and self.pad:  # one row goes through the kernel of several (`Product`)
             y = (x.expand(*x.shape[:-2], 2, x.shape[-1]) @ self.transposed)[..., :1, :]
         else:
             y = x @ self.transposed
@@ -144,9 +147,9 @@ def _rms(norm: torch.nn.Module) -> tuple[torch.Tensor, float] | None:
     return weight, float(eps)
 
 
-def _fuse(index: int, layer: torch.nn.Module, pack: bool, fold: bool) -> FusedLayer | None:
+def _fuse(index: int, layer: torch.nn.Module, pack: bool, fold: bool, pad: bool) -> FusedLayer | None:
     """The layer as a FusedLayer, or None if it is not exactly the pre-norm attention + SwiGLU block; `fold`: its
-    norms' weights folded into the products after them (`Norm`)."""
+    norms' weights folded into the products after them (`Norm`); `pad`: one-row products computed as two."""
     parts = dict(layer.named_children())
     if set(parts) != _LAYER_PARTS:
         return None
@@ -171,11 +174,11 @@ def _fuse(index: int, layer: torch.nn.Module, pack: bool, fold: bool) -> FusedLa
     (norm1, f1), (norm2, f2) = _norm(norm1, fold), _norm(norm2, fold)
     return FusedLayer(
         index=getattr(attn, "layer_idx", index), norm1=norm1,
-        qkv=_product(_folded(torch.cat([q.weight, k.weight, v.weight]), f1), qkv_bias, pack),
+        qkv=_product(_folded(torch.cat([q.weight, k.weight, v.weight]), f1), qkv_bias, pack, pad),
         heads=q.out_features // hd, kv_heads=k.out_features // hd, head_dim=hd, scaling=float(scaling),
-        out=_product(a["o_proj"].weight, a["o_proj"].bias, pack), norm2=norm2,
-        gate_up=_product(_folded(torch.cat([m["gate_proj"].weight, m["up_proj"].weight]), f2), None, pack),
-        down=_product(m["down_proj"].weight, m["down_proj"].bias, pack),
+        out=_product(a["o_proj"].weight, a["o_proj"].bias, pack, pad), norm2=norm2,
+        gate_up=_product(_folded(torch.cat([m["gate_proj"].weight, m["up_proj"].weight]), f2), None, pack, pad),
+        down=_product(m["down_proj"].weight, m["down_proj"].bias, pack, pad),
     )
 
 
@@ -273,26 +276,27 @@ def packs(stack: DecoderStack) -> bool:
         return False
 
 
-def _product(weight: torch.Tensor, bias: torch.Tensor | None, pack: bool) -> Product:
+def _product(weight: torch.Tensor, bias: torch.Tensor | None, pack: bool, pad: bool = True) -> Product:
     weight = weight.detach()
     if pack:
         return Product(weight, bias, packed=torch.ops.mkldnn._reorder_linear_weight(weight))
     if weight.dtype != torch.float32:
         return Product(weight, bias)
     transposed = weight.t().contiguous()
-    return Product(transposed.t(), bias, transposed=transposed)
+    return Product(transposed.t(), bias, transposed=transposed, pad=pad)
 
 
-def fused_decoders(stack: DecoderStack) -> list[FusedDecoder]:
+def fused_decoders(stack: DecoderStack, row_invariant: bool = True) -> list[FusedDecoder]:
     """The ways this stack's layers can be fused: products on transposed copies, and on packed ones where `packs`
     (the runner keeps the faster of those close to forward(), `ModelRunner._check_stack`); none where a layer is not
     exactly the block FusedDecoder computes, the rotary is not a static table (`static_rope`) or the copies would
-    hold more than MAX_FUSED_PARAMS weights."""
+    hold more than MAX_FUSED_PARAMS weights. row_invariant: products give a row the same numbers alone as among
+    others (`Product.pad`), as the target's must; False for a model whose numbers only shape guesses."""
     kinds = [False, True] if packs(stack) else [False]
-    return [d for d in (fused_decoder(stack, pack) for pack in kinds) if d is not None]
+    return [d for d in (fused_decoder(stack, pack, row_invariant) for pack in kinds) if d is not None]
 
 
-def fused_decoder(stack: DecoderStack, pack: bool = False) -> FusedDecoder | None:
+def fused_decoder(stack: DecoderStack, pack: bool = False, row_invariant: bool = True) -> FusedDecoder | None:
     """The stack's layers fused, their products on transposed copies of the weights or (`pack`) on packed ones."""
     if not stack.static_rope or not stack.layers:
         return None
@@ -305,7 +309,7 @@ def fused_decoder(stack: DecoderStack, pack: bool = False) -> FusedDecoder | Non
     # float32: the norms' weights folded into the products after them (`Norm`), the final one into the head's copy
     fold = head.weight.dtype == torch.float32 and plain_head
     norm = _rms(stack.norm)
-    layers = tuple(_fuse(i, layer, pack, fold) for i, layer in enumerate(stack.layers))
+    layers = tuple(_fuse(i, layer, pack, fold, row_invariant) for i, layer in enumerate(stack.layers))
     if norm is None or any(f is None for f in layers):
         return None
     norm, factor = _norm(norm, fold)
@@ -317,7 +321,7 @@ def fused_decoder(stack: DecoderStack, pack: bool = False) -> FusedDecoder | Non
     embed = stack.embed
     plain_embed = type(embed) is torch.nn.Embedding and embed.max_norm is None  # else its own forward (e.g. scaled)
     fused = FusedDecoder(stack, layers, norm, sign, embed.weight if plain_embed else None,
-                         _product(_folded(head.weight, factor), head.bias, pack) if plain_head else None)
+                         _product(_folded(head.weight, factor), head.bias, pack, row_invariant) if plain_head else None)
     if pack:
         products = [p for f in layers for p in (f.qkv, f.out, f.gate_up, f.down)] + [fused.head]
         _warm([p for p in products if p is not None], WARM_ROWS)

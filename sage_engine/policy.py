@@ -94,6 +94,7 @@ class Policy:
     top_k = 1
     samples_draft = False  # under sampling: the draft samples its tokens (ratio rule) instead of ranking them
     entropy_k = 10  # k of the normalised top-k entropy behind alpha (SAGE's k; reported for every policy)
+    node_alphas = False  # does the policy read each drafted node's alpha (DraftTree.alphas)? the root's is always there
 
     @property
     def key(self) -> str:
@@ -239,6 +240,7 @@ class SagePolicy(Policy):
         self.samples_draft = cfg.draw == "sample"
         self.top_k = cfg.w_max  # candidates per node: at most W_max children
         self.entropy_k = cfg.k
+        self.node_alphas = cfg.alpha_source == "prev_path"  # the accepted path's alphas plan the next tree
         self.alpha = cfg.alpha0  # confidence planned for the next tree
         self.d_max = cfg.d_max  # moved by the history controller
         self.history: list[int] = []

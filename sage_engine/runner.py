@@ -72,16 +72,18 @@ def _sync(device: torch.device) -> None:
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, vocab_limit: int | None = None, family: Family | None = None,
-                 layer_stack: bool = True, fused: bool = False):
+                 layer_stack: bool = True, fused: bool = False, row_invariant: bool = True):
         """layer_stack: run cached forwards through the decoder layers directly (stack.py) where that is
         checked to equal forward(); False: always forward(). fused: with the stack, compute the layers with
         fused products where they are checked close to forward() (fused.py: logits that may differ from
-        forward()'s in the last bits)."""
+        forward()'s in the last bits). row_invariant: fused products give a token the same numbers in a one-token
+        step as in a pass over many (a target's `ar` steps and verify passes); False (a draft, whose numbers only
+        shape its guesses): a one-token step takes BLAS's cheaper one-row path (fused.Product)."""
         self.model = model
         self.family = family or adapter_for(model)
         self.stack: DecoderStack | None = decoder_stack(model, self.family) if layer_stack else None
         # the ways its layers can be fused (fused.py): the check keeps the fastest of those close to forward()
-        self._candidates = fused_decoders(self.stack) if fused and self.stack is not None else []
+        self._candidates = fused_decoders(self.stack, row_invariant) if fused and self.stack is not None else []
         self.fused: FusedDecoder | None = self._candidates[0] if self._candidates else None
         self.stack_checked = False  # the first tree forward compares the stack (and the fused layers) with forward()
         self.check_ms = 0.0  # time spent checking so far (once per runner: not a cost of the step it falls in)

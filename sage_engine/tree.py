@@ -26,7 +26,7 @@ class DraftTree:
     depths: list[int] = field(default_factory=list)  # 1 = child of the root
     probs: list[float] = field(default_factory=list)  # draft probability p(token | parent path)
     cum_probs: list[float] = field(default_factory=list)  # product of probs along the path
-    alphas: list[float | None] = field(default_factory=list)  # confidence of the node's own next-token dist.
+    alphas: list[float | None] = field(default_factory=list)  # its own next-token confidence (Policy.node_alphas)
     draft_slots: list[int] = field(default_factory=list)  # column in the draft's tree region, -1 if never fed
     root_alpha: float | None = None  # confidence of the root's next-token distribution
     # a sampled draft (chain under the ratio rule): the distribution q each node's token was drawn from, else None

@@ -2,7 +2,9 @@
 
 import json
 
+import numpy as np
 import pytest
+import torch
 from tiny_models import image, llava_pair, qwen25_pair
 
 from sage_engine import InputError, SpecEngine, prepare_input
@@ -169,3 +171,35 @@ def test_kept_prompt_gives_the_same_runs_without_running_the_prefill_again(build
     other = prepare_input(pair, "describe the scene", images=[image(4)])
     assert kept.generate(other, "sage", 24, ignore_eos=True).token_ids == fresh.generate(
         other, "sage", 24, ignore_eos=True).token_ids  # another input: a real prefill
+
+
+@pytest.mark.parametrize("source", ["prev_path", "current_root"])
+def test_the_draft_gives_each_fed_node_an_alpha_only_for_a_policy_that_reads_them(setup, source):
+    """`prev_path` plans the next tree from the accepted path's alphas (each the draft's confidence after that node,
+    the root's included); other sources read only the root's, and the drafter skips the per-node ones."""
+    from sage_engine import SageConfig, make_policy
+    from sage_engine.policy import confidence
+
+    pair, engine, prep = setup
+    policy = make_policy("sage", SageConfig(threshold="paper", alpha_source=source, d_min=4, d_max=4))
+    drafter = engine.drafter
+    with torch.inference_mode():
+        engine.target.prefill(prep.target_inputs)
+        drafter.start(prep.for_draft(), 3)
+        draft = drafter.grow(policy)
+        tree = draft.tree
+        fed = [n for n in range(len(tree)) if tree.draft_slots[n] >= 0]
+        assert fed and tree.root_alpha is not None and draft.shape.depth == 4
+        if source == "current_root":
+            assert all(a is None for a in tree.alphas)
+            return
+        assert all((tree.alphas[n] is not None) == (n in fed) for n in range(len(tree)))
+        node = fed[-1]  # its alpha: the draft's confidence after the path to it, read again by a plain forward
+        path = tree.path_to(node)
+        runner = drafter.runner
+        runner.prefill(prep.for_draft())
+        n = runner.seq_len
+        tokens = [3] + [tree.tokens[i] for i in path]
+        logits = runner.forward(tokens, list(range(n, n + len(tokens))), np.tril(np.ones((len(tokens),) * 2, bool)))
+        top = torch.softmax(logits.logits[-1], -1).topk(policy.entropy_k).values.tolist()
+        assert tree.alphas[node] == pytest.approx(confidence([top])[0], abs=1e-4)

@@ -290,6 +290,26 @@ def test_a_rows_product_does_not_depend_on_how_many_rows_share_it():
                     assert all(torch.equal(p(x[:, i : i + 1]), many[:, i : i + 1]) for i in range(13))
 
 
+def test_the_targets_one_row_products_take_the_kernel_of_several_and_the_drafts_the_cheaper_one_row_path():
+    """Only the target's numbers must not depend on the row count (its `ar` steps against its verify passes); the
+    draft's only shape its guesses, and its one-row products take BLAS's one-row path, about half the cost."""
+    from sage_engine.models import load_pair
+
+    engine = SpecEngine(load_pair())
+    for runner, pad in ((engine.target, True), (engine.draft, False)):
+        decoder = runner.fused
+        products = [p for f in decoder.layers for p in (f.qkv, f.out, f.gate_up, f.down)] + [decoder.head]
+        transposed = [p for p in products if p.transposed is not None]
+        assert transposed and all(p.pad is pad for p in transposed)
+        p = transposed[0]
+        x = torch.randn(1, 1, p.weight.shape[1])
+        with torch.inference_mode():
+            if pad:   # the row alone gets the numbers it gets among others
+                assert torch.equal(p(x), p(x.expand(1, 3, -1).contiguous())[:, :1])
+            else:   # the one-row product itself
+                assert torch.equal(p(x), x @ p.transposed + (0 if p.bias is None else p.bias))
+
+
 @pytest.mark.parametrize("name", ["qwen2.5-vl", "llava"])
 def test_the_fused_rotary_table_gives_the_rotary_modules_own_numbers_as_it_grows(name):
     model = pair_for(name).target
