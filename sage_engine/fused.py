@@ -19,7 +19,8 @@ has a fixed cost of 13-27 us. oneDNN builds a kernel on the first call for each 
 every row count up to WARM_ROWS once when it is built.
 Measured on the second CPU (median of interleaved blocks, ms per cached forward over 1 / 4 / 13 tokens): the
 embedded target through its own modules 2.66 / 3.44 / 4.38, fused and packed 2.37 / 2.62 / 3.39, fused on
-transposed copies 1.93 / 1.89 / 2.51; the draft through its own modules 0.42 / 0.86 / 0.65, fused 0.28 / 0.40 / 0.34.
+transposed copies 1.93 / 1.89 / 2.51; the draft through its own modules 0.42 / 0.86 / 0.65, fused 0.28 / 0.40 / 0.34
+(its one-token forward 0.26 against 0.33 ms once its one-row products kept the one-row path, `Product.pad`).
 
 Exactness. A fused product (with a norm's weight folded into it) sums and rounds in another order than the model's
 modules do, so the logits differ from forward()'s in the last bits (the embedded target: up to ~2e-5 on logits of
