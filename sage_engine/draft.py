@@ -121,7 +121,7 @@ class Drafter:
             forwards, ms, fed = forwards + 1, ms + level_pass.ms, fed + len(grow)
             # a node's own alpha only where the policy reads it: ~10 us of Python logarithms per level otherwise
             frontier, alpha = self._top(level_pass.logits, policy, grow, qs, policy.node_alphas)
-            for j, node in enumerate(grow if alpha else ()):
+            for j, node in enumerate(grow if alpha is not None else ()):
                 tree.alphas[node] = alpha[j]
         return Draft(shape, policy.finalize(tree), len(tree), forwards, ms, prefill_ms)
 

@@ -298,7 +298,8 @@ def fused_decoders(stack: DecoderStack, row_invariant: bool = True) -> list[Fuse
 
 
 def fused_decoder(stack: DecoderStack, pack: bool = False, row_invariant: bool = True) -> FusedDecoder | None:
-    """The stack's layers fused, their products on transposed copies of the weights or (`pack`) on packed ones."""
+    """The stack's layers fused, their products on transposed copies of the weights or (`pack`) on packed ones;
+    `row_invariant`: see `fused_decoders`."""
     if not stack.static_rope or not stack.layers:
         return None
     head = stack.head
