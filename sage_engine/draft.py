@@ -121,8 +121,8 @@ class Drafter:
             forwards, ms, fed = forwards + 1, ms + level_pass.ms, fed + len(grow)
             # a node's own alpha only where the policy reads it: ~10 us of Python logarithms per level otherwise
             frontier, alpha = self._top(level_pass.logits, policy, grow, qs, policy.node_alphas)
-            for j, node in enumerate(grow if alpha is not None else ()):
-                tree.alphas[node] = alpha[j]
+            for node, a in zip(grow, alpha or ()):
+                tree.alphas[node] = a
         return Draft(shape, policy.finalize(tree), len(tree), forwards, ms, prefill_ms)
 
     def _probe(self, logits: torch.Tensor) -> Probe:

@@ -41,6 +41,7 @@ weights are small (a large model's forward is arithmetic, not overhead, and the 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -148,9 +149,9 @@ def _rms(norm: torch.nn.Module) -> tuple[torch.Tensor, float] | None:
     return weight, float(eps)
 
 
-def _fuse(index: int, layer: torch.nn.Module, pack: bool, fold: bool, pad: bool) -> FusedLayer | None:
-    """The layer as a FusedLayer, or None if it is not exactly the pre-norm attention + SwiGLU block; `fold`: its
-    norms' weights folded into the products after them (`Norm`); `pad`: one-row products computed as two."""
+def _fuse(index: int, layer: torch.nn.Module, product, fold: bool) -> FusedLayer | None:
+    """The layer as a FusedLayer, or None if it is not exactly the pre-norm attention + SwiGLU block; `product(weight,
+    bias)` makes each Product; `fold`: its norms' weights folded into the products after them (`Norm`)."""
     parts = dict(layer.named_children())
     if set(parts) != _LAYER_PARTS:
         return None
@@ -175,11 +176,11 @@ def _fuse(index: int, layer: torch.nn.Module, pack: bool, fold: bool, pad: bool)
     (norm1, f1), (norm2, f2) = _norm(norm1, fold), _norm(norm2, fold)
     return FusedLayer(
         index=getattr(attn, "layer_idx", index), norm1=norm1,
-        qkv=_product(_folded(torch.cat([q.weight, k.weight, v.weight]), f1), qkv_bias, pack, pad),
+        qkv=product(_folded(torch.cat([q.weight, k.weight, v.weight]), f1), qkv_bias),
         heads=q.out_features // hd, kv_heads=k.out_features // hd, head_dim=hd, scaling=float(scaling),
-        out=_product(a["o_proj"].weight, a["o_proj"].bias, pack, pad), norm2=norm2,
-        gate_up=_product(_folded(torch.cat([m["gate_proj"].weight, m["up_proj"].weight]), f2), None, pack, pad),
-        down=_product(m["down_proj"].weight, m["down_proj"].bias, pack, pad),
+        out=product(a["o_proj"].weight, a["o_proj"].bias), norm2=norm2,
+        gate_up=product(_folded(torch.cat([m["gate_proj"].weight, m["up_proj"].weight]), f2), None),
+        down=product(m["down_proj"].weight, m["down_proj"].bias),
     )
 
 
@@ -311,7 +312,8 @@ def fused_decoder(stack: DecoderStack, pack: bool = False, row_invariant: bool =
     # float32: the norms' weights folded into the products after them (`Norm`), the final one into the head's copy
     fold = head.weight.dtype == torch.float32 and plain_head
     norm = _rms(stack.norm)
-    layers = tuple(_fuse(i, layer, pack, fold, row_invariant) for i, layer in enumerate(stack.layers))
+    product = functools.partial(_product, pack=pack, pad=row_invariant)  # every Product of this decoder
+    layers = tuple(_fuse(i, layer, product, fold) for i, layer in enumerate(stack.layers))
     if norm is None or any(f is None for f in layers):
         return None
     norm, factor = _norm(norm, fold)
@@ -323,7 +325,7 @@ def fused_decoder(stack: DecoderStack, pack: bool = False, row_invariant: bool =
     embed = stack.embed
     plain_embed = type(embed) is torch.nn.Embedding and embed.max_norm is None  # else its own forward (e.g. scaled)
     fused = FusedDecoder(stack, layers, norm, sign, embed.weight if plain_embed else None,
-                         _product(_folded(head.weight, factor), head.bias, pack, row_invariant) if plain_head else None)
+                         product(_folded(head.weight, factor), head.bias) if plain_head else None)
     if pack:
         products = [p for f in layers for p in (f.qkv, f.out, f.gate_up, f.down)] + [fused.head]
         _warm([p for p in products if p is not None], WARM_ROWS)

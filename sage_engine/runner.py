@@ -17,6 +17,7 @@ prompt when the engine is built (`check_layers`), else on its first cached forwa
 from __future__ import annotations
 
 import functools
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -212,7 +213,7 @@ class ModelRunner:
                     compact(self.cache, start, [])
                 _sync(self.device)
                 spent.append(time.perf_counter() - t0)
-        medians = [sorted(spent)[len(spent) // 2] for spent in times]
+        medians = [statistics.median(spent) for spent in times]
         return candidates[medians.index(min(medians))]
 
     def _try(self, net, args: tuple, same) -> bool:
