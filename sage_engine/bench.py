@@ -187,7 +187,9 @@ def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], ma
 
     rounds: decode each input with every policy this many times, the policies back to back in rotating order each
     round; per input and policy the report keeps the run of median wall time (all rounds' times in
-    `round_seconds`), so a stall of the shared machine during one run does not decide an input's speedup."""
+    `round_seconds`), so a stall of the shared machine during one run does not decide an input's speedup. An input's
+    own speedup (`speedup_vs_ar` of its run) is the median over rounds of the speedup within each round, where the
+    policy and ar ran back to back (`paired_speedup`)."""
     check_rounds(rounds)
     policies = ["ar"] + [p for p in policies if p != "ar"]
     engine = SpecEngine(pair, draft_pruning=draft_pruning, tree_forward=tree_forward)
@@ -217,7 +219,8 @@ def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], ma
         ar_ids = results["ar"].token_ids
         for pol in policies:
             record = _run_record(inp, results[pol], None if pol == "ar" else ar_ids)
-            runs.append({**record, "round_seconds": [t.stats.seconds for t in tries[pol]]})
+            runs.append({**record, "round_seconds": [t.stats.seconds for t in tries[pol]],
+                         "speedup_vs_ar": paired_speedup(tries[pol], tries["ar"])})
     ar_tps = _aggregate([r for r in runs if r["policy"] == "ar"], None)["tokens_per_second"]
     report = {
         "device": str(device),
@@ -252,6 +255,17 @@ def check_rounds(rounds: int) -> None:
     """--rounds must be at least 1 (a usage error; the CLI and the report check it before any model loads)."""
     if rounds < 1:
         raise SageError(f"--rounds must be at least 1 (got {rounds})")
+
+
+def paired_speedup(runs: list[GenerationResult], ar_runs: list[GenerationResult]) -> float:
+    """An input's speedup vs ar: the median over rounds of the tokens/s ratio of round r's runs. The two ran back to
+    back, so a slow patch of a shared machine, which can outlast one run but rarely a round's pair, cancels in each
+    ratio; a ratio of per-policy medians would pair runs from different rounds."""
+    return statistics.median(_rate(run) / _rate(ar) for run, ar in zip(runs, ar_runs))
+
+
+def _rate(result: GenerationResult) -> float:
+    return len(result.token_ids) / max(result.stats.seconds, 1e-9)
 
 
 def _median_run(results: list[GenerationResult]) -> GenerationResult:

@@ -58,13 +58,15 @@ def default_policies() -> list[str]:
 
 
 def worst_input(report: dict, policy: str) -> tuple[float, str, int] | None:
-    """(speedup vs ar, input, answer tokens) of the input where `policy` gained least over ar in this run."""
+    """(speedup vs ar, input, answer tokens) of the input where `policy` gained least over ar in this run: the run's
+    paired speedup (bench.paired_speedup), else, in a report without it, the ratio of the kept runs' tokens/s."""
     ar = {r["input"]: r for r in report["runs"] if r["policy"] == "ar"}
     found = []
     for r in report["runs"]:
         base = ar.get(r["input"])
         if r["policy"] == policy and policy != "ar" and base and base.get("tokens_per_second"):
-            found.append((r["tokens_per_second"] / base["tokens_per_second"], r["input"], r["new_tokens"]))
+            speedup = r.get("speedup_vs_ar") or r["tokens_per_second"] / base["tokens_per_second"]
+            found.append((speedup, r["input"], r["new_tokens"]))
     return min(found) if found else None
 
 
@@ -189,7 +191,9 @@ READING = ("tau: tokens per target forward (1 for `ar`). Speedup and exact match
            "input and policy counts its run of median wall time). ms/step: time per target "
            "forward after the prefill, split into the target's verification, the draft's forwards (its prefill "
            "included) and the engine's own work (policy, tree, masks, acceptance, cache). Worst input: the input "
-           "with the lowest speedup vs `ar`, its name, the policy's answer length in tokens, and that speedup. "
+           "with the lowest speedup vs `ar`, its name, the policy's answer length in tokens, and that speedup (with "
+           "several rounds, the median of the input's per-round speedups: in each round the policy and `ar` ran back "
+           "to back). "
            "Timings on a shared machine drift: compare ratios within one suite.")
 
 

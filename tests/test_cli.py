@@ -127,6 +127,11 @@ def test_bench_rounds_keep_each_inputs_median_run(saved_qwen_pair, media, monkey
     assert by[("b.mp4", "sage")]["round_seconds"] == [0.5, 0.2, 0.9] and by[("b.mp4", "sage")]["seconds"] == 0.5
     assert all(r["exact_match_vs_ar"] in (None, True) for r in report["runs"])
     assert report["policies"]["sage"]["seconds"] == pytest.approx(0.3 + 0.5)
+    # an input's own speedup pairs the runs of each round (ar 0.5 / sage 0.1, 0.2 / 0.3, 0.9 / 0.4: median 2.25),
+    # not the two medians (0.5 / 0.3)
+    assert by[("a.png", "sage")]["speedup_vs_ar"] == pytest.approx(0.9 / 0.4)
+    assert by[("b.mp4", "sage")]["speedup_vs_ar"] == pytest.approx(0.4 / 0.9)
+    assert by[("a.png", "ar")]["speedup_vs_ar"] == pytest.approx(1.0)
 
 
 def test_bench_rounds_below_one_are_a_usage_error(saved_qwen_pair, media, tmp_path, capsys):

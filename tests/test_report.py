@@ -57,6 +57,9 @@ def test_markdown_has_every_suite_policy_row_and_worst_input():
         assert f"`slow.{ext}`: 1.10x, 40 tokens" in next(r for r in rows if r.startswith("| `sage`"))
         assert f"`slow.{ext}`: 1.50x" in next(r for r in rows if r.startswith("| `chain`"))
     assert "worst input" in TABLE_HEAD and "`python -m sage_engine.report --out X`" in md
+    paired = synthetic_report("image")  # a run's paired per-round speedup (bench) is the input's speedup
+    next(r for r in paired["runs"] if r["policy"] == "sage" and r["input"] == "fast.png")["speedup_vs_ar"] = 0.95
+    assert policy_row(paired, "sage")["worst"] == (0.95, "fast.png", 96)
     assert "alpha_corr_tau: 0.42" in md and "the assistant is blind" in md  # unknown fields reach Notes
 
 
