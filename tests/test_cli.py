@@ -99,7 +99,8 @@ def test_bench_writes_the_report(saved_qwen_pair, media, tmp_path, capsys):
 
 def test_bench_rounds_keep_each_inputs_median_run(saved_qwen_pair, media, monkeypatch):
     """--rounds N: every input is decoded by every policy N times, in rotating order each round; the report keeps
-    each input and policy's run of median wall time and lists all N times."""
+    each input and policy's run of median wall time, lists all N times, and gives the input's speedup as the median
+    of its N per-round speedups."""
     import dataclasses
 
     from sage_engine import bench
