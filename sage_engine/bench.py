@@ -261,11 +261,8 @@ def paired_speedup(runs: list[GenerationResult], ar_runs: list[GenerationResult]
     """An input's speedup vs ar: the median over rounds of the tokens/s ratio of round r's runs. The two ran back to
     back, so a slow patch of a shared machine, which can outlast one run but rarely a round's pair, cancels in each
     ratio; a ratio of per-policy medians would pair runs from different rounds."""
-    return statistics.median(_rate(run) / _rate(ar) for run, ar in zip(runs, ar_runs))
-
-
-def _rate(result: GenerationResult) -> float:
-    return len(result.token_ids) / max(result.stats.seconds, 1e-9)
+    return statistics.median(run.stats.tokens_per_second / ar.stats.tokens_per_second
+                             for run, ar in zip(runs, ar_runs))
 
 
 def _median_run(results: list[GenerationResult]) -> GenerationResult:

@@ -115,7 +115,8 @@ def test_bench_rounds_keep_each_inputs_median_run(saved_qwen_pair, media, monkey
     def timed(engine, prep, spec, max_new_tokens, sampling=None):
         res = real(engine, prep, spec, max_new_tokens, sampling)
         order.append(spec)
-        res.stats = dataclasses.replace(res.stats, seconds=next(times))
+        seconds = next(times)
+        res.stats = dataclasses.replace(res.stats, seconds=seconds, tokens_per_second=res.stats.new_tokens / seconds)
         return res
 
     monkeypatch.setattr(bench, "_decode", timed)
