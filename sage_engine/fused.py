@@ -199,6 +199,12 @@ class FusedDecoder:
         """Do the products go through oneDNN on packed weights (`packs`)?"""
         return self.layers[0].qkv.packed is not None
 
+    @property
+    def products(self) -> list[Product]:
+        """Every Product of the decoder: each layer's four, then the head's (where it is a plain Linear)."""
+        return [p for f in self.layers for p in (f.qkv, f.out, f.gate_up, f.down)] + (
+            [] if self.head is None else [self.head])
+
     def rotary(self, h: torch.Tensor, positions: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos, signed sin) of `positions` [1, q] for `_rotate`, from one table row each: the stack's rotary
         tables (the model's own rotary, `DecoderStack.position_embeddings`) with sin's first half negated, side by
@@ -327,8 +333,7 @@ def fused_decoder(stack: DecoderStack, pack: bool = False, row_invariant: bool =
     fused = FusedDecoder(stack, layers, norm, sign, embed.weight if plain_embed else None,
                          product(_folded(head.weight, factor), head.bias) if plain_head else None)
     if pack:
-        products = [p for f in layers for p in (f.qkv, f.out, f.gate_up, f.down)] + [fused.head]
-        _warm([p for p in products if p is not None], WARM_ROWS)
+        _warm(fused.products, WARM_ROWS)
     return fused
 
 

@@ -202,7 +202,7 @@ def test_packed_and_transposed_products_are_close_to_forward(monkeypatch, packed
     got, full = _chain_close_to_forward(runner, model)
     assert runner.tree_forward == ("fused+packed" if packed else "fused")
     layer = runner.fused.layers[0]
-    products = (layer.qkv, layer.out, layer.gate_up, layer.down, runner.fused.head)
+    products = runner.fused.products
     assert all((p.packed is not None) == packed and (p.transposed is not None) != packed for p in products)
     x = torch.randn(1, 7, fused_mod.PACK_MIN_HIDDEN)
     assert torch.allclose(layer.gate_up(x), torch.nn.functional.linear(x, layer.gate_up.weight), atol=1e-4)
@@ -282,8 +282,7 @@ def test_a_rows_product_does_not_depend_on_how_many_rows_share_it():
     pair = load_pair()
     for model in (pair.target, pair.draft):
         for decoder in fused_mod.fused_decoders(decoder_stack(model, fam.adapter_for(model))):
-            products = [p for f in decoder.layers for p in (f.qkv, f.out, f.gate_up, f.down)] + [decoder.head]
-            for p in products:
+            for p in decoder.products:
                 x = torch.randn(1, 13, p.weight.shape[1])
                 with torch.inference_mode():
                     many = p(x)
@@ -298,8 +297,7 @@ def test_the_targets_one_row_products_take_the_kernel_of_several_and_the_drafts_
     engine = SpecEngine(load_pair())
     for runner, pad in ((engine.target, True), (engine.draft, False)):
         decoder = runner.fused
-        products = [p for f in decoder.layers for p in (f.qkv, f.out, f.gate_up, f.down)] + [decoder.head]
-        transposed = [p for p in products if p.transposed is not None]
+        transposed = [p for p in decoder.products if p.transposed is not None]
         assert transposed and all(p.pad is pad for p in transposed)
         p = transposed[0]
         x = torch.randn(1, 1, p.weight.shape[1])
