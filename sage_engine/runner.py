@@ -28,6 +28,7 @@ from transformers import DynamicCache
 from .cache import compact, copy_cache
 from .families import Family, adapter_for
 from .fused import FusedDecoder, fused_decoders, near
+from .host import HostDecoder, host_decoder
 from .pruning import VisualPruning, pruned_prefill_inputs
 from .stack import DecoderStack, decoder_stack
 from .tree import additive_mask, verify_allowed
@@ -85,7 +86,9 @@ class ModelRunner:
         self.stack: DecoderStack | None = decoder_stack(model, self.family) if layer_stack else None
         # the ways its layers can be fused (fused.py): the check keeps the fastest of those close to forward()
         self._candidates = fused_decoders(self.stack, row_invariant) if fused and self.stack is not None else []
-        self.fused: FusedDecoder | None = self._candidates[0] if self._candidates else None
+        if not row_invariant:  # a draft: its fused layers in NumPy too (host.py), where they can be
+            self._candidates += [h for h in map(host_decoder, self._candidates) if h is not None]
+        self.fused: FusedDecoder | HostDecoder | None = self._candidates[0] if self._candidates else None
         self.stack_checked = False  # the first tree forward compares the stack (and the fused layers) with forward()
         self.check_ms = 0.0  # time spent checking so far (once per runner: not a cost of the step it falls in)
         emb = model.get_input_embeddings()
@@ -142,8 +145,13 @@ class ModelRunner:
         newest r key columns (the last q of which are these tokens); older columns are always visible.
         The logits after each token.  # [q, V]"""
         q, r = allowed.shape
-        past = self.seq_len + q - r
         delta = self.rope_delta
+        if self.stack_checked and isinstance(self.fused, HostDecoder):  # NumPy takes the lists and pattern as they are
+            t0 = time.perf_counter()
+            blocked = None if q == 1 and allowed.all() else ~allowed
+            logits = self.fused.run(tokens, [p + delta for p in positions], blocked, self.cache)
+            return Pass(self._logits(logits), (time.perf_counter() - t0) * 1e3)
+        past = self.seq_len + q - r
         rows = torch.tensor([tokens, [p + delta for p in positions]], device=self.device)  # one call: ~7 us each
         ids, pos = rows[:1], rows[1:]  # [1, q] each
         # [1, 1, q, past + r]; none for one token that sees every column (a plain step, a chain level): building it
@@ -165,7 +173,9 @@ class ModelRunner:
     @property
     def tree_forward(self) -> str:
         """How cached steps run: "fused+packed" or "fused" (fused.py, with or without oneDNN-packed products),
-        "layers" (stack.py) or "forward" (the model's forward())."""
+        "fused+numpy" (host.py), "layers" (stack.py) or "forward" (the model's forward())."""
+        if isinstance(self.fused, HostDecoder):
+            return "fused+numpy"
         if self.fused is not None:
             return "fused+packed" if self.fused.packed else "fused"
         return "layers" if self.stack is not None else "forward"
@@ -197,7 +207,7 @@ class ModelRunner:
         self._candidates = []
         self.fused = self._fastest(close_ones, (ids, pos, mask)) if close_ones else None
 
-    def _fastest(self, candidates: list[FusedDecoder], args: tuple, rounds: int = 5) -> FusedDecoder:
+    def _fastest(self, candidates: list, args: tuple, rounds: int = 5):
         """The candidate with the least median time over `rounds` interleaved rounds of this forward and a one-token
         step (which of packed or transposed products is faster depends on the CPU: fused.py)."""
         if len(candidates) == 1:

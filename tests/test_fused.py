@@ -56,11 +56,13 @@ def test_the_engine_fuses_both_models_and_layers_mode_keeps_the_targets_own(name
     reference = exact.generate(prep, "ar", max_new_tokens=24, ignore_eos=True).token_ids
     assert exact.generate(prep, "sage", max_new_tokens=24, ignore_eos=True).token_ids == reference
     assert exact.target.tree_forward == "layers" and exact.target.fused is None   # the target's own layers
-    assert exact.draft.tree_forward == "fused" and exact.draft.stack_checked   # the draft fused, kept by the check
+    # the draft fused (in torch or NumPy, whichever the runner timed faster: test_host.py), kept by the check
+    assert exact.draft.tree_forward in ("fused", "fused+numpy") and exact.draft.stack_checked
     engine = SpecEngine(pair)
     assert engine.generate(prep, "ar", max_new_tokens=24, ignore_eos=True).token_ids == reference
     assert engine.generate(prep, "sage", max_new_tokens=24, ignore_eos=True).token_ids == reference
-    assert engine.target.tree_forward == "fused" and engine.draft.tree_forward == "fused"   # narrow: not packed
+    assert engine.target.tree_forward == "fused"   # narrow: not packed
+    assert engine.draft.tree_forward in ("fused", "fused+numpy")
     assert engine.target.stack_checked
     plain = SpecEngine(pair, tree_forward="forward")
     assert plain.draft.tree_forward == "forward" and plain.draft.fused is None
@@ -82,8 +84,11 @@ def test_fused_layers_that_are_not_close_are_dropped_and_the_output_stays(monkey
     assert ModelRunner(pair.draft, fused=True).fused is not None   # built ...
     assert ModelRunner(pair.target, fused=True).fused is not None
     engine = SpecEngine(pair)
-    for runner in (engine.target, engine.draft):   # ... and dropped by the check (when the engine was built)
-        assert runner.stack_checked and runner.fused is None and runner.stack is not None
+    for runner in (engine.target, engine.draft):   # ... and dropped by the check (when the engine was built); the
+        # draft's NumPy layers (host.py) rotate on their own and may stay
+        assert runner.stack_checked and not isinstance(runner.fused, fused_mod.FusedDecoder)
+        assert runner.stack is not None
+    assert engine.target.fused is None
     assert engine.generate(prep, "sage", max_new_tokens=24, ignore_eos=True).token_ids == reference
     # the control is real: the slip does change the draft's logits
     runner = ModelRunner(pair.draft, fused=True)

@@ -1,0 +1,211 @@
+"""A small draft's fused layers computed in NumPy: fewer microseconds per operation than torch's dispatcher.
+
+A drafted level of the embedded draft (one layer, hidden size 128) is ~25 tensor operations on a few rows; through
+torch each costs ~5-7 us of dispatch on this CPU, through NumPy ~1-2 us (the arithmetic itself is a few
+microseconds). `HostDecoder` computes exactly what `FusedDecoder` (fused.py) computes, from the same folded,
+transposed float32 weights (shared, not copied): embedding, per layer norm -> q/k/v product -> rotary -> attention
+over the cache -> output product -> norm -> SwiGLU MLP, then the final norm and the head. Two differences of form:
+the rotary's rotate-half is a permutation of the q/k product's columns, so it is folded into the product (one wider
+product instead of a roll), and the keys and values are written into a preallocated buffer, which the cache's layers
+view (`HostKV`), instead of growing the cache by concatenation.
+
+It is offered only for a draft (a model whose numbers only shape guesses: the emitted tokens are always the
+target's) in float32 on the CPU, and the runner checks and times it like the other fused candidates
+(runner.py, `ModelRunner._check_stack`): it is used only where its logits are near forward()'s with the same argmax
+on every row, and where it is the fastest on this machine. NumPy's own BLAS (OpenBLAS) is held to one thread when a
+HostDecoder is built: its threads would otherwise busy-wait on the core that torch's threads use (measured: a draft
+level twice as slow with them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from threadpoolctl import threadpool_limits
+
+from .fused import FusedDecoder, FusedLayer
+
+_BLAS_LIMITED: list = []  # the threadpoolctl limit, held for the process once a HostDecoder exists
+
+
+def _one_blas_thread() -> None:
+    if not _BLAS_LIMITED:
+        _BLAS_LIMITED.append(threadpool_limits(limits=1, user_api="blas"))
+
+
+def _np(t: torch.Tensor | None) -> np.ndarray | None:
+    return None if t is None else t.detach().numpy()
+
+
+@dataclass(frozen=True)
+class HostLayer:
+    index: int  # the layer's index in the cache
+    floor1: float  # the folded norms' sqrt(D eps), squared (fused.Norm)
+    qkv: np.ndarray  # [D, (H + 2 KV) hd + (H + KV) hd]: q, k, v, then q and k with their head halves swapped
+    qkv_bias: np.ndarray | None
+    heads: int
+    kv_heads: int
+    head_dim: int
+    scaling: float
+    out: np.ndarray  # [H hd, D]
+    out_bias: np.ndarray | None
+    floor2: float
+    gate_up: np.ndarray  # [D, 2 I]
+    down: np.ndarray  # [I, D]
+    down_bias: np.ndarray | None
+
+
+def _host_layer(f: FusedLayer) -> HostLayer:
+    H, KV, hd = f.heads, f.kv_heads, f.head_dim
+    rot = (H + KV) * hd
+    # rotate_half swaps each head's halves (fused._rotate rolls by hd / 2, with the sign in the sin table): the
+    # same permutation of the q/k columns, appended to the product
+    swap = np.concatenate([h * hd + (np.arange(hd) + hd // 2) % hd for h in range(H + KV)])
+    w = _np(f.qkv.transposed)
+    b = _np(f.qkv.bias)
+    return HostLayer(
+        index=f.index, floor1=float(f.norm1.floor) ** 2,
+        qkv=np.ascontiguousarray(np.concatenate([w, w[:, :rot][:, swap]], axis=1)),
+        qkv_bias=None if b is None else np.concatenate([b, b[:rot][swap]]),
+        heads=H, kv_heads=KV, head_dim=hd, scaling=f.scaling,
+        out=_np(f.out.transposed), out_bias=_np(f.out.bias), floor2=float(f.norm2.floor) ** 2,
+        gate_up=_np(f.gate_up.transposed), down=_np(f.down.transposed), down_bias=_np(f.down.bias),
+    )
+
+
+def _norm(h: np.ndarray, floor_sq: float) -> np.ndarray:
+    """A folded RMSNorm (fused.Norm): h / sqrt(||h||^2 + D eps), its weight already in the next product."""
+    return h / np.sqrt(np.vecdot(h, h)[:, None] + floor_sq)
+
+
+class HostKV:
+    """Keys and values of a cache's layers in preallocated buffers: a forward writes its rows in place and points the
+    cache's layer at a view of the rows in use, so that the cache's own operations (length, compaction, copies) work
+    on it unchanged. A cache whose layer is not such a view (after a prefill, or a copy) is copied in once."""
+
+    def __init__(self, kv_heads: int, head_dim: int):
+        self.shape = (kv_heads, head_dim)
+        self.keys = self.values = torch.empty(0)
+
+    def _fits(self, layer, need: int) -> bool:
+        keys = layer.keys
+        return (keys.data_ptr() == self.keys.data_ptr() and keys.stride() == self.keys.stride()
+                and self.keys.shape[2] >= need)
+
+    def append(self, layer, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Append k, v [KV, q, hd] to `layer`; its keys and values after them, as arrays.  # -> 2 x [KV, n + q, hd]"""
+        n = layer.get_seq_length()
+        q = k.shape[1]
+        if not self._fits(layer, n + q):
+            cap = max(512, 1 << (2 * (n + q) - 1).bit_length())
+            keys, values = (torch.empty(1, *self.shape[:1], cap, self.shape[1]) for _ in range(2))
+            if n:
+                keys[:, :, :n], values[:, :, :n] = layer.keys, layer.values
+            self.keys, self.values = keys, values
+            self._k, self._v = keys[0].detach().numpy(), values[0].detach().numpy()
+        self._k[:, n : n + q], self._v[:, n : n + q] = k, v
+        layer.keys, layer.values = self.keys[:, :, : n + q], self.values[:, :, : n + q]
+        layer.is_initialized = True
+        return self._k[:, : n + q], self._v[:, : n + q]
+
+
+class HostDecoder:
+    """FusedDecoder's computation in NumPy (see the module's note); same call contract as FusedDecoder, plus `run`,
+    which takes the runner's lists and attention pattern directly (no tensors to build)."""
+
+    packed = False
+
+    def __init__(self, fused: FusedDecoder):
+        _one_blas_thread()
+        self.fused = fused
+        self.layers = tuple(_host_layer(f) for f in fused.layers)
+        self.kv = [HostKV(f.kv_heads, f.head_dim) for f in self.layers]
+        self.embed = _np(fused.embed_weight)
+        self.floor = float(fused.norm.floor) ** 2
+        self.head, self.head_bias = _np(fused.head.transposed), _np(fused.head.bias)
+        self._cos = self._sin = np.zeros((0, 0), np.float32)
+
+    @property
+    def products(self):
+        return self.fused.products
+
+    def _rope(self, top: int) -> tuple[np.ndarray, np.ndarray]:
+        """(cos, signed sin) tables covering positions 0..top (fused.FusedDecoder.rotary's table).  # 2 x [n, hd]"""
+        if self._cos.shape[0] <= top:
+            probe = self.fused.embed_weight[:1].detach()[None]  # the model's dtype and device
+            self.fused.rotary(probe, torch.tensor([[top]]), top)
+            table = _np(self.fused.rope["table"])
+            hd = table.shape[1] // 2
+            self._cos, self._sin = np.ascontiguousarray(table[:, :hd]), np.ascontiguousarray(table[:, hd:])
+        return self._cos, self._sin
+
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache,
+                 top: int | None = None) -> torch.Tensor:
+        """FusedDecoder's contract: ids, positions [1, q], an additive mask [1, 1, q, kv] or None.  # -> [1, q, V]"""
+        blocked = None if mask is None else mask[0, 0].numpy() < 0  # masked: finfo.min (tree.additive_mask)
+        return self.run(ids[0].tolist(), positions[0].tolist(), blocked, cache)[None]
+
+    def run(self, tokens: list[int], positions: list[int], blocked: np.ndarray | None, cache) -> torch.Tensor:
+        """Append `tokens` at (shifted) rotary `positions`; `blocked` [q, r]: which of the newest r key columns each
+        token may not see (None: it sees them all).  # -> logits [q, V]"""
+        q = len(tokens)
+        cos, sin = self._rope(max(positions))
+        cos, sin = cos[positions][:, None], sin[positions][:, None]  # [q, 1, hd]
+        h = self.embed.take(tokens, axis=0)  # [q, D]
+        for f, kv in zip(self.layers, self.kv):
+            H, KV, hd = f.heads, f.kv_heads, f.head_dim
+            rot = (H + KV) * hd
+            y = _norm(h, f.floor1) @ f.qkv
+            if f.qkv_bias is not None:
+                y += f.qkv_bias
+            qk = y[:, :rot].reshape(q, H + KV, hd) * cos + y[:, rot + KV * hd :].reshape(q, H + KV, hd) * sin
+            keys, values = kv.append(cache.layers[f.index], qk[:, H:].transpose(1, 0, 2),
+                                     y[:, rot : rot + KV * hd].reshape(q, KV, hd).transpose(1, 0, 2))
+            a = _attend(qk[:, :H], keys, values, f.scaling, blocked)  # [q, H hd]
+            h = h + _plus(a @ f.out, f.out_bias)
+            gu = _norm(h, f.floor2) @ f.gate_up
+            gate, up = gu[:, : gu.shape[1] // 2], gu[:, gu.shape[1] // 2 :]
+            h = h + _plus((gate * (0.5 + 0.5 * np.tanh(0.5 * gate)) * up) @ f.down, f.down_bias)  # SiLU
+        return torch.from_numpy(_plus(_norm(h, self.floor) @ self.head, self.head_bias))
+
+
+def _attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scaling: float,
+            blocked: np.ndarray | None) -> np.ndarray:
+    """Softmax attention of queries q [q, H, hd] over keys and values [KV, kv, hd] (each key head serves H / KV
+    query heads), the newest `blocked.shape[1]` columns masked by `blocked` [q, r].  # -> [q, H hd]"""
+    n, H, hd = q.shape
+    KV, kv = keys.shape[:2]
+    G = H // KV
+    heads = []
+    for g in range(KV):  # 2D products per key head: NumPy's stacked (3D) products cost more at these sizes
+        rows = q[:, g * G : (g + 1) * G].transpose(1, 0, 2).reshape(G * n, hd)  # the group's heads stacked
+        s = rows @ keys[g].T  # [G n, kv]
+        s *= scaling
+        if blocked is not None:
+            s.reshape(G, n, kv)[:, :, kv - blocked.shape[1] :][:, blocked] = -np.inf
+        s -= s.max(-1, keepdims=True)
+        np.exp(s, out=s)
+        s /= s.sum(-1, keepdims=True)
+        heads.append((s @ values[g]).reshape(G, n, hd).transpose(1, 0, 2))  # [n, G, hd]
+    return (heads[0] if KV == 1 else np.concatenate(heads, axis=1)).reshape(n, H * hd)
+
+
+def _plus(x: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    if bias is not None:
+        x += bias
+    return x
+
+
+def host_decoder(fused: FusedDecoder | None) -> HostDecoder | None:
+    """`fused` computed in NumPy, where it can be: float32 on the CPU, products on transposed copies (not packed),
+    the norms folded, a plain embedding and head."""
+    if fused is None or fused.packed or fused.embed_weight is None or fused.head is None:
+        return None
+    w = fused.embed_weight
+    if w.device.type != "cpu" or w.dtype != torch.float32 or fused.norm.weight is not None:
+        return None
+    if any(p.transposed is None for p in fused.products) or any(f.norm1.weight is not None for f in fused.layers):
+        return None
+    return HostDecoder(fused)

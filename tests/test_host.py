@@ -1,0 +1,151 @@
+"""A draft's fused layers in NumPy (sage_engine/host.py): close to the model's forward() under a real tree mask on
+every family, its keys and values in a buffer that the cache's own compaction and copies handle, offered for drafts
+only (float32), dropped by the runner's check when wrong, and drafting the same trees as the torch layers."""
+
+import numpy as np
+import pytest
+import torch
+from test_equivalence import MAX_NEW, sharp_case
+from test_fused import _tree_inputs
+from test_stack import PAIRS, TREE, pair_for
+from tiny_models import image
+
+from sage_engine import SpecEngine, make_policy, prepare_input
+from sage_engine import host as host_mod
+from sage_engine.cache import copy_cache
+from sage_engine.host import HostDecoder
+from sage_engine.runner import ModelRunner
+from sage_engine.tree import additive_mask
+
+
+def _draft_runner(model) -> ModelRunner:
+    return ModelRunner(model, fused=True, row_invariant=False)
+
+
+def _host(runner: ModelRunner) -> HostDecoder:
+    hosts = [c for c in runner._candidates if isinstance(c, HostDecoder)]
+    assert len(hosts) == 1, "no NumPy candidate for a float32 draft"
+    return hosts[0]
+
+
+def _prefer_host(monkeypatch, host: bool) -> None:
+    """Make the runner's timed choice between the fused candidates pick the NumPy one (or not)."""
+    monkeypatch.setattr(ModelRunner, "_fastest", lambda self, candidates, args: next(
+        c for c in candidates if isinstance(c, HostDecoder) == host))
+
+
+@pytest.mark.parametrize("name", PAIRS)
+def test_numpy_layers_are_close_to_forward_under_a_tree_mask(name):
+    pair = pair_for(name)
+    prep = prepare_input(pair, "describe what you see", images=[image(4)])
+    runner = _draft_runner(pair.draft)
+    host = _host(runner)
+    runner.prefill(prep.for_draft())
+    start, ids, pos, mask = _tree_inputs(runner)
+    with torch.inference_mode():
+        ref = pair.draft(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=runner.cache,
+                         use_cache=True).logits[0]  # [7, V]
+        ref_kv = [(layer.keys[:, :, start:].clone(), layer.values[:, :, start:].clone())
+                  for layer in runner.cache.layers]
+        runner.keep(start, [])
+        # the runner's own path: token and position lists and the boolean pattern, no tensors
+        got = host.run(ids[0].tolist(), pos[0].tolist(), ~TREE, runner.cache)
+    assert runner.seq_len == start + ids.shape[1]
+    assert (got - ref).abs().max() <= 1e-4 * ref.abs().max(), name
+    assert torch.equal(got.argmax(-1), ref.argmax(-1))
+    for layer, (keys, values) in zip(runner.cache.layers, ref_kv):
+        assert torch.allclose(layer.keys[:, :, start:], keys, atol=1e-5)
+        assert torch.allclose(layer.values[:, :, start:], values, atol=1e-5)
+    # the contract of the other fused candidates (what the runner's check calls) gives the same numbers
+    runner.keep(start, [])
+    with torch.inference_mode():
+        assert torch.allclose(host(ids, pos, mask, runner.cache)[0], got, atol=1e-6)
+
+
+def test_the_buffer_survives_compaction_copies_and_growth():
+    pair = pair_for("qwen2.5-vl")
+    prep = prepare_input(pair, "describe what you see", images=[image(5)])
+    runner = _draft_runner(pair.draft)
+    host, torch_fused = _host(runner), next(c for c in runner._candidates if not isinstance(c, HostDecoder))
+    runner.prefill(prep.for_draft())
+    start, ids, pos, mask = _tree_inputs(runner)
+
+    def after(net, keep, cache):  # the tree, then keep `keep` of it, then one more token: its logits and keys
+        with torch.inference_mode():
+            net(ids, pos, mask, cache)
+            runner.cache = cache
+            runner.keep(start, keep)
+            n = start + len(keep)
+            out = net(torch.tensor([[21]]), torch.tensor([[n]]) + runner.rope_delta, None, cache)
+        return out[0], [layer.keys.clone() for layer in cache.layers]
+
+    prompt = copy_cache(runner.cache)
+    for keep in ([0, 2, 4, 6], [0, 1], []):  # a moved path, a prefix, nothing
+        want, want_keys = after(torch_fused, keep, copy_cache(prompt))
+        got, got_keys = after(host, keep, copy_cache(prompt))
+        assert torch.allclose(got, want, atol=1e-4 * float(want.abs().max())), keep
+        assert all(torch.allclose(g, w, atol=1e-5) for g, w in zip(got_keys, want_keys))
+    # the cache's layers view the buffer; a copy is independent of it (a forward on the copy leaves the original)
+    cache = copy_cache(prompt)
+    with torch.inference_mode():
+        host(ids, pos, mask, cache)
+    assert cache.layers[0].keys.data_ptr() == host.kv[0].keys.data_ptr()
+    before = cache.layers[0].keys.clone()
+    twin = copy_cache(cache)
+    with torch.inference_mode():
+        for n in (start + 7, start + 14):
+            host(ids, pos + n - start, additive_mask(TREE, n, runner.dtype, runner.device), twin)
+    assert torch.equal(cache.layers[0].keys, before)
+    # a sequence longer than the buffer: it grows, keeping what was there
+    capacity = host.kv[0].keys.shape[2]
+    long = torch.arange(capacity).view(1, -1) % 50 + 3
+    with torch.inference_mode():
+        host(long, torch.arange(capacity).view(1, -1) + twin.get_seq_length(), None, twin)
+    assert host.kv[0].keys.shape[2] > capacity and twin.get_seq_length() == start + 21 + capacity
+    assert torch.equal(twin.layers[0].keys[:, :, : start], prompt.layers[0].keys)
+
+
+def test_numpy_layers_are_offered_for_float32_drafts_only():
+    pair = pair_for("qwen2.5-vl")
+    assert not any(isinstance(c, HostDecoder) for c in ModelRunner(pair.target, fused=True)._candidates)
+    assert any(isinstance(c, HostDecoder) for c in _draft_runner(pair.draft)._candidates)
+    bf16 = _draft_runner(pair_for("llava").draft.to(torch.bfloat16))
+    assert bf16._candidates and not any(isinstance(c, HostDecoder) for c in bf16._candidates)
+    pair_for("llava").draft.to(torch.float32)
+    assert host_mod.host_decoder(None) is None
+
+
+def test_numpy_layers_that_are_not_close_are_dropped_and_the_output_stays(monkeypatch):
+    pair = pair_for("qwen2.5-vl")
+    prep = prepare_input(pair, "describe what you see", images=[image(8)])
+    reference = SpecEngine(pair, tree_forward="forward").generate(prep, "sage", max_new_tokens=24,
+                                                                   ignore_eos=True).token_ids
+    _prefer_host(monkeypatch, True)
+    right = SpecEngine(pair)
+    assert right.draft.tree_forward == "fused+numpy"   # checked and kept when right
+    monkeypatch.setattr(host_mod, "_attend", lambda q, keys, values, scaling, blocked: host_mod._attend(
+        q, keys, values, scaling, None))   # a plausible slip: the tree mask is ignored
+    monkeypatch.setattr(ModelRunner, "_fastest", lambda self, candidates, args: candidates[-1])
+    engine = SpecEngine(pair)
+    assert engine.draft.stack_checked and engine.draft.tree_forward == "fused"   # the NumPy layers dropped
+    assert engine.generate(prep, "sage", max_new_tokens=24, ignore_eos=True).token_ids == reference
+
+
+@pytest.mark.parametrize("family,media,kind", [("qwen2.5-vl", "image", "copy"), ("qwen2.5-vl", "video", "noisy"),
+                                               ("llava", "image", "noisy")])
+def test_numpy_drafts_are_lossless_and_draft_the_same_trees(monkeypatch, family, media, kind):
+    pair, prep = sharp_case(family, media, kind)
+    trees = {}
+    for host in (True, False):
+        _prefer_host(monkeypatch, host)
+        engine = SpecEngine(pair)
+        assert engine.draft.tree_forward == ("fused+numpy" if host else "fused")
+        reference = engine.generate(prep, "ar", max_new_tokens=MAX_NEW, ignore_eos=True).token_ids
+        for policy in ("chain", "static", "eagle2", "sage"):
+            res = engine.generate(prep, make_policy(policy), max_new_tokens=MAX_NEW, ignore_eos=True)
+            assert res.token_ids == reference, (host, policy)
+            if policy in ("static", "eagle2"):  # fixed shapes: the drafted tokens depend on the draft's numbers only
+                trees[host, policy] = [s.tree.tokens for s in res.steps[1:]]
+    for policy in ("static", "eagle2"):
+        assert trees[True, policy] == trees[False, policy], policy
+    assert np.mean([len(t) for t in trees[True, "eagle2"]]) > 3   # real trees were drafted
