@@ -6,7 +6,10 @@
 2. Run -> first streamed token: a /compare request (gradio_client, the API the Run button uses) until the
    first update whose autoregressive text is non-empty;
 3. speculative tokens/s in the app (the run's own stats) versus `python -m sage_engine generate` on the same
-   input, policy and budget, rounds interleaved (app, CLI, app, CLI, ...) so both see the same machine load.
+   input, policy and budget, rounds interleaved (app, CLI, app, CLI, ...) so both see the same machine load;
+4. the speedup each shows: the app's speculative lane over its own autoregressive lane, and the CLI's policy over
+   `generate --policy ar` run right after it in the same round (the app decodes with one thread fewer than the
+   CLI by default, app.py `--threads`, so its tokens/s are lower; the speedup is what the race displays).
 Prints one JSON object (medians and every round).
 """
 
@@ -64,17 +67,25 @@ def app_run(client, image: str, prompt: str, n: int, policy: str) -> dict:
     return {"first_token_s": first, "total_s": time.perf_counter() - t0,
             "spec_tokens_per_s": summary["speculative"]["stats"]["tokens_per_second"],
             "ar_tokens_per_s": summary["ar"]["stats"]["tokens_per_second"],
+            "speedup": (summary["speculative"]["stats"]["tokens_per_second"]
+                        / summary["ar"]["stats"]["tokens_per_second"]),
             "identical": summary["speculative"]["token_ids"] == summary["ar"]["token_ids"],
             "new_tokens": summary["speculative"]["stats"]["new_tokens"]}
 
 
-def cli_run(image: str, prompt: str, n: int, policy: str, threads: int | None) -> dict:
+def cli_tokens_per_s(image: str, prompt: str, n: int, policy: str, threads: int | None) -> tuple[float, int]:
     cmd = [sys.executable, "-m", "sage_engine", "generate", "--image", image, "--prompt", prompt, "--policy", policy,
            "--max-new-tokens", str(n), "--json"] + (["--threads", str(threads)] if threads else [])
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True,
                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
     stats = json.loads(out.stdout)["stats"]
-    return {"spec_tokens_per_s": stats["tokens_per_second"], "new_tokens": stats["new_tokens"]}
+    return stats["tokens_per_second"], stats["new_tokens"]
+
+
+def cli_run(image: str, prompt: str, n: int, policy: str, threads: int | None) -> dict:
+    spec, new_tokens = cli_tokens_per_s(image, prompt, n, policy, threads)
+    ar, _ = cli_tokens_per_s(image, prompt, n, "ar", threads)
+    return {"spec_tokens_per_s": spec, "ar_tokens_per_s": ar, "speedup": spec / ar, "new_tokens": new_tokens}
 
 
 def main(argv=None) -> None:
@@ -106,6 +117,9 @@ def main(argv=None) -> None:
         "start_s": round(start_s, 2), "first_token_s": round(med(apps, "first_token_s"), 3),
         "app_spec_tokens_per_s": round(app_tps, 1), "cli_spec_tokens_per_s": round(cli_tps, 1),
         "app_over_cli": round(app_tps / cli_tps, 3), "app_ar_tokens_per_s": round(med(apps, "ar_tokens_per_s"), 1),
+        "cli_ar_tokens_per_s": round(med(clis, "ar_tokens_per_s"), 1),
+        "app_speedup": round(med(apps, "speedup"), 3), "cli_speedup": round(med(clis, "speedup"), 3),
+        "app_speedup_over_cli": round(med(apps, "speedup") / med(clis, "speedup"), 3),
         "identical": all(r["identical"] for r in apps), "threads": a.threads, "policy": a.policy,
         "image": a.image, "max_new_tokens": a.max_new_tokens, "rounds": {"app": apps, "cli": clis},
     }, indent=1))
