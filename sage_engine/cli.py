@@ -37,8 +37,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--tree-forward", default="fused", choices=TREE_FORWARDS,
                    help="cached decode steps: fused = both models' layers in fused products (on transposed or "
-                        "oneDNN-packed weight copies, whichever is timed faster), checked close to forward() with the "
-                        "same argmax; layers ="
+                        "oneDNN-packed weight copies, or the draft's in NumPy, whichever is timed faster), checked "
+                        "close to forward() with the same argmax; layers ="
                         " the target's own decoder layers, checked bit-identical to forward(); forward = forward()")
     p.add_argument("--draft-prune", default="off", type=_pruning,
                    help="draft-only visual-token pruning: off | paper (80%% image, 90%% video) | IMAGE,VIDEO ratios")

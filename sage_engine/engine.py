@@ -111,8 +111,8 @@ class SpecEngine:
                  tree_forward: str = "fused", keep_prompt: bool = False):
         """draft_pruning: feed the draft only part of the visual tokens (draft-only; output unchanged).
         tree_forward: how both models' cached steps run (runner.py): "fused", each model's layers computed with fused
-        products where checked close to forward() (fused.py; on transposed or oneDNN-packed weight copies, whichever
-        the runner times faster);
+        products where checked close to forward() (fused.py; on transposed or oneDNN-packed weight copies, or for the
+        draft in NumPy (host.py), whichever the runner times faster);
         "layers", the target's through its own decoder layers where checked bit-identical to forward() (stack.py),
         the draft's fused; "forward", both through forward().
         keep_prompt: runs on the same PreparedInput as the last one reuse both models' prefilled caches

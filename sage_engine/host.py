@@ -87,7 +87,7 @@ class HostKV:
 
     def __init__(self, kv_heads: int, head_dim: int):
         self.shape = (kv_heads, head_dim)
-        self.keys = self.values = torch.empty(0)
+        self.keys = self.values = torch.empty(1, kv_heads, 0, head_dim)  # no room yet: the first append allocates
 
     def _fits(self, layer, need: int) -> bool:
         keys = layer.keys
@@ -96,6 +96,8 @@ class HostKV:
 
     def append(self, layer, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Append k, v [KV, q, hd] to `layer`; its keys and values after them, as arrays.  # -> 2 x [KV, n + q, hd]"""
+        if not layer.is_initialized:  # a layer no forward has written yet (DynamicLayer's own first step)
+            layer.lazy_initialization(self.keys, self.values)
         n = layer.get_seq_length()
         q = k.shape[1]
         if not self._fits(layer, n + q):
@@ -107,7 +109,6 @@ class HostKV:
             self._k, self._v = keys[0].detach().numpy(), values[0].detach().numpy()
         self._k[:, n : n + q], self._v[:, n : n + q] = k, v
         layer.keys, layer.values = self.keys[:, :, : n + q], self.values[:, :, : n + q]
-        layer.is_initialized = True
         return self._k[:, : n + q], self._v[:, : n + q]
 
 
@@ -115,7 +116,7 @@ class HostDecoder:
     """FusedDecoder's computation in NumPy (see the module's note); same call contract as FusedDecoder, plus `run`,
     which takes the runner's lists and attention pattern directly (no tensors to build)."""
 
-    packed = False
+    packed = False  # like FusedDecoder.packed: its products are never oneDNN-packed
 
     def __init__(self, fused: FusedDecoder):
         _one_blas_thread()
@@ -126,10 +127,6 @@ class HostDecoder:
         self.floor = float(fused.norm.floor) ** 2
         self.head, self.head_bias = _np(fused.head.transposed), _np(fused.head.bias)
         self._cos = self._sin = np.zeros((0, 0), np.float32)
-
-    @property
-    def products(self):
-        return self.fused.products
 
     def _rope(self, top: int) -> tuple[np.ndarray, np.ndarray]:
         """(cos, signed sin) tables covering positions 0..top (fused.FusedDecoder.rotary's table).  # 2 x [n, hd]"""

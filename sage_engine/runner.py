@@ -9,9 +9,10 @@ Prefill goes through the model's public forward(); cached forwards (decode steps
 through the model's own decoder layers called in turn (stack.py) once the first one has given bit-identical logits
 to forward(), else through forward(). With `fused`, the runner computes those layers with fused products instead
 (fused.py), kept once its first forward came out close to forward() with the same argmax on every row (their last
-bits may differ: see fused.py on exactness); where two ways of computing the products pass (oneDNN-packed and
-transposed weights), the check times both and keeps the faster. The check runs once per model: on a short text
-prompt when the engine is built (`check_layers`), else on its first cached forward.
+bits may differ: see fused.py on exactness); where several ways of computing them pass (oneDNN-packed or
+transposed weights, and for a draft the same layers in NumPy, host.py), the check times them and keeps the
+fastest. The check runs once per model: on a short text prompt when the engine is built (`check_layers`), else on
+its first cached forward.
 """
 
 from __future__ import annotations
@@ -80,7 +81,8 @@ class ModelRunner:
         fused products where they are checked close to forward() (fused.py: logits that may differ from
         forward()'s in the last bits). row_invariant: fused products give a token the same numbers in a one-token
         step as in a pass over many (a target's `ar` steps and verify passes); False (a draft, whose numbers only
-        shape its guesses): a one-token step takes BLAS's cheaper one-row path (fused.Product)."""
+        shape its guesses): a one-token step takes BLAS's cheaper one-row path (fused.Product), and the same layers
+        computed in NumPy are a candidate too (host.py)."""
         self.model = model
         self.family = family or adapter_for(model)
         self.stack: DecoderStack | None = decoder_stack(model, self.family) if layer_stack else None

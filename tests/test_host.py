@@ -149,3 +149,21 @@ def test_numpy_drafts_are_lossless_and_draft_the_same_trees(monkeypatch, family,
     for policy in ("static", "eagle2"):
         assert trees[True, policy] == trees[False, policy], policy
     assert np.mean([len(t) for t in trees[True, "eagle2"]]) > 3   # real trees were drafted
+
+
+def test_numpy_layers_start_from_an_empty_cache_with_grouped_heads():
+    """A Llama-style LM with two key heads of two query heads each, fed from an empty cache: one token, then a
+    causal chain of three, against forward() over the whole sequence."""
+    from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2)).eval()
+    host = _host(_draft_runner(model))
+    cache = DynamicCache(config=model.config)
+    with torch.inference_mode():
+        first = host.run([5], [0], None, cache)
+        chain = host.run([6, 7, 8], [1, 2, 3], ~np.tril(np.ones((3, 3), bool)), cache)
+        full = model(input_ids=torch.tensor([[5, 6, 7, 8]])).logits[0]
+    got = torch.cat([first, chain])
+    assert cache.get_seq_length() == 4
+    assert torch.allclose(got, full, atol=1e-4 * float(full.abs().max()))
