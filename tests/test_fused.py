@@ -302,6 +302,7 @@ def test_the_targets_one_row_products_take_the_kernel_of_several_and_the_drafts_
     engine = SpecEngine(load_pair())
     for runner, pad in ((engine.target, True), (engine.draft, False)):
         decoder = runner.fused
+        decoder = getattr(decoder, "fused", decoder)   # the draft's NumPy layers (host.py): the torch ones beneath
         transposed = [p for p in decoder.products if p.transposed is not None]
         assert transposed and all(p.pad is pad for p in transposed)
         p = transposed[0]
