@@ -12,18 +12,20 @@ view (`HostKV`), instead of growing the cache by concatenation.
 It is offered only for a draft (a model whose numbers only shape guesses: the emitted tokens are always the
 target's) in float32 on the CPU, and the runner checks and times it like the other fused candidates
 (runner.py, `ModelRunner._check_stack`): it is used only where its logits are near forward()'s with the same argmax
-on every row, and where it is the fastest on this machine. NumPy's own BLAS (OpenBLAS) is held to one thread when a
-HostDecoder is built: its threads would otherwise busy-wait on the core that torch's threads use (measured: a draft
-level twice as slow with them).
+on every row, and where it is the fastest on this machine. The BLAS that NumPy ships (OpenBLAS) is held to one thread
+when a HostDecoder is built: its threads would otherwise busy-wait on the core that torch's threads use (measured: a
+draft level twice as slow with them).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 from .fused import FusedDecoder, FusedLayer
 
@@ -31,8 +33,16 @@ _BLAS_LIMITED: list = []  # the threadpoolctl limit, held for the process once a
 
 
 def _one_blas_thread() -> None:
-    if not _BLAS_LIMITED:
-        _BLAS_LIMITED.append(threadpool_limits(limits=1, user_api="blas"))
+    """Hold the BLAS that NumPy's wheel ships (numpy/ or numpy.libs/) to one thread, once per process. Only that one:
+    a BLAS shared with torch (some conda builds) would take the target's threads with it, so it is left alone."""
+    if _BLAS_LIMITED:
+        return
+    root = Path(np.__file__).resolve().parent
+    mine = (str(root) + os.sep, str(root.parent / "numpy.libs") + os.sep)
+    controller = ThreadpoolController()
+    own = [lib["filepath"] for lib in controller.info()
+           if lib["user_api"] == "blas" and lib["filepath"].startswith(mine)]
+    _BLAS_LIMITED.append(controller.select(filepath=own).limit(limits=1) if own else None)
 
 
 def _np(t: torch.Tensor | None) -> np.ndarray | None:

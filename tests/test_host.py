@@ -167,3 +167,12 @@ def test_numpy_layers_start_from_an_empty_cache_with_grouped_heads():
     got = torch.cat([first, chain])
     assert cache.get_seq_length() == 4
     assert torch.allclose(got, full, atol=1e-4 * float(full.abs().max()))
+
+
+def test_numpys_own_blas_is_held_to_one_thread_and_torchs_threads_are_left():
+    from threadpoolctl import threadpool_info
+    threads = torch.get_num_threads()
+    _host(_draft_runner(pair_for("qwen2.5-vl").draft))
+    numpy_blas = [i for i in threadpool_info() if i["user_api"] == "blas" and "numpy" in i["filepath"]]
+    assert numpy_blas and all(i["num_threads"] == 1 for i in numpy_blas)
+    assert torch.get_num_threads() == threads
