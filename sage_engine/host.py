@@ -2,7 +2,7 @@
 
 A drafted level of the embedded draft (one layer, hidden size 128) is ~25 tensor operations on a few rows; through
 torch each costs ~5-7 us of dispatch on this CPU, through NumPy ~1-2 us (the arithmetic itself is a few
-microseconds). `HostDecoder` computes exactly what `FusedDecoder` (fused.py) computes, from the same folded,
+microseconds). `HostDecoder` computes what `FusedDecoder` (fused.py) computes, from the same folded,
 transposed float32 weights (shared, not copied): embedding, per layer norm -> q/k/v product -> rotary -> attention
 over the cache -> output product -> norm -> SwiGLU MLP, then the final norm and the head. Two differences of form:
 the rotary's rotate-half is a permutation of the q/k product's columns, so it is folded into the product (one wider
@@ -14,7 +14,7 @@ target's) in float32 on the CPU, and the runner checks and times it like the oth
 (runner.py, `ModelRunner._check_stack`): it is used only where its logits are near forward()'s with the same argmax
 on every row, and where it is the fastest on this machine. The BLAS that NumPy ships (OpenBLAS) is held to one thread
 when a HostDecoder is built: its threads would otherwise busy-wait on the core that torch's threads use (measured: a
-draft level twice as slow with them).
+draft level nearly twice as slow with them).
 """
 
 from __future__ import annotations
@@ -112,7 +112,8 @@ class HostKV:
         q = k.shape[1]
         if not self._fits(layer, n + q):
             cap = max(512, 1 << (2 * (n + q) - 1).bit_length())
-            keys, values = (torch.empty(1, *self.shape[:1], cap, self.shape[1]) for _ in range(2))
+            kv_heads, head_dim = self.shape
+            keys, values = (torch.empty(1, kv_heads, cap, head_dim) for _ in range(2))
             if n:
                 keys[:, :, :n], values[:, :, :n] = layer.keys, layer.values
             self.keys, self.values = keys, values

@@ -209,9 +209,10 @@ class ModelRunner:
         self._candidates = []
         self.fused = self._fastest(close_ones, (ids, pos, mask)) if close_ones else None
 
-    def _fastest(self, candidates: list, args: tuple, rounds: int = 5):
+    def _fastest(self, candidates: list[FusedDecoder | HostDecoder], args: tuple,
+                 rounds: int = 5) -> FusedDecoder | HostDecoder:
         """The candidate with the least median time over `rounds` interleaved rounds of this forward and a one-token
-        step (which of packed or transposed products is faster depends on the CPU: fused.py)."""
+        step (which of packed, transposed or NumPy products is faster depends on the CPU: fused.py, host.py)."""
         if len(candidates) == 1:
             return candidates[0]
         ids, pos, _ = args
