@@ -16,7 +16,8 @@ F.linear; on another, with AMX, 2.4 / 3.4 ms packed against 1.9 / 2.5 ms on tran
 builds both where both apply and the runner keeps the one its timing finds faster on this machine
 (`ModelRunner._fastest`, when it checks the layers). Narrower products (the draft's) are never packed: a packed call
 has a fixed cost of 13-27 us. oneDNN builds a kernel on the first call for each row count, so a packed decoder runs
-every row count up to WARM_ROWS once when it is built.
+every row count up to WARM_ROWS once when it is built. For a draft, the same layers computed in NumPy from this
+decoder's weights (host.py) are one more candidate.
 Measured on the second CPU (median of interleaved blocks, ms per cached forward over 1 / 4 / 13 tokens): the
 embedded target through its own modules 2.66 / 3.44 / 4.38, fused and packed 2.37 / 2.62 / 3.39, fused on
 transposed copies 1.93 / 1.89 / 2.51; the draft through its own modules 0.42 / 0.86 / 0.65, fused 0.28 / 0.40 / 0.34
