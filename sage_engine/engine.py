@@ -136,7 +136,6 @@ class SpecEngine:
         self.keep_prompt = keep_prompt
         self.accept = acceptance or GreedyAcceptance()
         self.costs = CostMeter()  # step timings of every run on this engine (cost-aware policies read them)
-        self._carried: dict[str, object] = {}  # per policy key: what its last run left for the next (Policy.carried)
         self._texts: dict[int, str] = {}
 
     @property
@@ -211,8 +210,6 @@ class SpecEngine:
         sampling: temperature, top-p and seed (sampling.py); None or temperature 0: greedy.
         """
         policy = make_policy(policy) if isinstance(policy, str) else policy
-        if (state := self._carried.get(policy.key)) is not None:
-            policy.resume(state)
         drafting = policy.uses_draft
         if drafting and self.draft is None:
             raise InputError(f"policy {policy.name!r} needs a draft model")
@@ -233,8 +230,6 @@ class SpecEngine:
             step += 1
             event = self._step(step, root, policy, accept, out)
             root = event.bonus_token
-            if (state := policy.carried()) is not None:  # kept at every step: a run may be stopped at any
-                self._carried[policy.key] = state
             yield event
 
     @torch.inference_mode()  # one entry for the step's dozen runner calls (runner.inference)

@@ -124,12 +124,6 @@ class Policy:
     def observe(self, outcome: StepOutcome) -> None:
         """Update internal state after a verified step (default: stateless)."""
 
-    def carried(self):
-        """What a run leaves for the engine's next run of this policy and settings (`resume`); None: nothing."""
-
-    def resume(self, state) -> None:
-        """See `carried`."""
-
 
 class AutoregressivePolicy(Policy):
     """`ar`: the target alone, one token per forward."""
@@ -342,14 +336,6 @@ class SagePolicy(Policy):
         if shape.price is not None and sum(c for *_, c in best) < shape.price.level:
             return []  # the next level could not add the tokens one more draft forward costs
         return added if level < shape.depth else []
-
-    def carried(self):
-        """The history controller's D_max, window and cooldown: its window spans the runs on one engine, so that
-        answers shorter than it still move D_max (the paper does not say whether it restarts per request)."""
-        return self.d_max, tuple(self.history), self._cooldown
-
-    def resume(self, state) -> None:
-        self.d_max, self.history, self._cooldown = state[0], list(state[1]), state[2]
 
     def observe(self, outcome):
         cfg = self.cfg

@@ -203,25 +203,3 @@ def test_the_draft_gives_each_fed_node_an_alpha_only_for_a_policy_that_reads_the
         logits = runner.forward(tokens, list(range(n, n + len(tokens))), np.tril(np.ones((len(tokens),) * 2, bool)))
         top = torch.softmax(logits.logits[-1], -1).topk(policy.entropy_k).values.tolist()
         assert tree.alphas[node] == pytest.approx(confidence([top])[0], abs=1e-4)
-
-
-def test_the_history_controller_carries_d_max_across_the_runs_of_one_engine():
-    """SAGE's history window spans the runs on one engine (Policy.carried / resume): a second run starts at the D_max
-    the first one left; a fresh engine, and other settings on the same engine, start at the configured D_max; the
-    output stays the target's."""
-    from test_equivalence import sharp_case
-
-    from sage_engine import make_policy
-
-    pair, prep = sharp_case("qwen2.5-vl", "image", "copy")
-    engine, spec = SpecEngine(pair), "sage:threshold=paper"
-    reference = engine.generate(prep, "ar", max_new_tokens=40, ignore_eos=True).token_ids
-    first = engine.generate(prep, spec, max_new_tokens=40, ignore_eos=True)
-    assert first.steps[1].d_max == 8 and first.token_ids == reference
-    left = engine._carried[make_policy(spec).key][0]
-    assert left > 8   # a draft that copies the target: long accepted paths raised D_max
-    second = engine.generate(prep, spec, max_new_tokens=40, ignore_eos=True)
-    assert second.steps[1].d_max == left and second.token_ids == reference
-    other = engine.generate(prep, spec + ":n_max=32", max_new_tokens=40, ignore_eos=True)
-    assert other.steps[1].d_max == 8 and other.token_ids == reference
-    assert SpecEngine(pair).generate(prep, spec, max_new_tokens=40, ignore_eos=True).steps[1].d_max == 8
