@@ -127,8 +127,6 @@ class HostDecoder:
     """FusedDecoder's computation in NumPy (see the module's note); same call contract as FusedDecoder, plus `run`,
     which takes the runner's lists and attention pattern directly (no tensors to build)."""
 
-    packed = False  # like FusedDecoder.packed: its products are never oneDNN-packed
-
     def __init__(self, fused: FusedDecoder):
         _one_blas_thread()
         self.fused = fused
@@ -207,13 +205,10 @@ def _plus(x: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
 
 
 def host_decoder(fused: FusedDecoder | None) -> HostDecoder | None:
-    """`fused` computed in NumPy, where it can be: float32 on the CPU, products on transposed copies (not packed),
-    the norms folded, a plain embedding and head."""
-    if fused is None or fused.packed or fused.embed_weight is None or fused.head is None:
+    """`fused` computed in NumPy, where it can be: on the CPU, every product on a transposed copy (float32, not
+    packed), the norms folded (fused_decoder folds all or none), a plain embedding and head."""
+    if fused is None or fused.embed_weight is None or fused.head is None or fused.norm.weight is not None:
         return None
-    w = fused.embed_weight
-    if w.device.type != "cpu" or w.dtype != torch.float32 or fused.norm.weight is not None:
-        return None
-    if any(p.transposed is None for p in fused.products) or any(f.norm1.weight is not None for f in fused.layers):
+    if fused.embed_weight.device.type != "cpu" or any(p.transposed is None for p in fused.products):
         return None
     return HostDecoder(fused)

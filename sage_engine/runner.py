@@ -147,18 +147,18 @@ class ModelRunner:
         newest r key columns (the last q of which are these tokens); older columns are always visible.
         The logits after each token.  # [q, V]"""
         q, r = allowed.shape
-        delta = self.rope_delta
+        shifted = [p + self.rope_delta for p in positions]
+        sees_all = q == 1 and allowed.all()  # one token that sees every column: no mask
         if self.stack_checked and isinstance(self.fused, HostDecoder):  # NumPy takes the lists and pattern as they are
             t0 = time.perf_counter()
-            blocked = None if q == 1 and allowed.all() else ~allowed
-            logits = self.fused.run(tokens, [p + delta for p in positions], blocked, self.cache)
+            logits = self.fused.run(tokens, shifted, None if sees_all else ~allowed, self.cache)
             return Pass(self._logits(logits), (time.perf_counter() - t0) * 1e3)
         past = self.seq_len + q - r
-        rows = torch.tensor([tokens, [p + delta for p in positions]], device=self.device)  # one call: ~7 us each
+        rows = torch.tensor([tokens, shifted], device=self.device)  # one call: ~7 us each
         ids, pos = rows[:1], rows[1:]  # [1, q] each
         # [1, 1, q, past + r]; none for one token that sees every column (a plain step, a chain level): building it
         # after a model forward took ~35 us, and SDPA without a mask is faster still
-        mask = None if q == 1 and allowed.all() else additive_mask(allowed, past, self.dtype, self.device)
+        mask = None if sees_all else additive_mask(allowed, past, self.dtype, self.device)
         if self.stack is not None and not self.stack_checked:
             t0 = time.perf_counter()
             self._check_stack(ids, pos, mask)
@@ -166,7 +166,7 @@ class ModelRunner:
         t0 = time.perf_counter()
         net = self.fused or self.stack
         if net is not None:
-            logits = net(ids, pos, mask, self.cache, max(positions) + delta)
+            logits = net(ids, pos, mask, self.cache, max(shifted))
         else:
             logits = self._forward(ids, pos, mask)
         _sync(self.device)
