@@ -30,7 +30,7 @@ from pathlib import Path
 
 from .suites import DEFAULT_N, DEFAULT_SEED, QUICK_TINYWORLD, REAL, Suite, materialise, package_version
 
-QUICK_POLICIES = ("ar", "chain", "sage")  # --quick: the reference, the classic baseline, the paper's policy
+QUICK_POLICIES = ("ar", "chain", "sage")  # --quick: the reference, the classic baseline, the default SAGE
 # Fields bench reports today; anything else a report carries is printed under "Notes" as it is.
 KNOWN_REPORT_KEYS = {"device", "dtype", "threads", "models", "max_new_tokens", "draft_pruning", "tree_forward",
                      "inputs", "policies", "runs", "sampling", "rounds"}

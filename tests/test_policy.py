@@ -1,5 +1,6 @@
 """Policies on hand-built frontiers: alpha, D/W mapping, width decay, thresholds, history, baselines."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -40,8 +41,11 @@ def test_alpha_renormalises_the_top_k():
     assert confidence(p)[0] == pytest.approx(expected)
 
 
+PAPER = SageConfig(d_max=8)  # the paper's D_max (the engine's default starts at 12, the controller's top)
+
+
 def test_depth_and_width_follow_eq_10_11():
-    pol = SagePolicy(SageConfig())
+    pol = SagePolicy(PAPER)
     assert (pol.depth_for(0.0), pol.width_for(0.0)) == (3, 10)
     assert (pol.depth_for(1.0), pol.width_for(1.0)) == (8, 2)
     assert pol.depth_for(0.9) == 8  # 7.5 rounds half up
@@ -50,17 +54,19 @@ def test_depth_and_width_follow_eq_10_11():
 
 
 def test_first_tree_is_planned_from_alpha0():
-    shape = SagePolicy(SageConfig(alpha_source="prev_path")).shape(root_alpha=0.99)
+    shape = SagePolicy(dataclasses.replace(PAPER, alpha_source="prev_path")).shape(root_alpha=0.99)
     assert shape.alpha == 0.5 and shape.depth == 6
 
 
 def test_current_root_source_uses_the_root_alpha():
-    shape = SagePolicy(SageConfig(alpha_source="current_root")).shape(root_alpha=1.0)
+    shape = SagePolicy(dataclasses.replace(PAPER, alpha_source="current_root")).shape(root_alpha=1.0)
     assert shape.depth == 8 and shape.width == 2
+    default = SagePolicy(SageConfig()).shape(root_alpha=1.0)  # the default starts D_max at the controller's top
+    assert default.depth == default.d_max == SageConfig().d_max_bounds[1] == 12
 
 
 def test_level_one_width_and_threshold():
-    pol = SagePolicy(SageConfig())
+    pol = SagePolicy(PAPER)
     shape = pol.shape(None)  # alpha 0.5: D 6, W 6 -> theta_1 = 0.1/6
     tree = DraftTree()
     probs = [[0.5, 0.2, 0.1, 0.05, 0.03, 0.02, 0.016, 0.01, 0.005, 0.004]]
