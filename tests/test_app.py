@@ -468,7 +468,7 @@ def test_mapping_figure_whether_or_not_d_max_moved(d_maxes):
     from sage_engine import SageConfig
 
     lane = Lane("spec", "sage", steps=[_event(i + 1, 0.5, 5, 6, dm) for i, dm in enumerate(d_maxes)])
-    fig = go.Figure(mapping_figure(lane, SageConfig()).to_dict())  # validated
+    fig = go.Figure(mapping_figure(lane, SageConfig(d_max=d_maxes[0])).to_dict())  # validated; the run started there
     curves = [t for t in fig.data if t.name and t.name.startswith("D(α)")]
     assert len(curves) == len(set(d_maxes)) and sum(bool(t.showlegend is not False) for t in curves) <= 2
 
