@@ -223,21 +223,41 @@ class FusedDecoder:
                  top: int | None = None) -> torch.Tensor:
         """Same contract as DecoderStack: ids, positions [1, q], mask [1, 1, q, kv]; appends to `cache`.
         # -> [1, q, V]"""
-        q = ids.shape[1]
         h = self.stack.embed(ids) if self.embed_weight is None else F.embedding(ids, self.embed_weight)  # [1, q, D]
         cos, sin = self.rotary(h, positions, int(positions.max()) if top is None else top)  # [1, 1, q, hd]
+        return self._head(self._layers(h, cos, sin, mask, cache))
+
+    def prefill(self, embeds: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
+        """A whole prompt into an empty `cache`, causal, from its input embeddings [1, q, D] and the rotary positions
+        its text model's rotary takes ([3, 1, q] for M-RoPE, else [1, q]; stack.prompt_inputs): the logits after its
+        last token.  # -> [V]"""
+        cos, sin = self.stack.rotary(embeds, positions)  # the model's own rotary, called as its text model calls it
+        h = self._layers(embeds, cos[:, None], (sin * self.sign)[:, None], None, cache, prompt=True)
+        return self._head(h[:, -1:])[0, -1]
+
+    def _layers(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None, cache,
+                prompt: bool = False) -> torch.Tensor:
+        """The decoder layers over h [1, q, D], appending keys and values to `cache`; `prompt`: the cache is empty and
+        the rows attend causally (no mask).  # -> [1, q, D]"""
+        q = h.shape[1]
         for f in self.layers:
             H, KV, hd = f.heads, f.kv_heads, f.head_dim
             qkv = f.qkv(f.norm1(h)).view(1, q, H + 2 * KV, hd).transpose(1, 2)
             qk = _rotate(qkv[:, : H + KV], cos, sin)  # q and k heads in one rotation: [1, H + KV, q, hd]
-            layer = cache.layers[f.index]
-            layer.keys = torch.cat([layer.keys, qk[:, H:]], dim=-2)  # what DynamicLayer.update does
-            layer.values = torch.cat([layer.values, qkv[:, H + KV :]], dim=-2)
-            a = F.scaled_dot_product_attention(qk[:, :H], layer.keys, layer.values, attn_mask=mask,
+            if prompt:  # the cache layer's first keys and values (DynamicLayer initialises itself)
+                keys, values = cache.update(qk[:, H:], qkv[:, H + KV :], f.index)
+            else:
+                layer = cache.layers[f.index]
+                keys = layer.keys = torch.cat([layer.keys, qk[:, H:]], dim=-2)  # what DynamicLayer.update does
+                values = layer.values = torch.cat([layer.values, qkv[:, H + KV :]], dim=-2)
+            a = F.scaled_dot_product_attention(qk[:, :H], keys, values, attn_mask=mask, is_causal=prompt,
                                                scale=f.scaling, enable_gqa=H != KV)  # [1, H, q, hd]
             h = h + f.out(a.transpose(1, 2).reshape(1, q, H * hd))
             gate, up = f.gate_up(f.norm2(h)).chunk(2, dim=-1)
             h = h + f.down(F.silu(gate) * up)
+        return h
+
+    def _head(self, h: torch.Tensor) -> torch.Tensor:
         h = self.norm(h)
         return self.stack.head(h) if self.head is None else self.head(h)
 

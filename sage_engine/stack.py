@@ -31,6 +31,7 @@ class DecoderStack:
     head: torch.nn.Module
     mrope: bool  # rotary positions as [3, 1, q] (M-RoPE: every axis the text position) instead of [1, q]
     static_rope: bool  # "default" rope type: each position's (cos, sin) depends on that position alone
+    lm: torch.nn.Module | None = None  # the text model these parts make up (its inputs: `prompt_inputs`)
     tables: dict = field(default_factory=dict)  # "cos", "sin": the rotary's output for positions 0..n-1
 
     def _rows(self, positions: torch.Tensor) -> torch.Tensor:
@@ -90,4 +91,48 @@ def decoder_stack(model: torch.nn.Module, family: Family) -> DecoderStack | None
         return None
     embed, rotary, layers, norm = parts
     return DecoderStack(embed, rotary, tuple(layers), norm, head, mrope=family.positions.name == "mrope",
-                        static_rope=getattr(rotary, "rope_type", None) == "default")
+                        static_rope=getattr(rotary, "rope_type", None) == "default", lm=lm)
+
+
+class _Reached(Exception):
+    """Raised by `prompt_inputs`' hook when the model's forward calls its text model: the rest is not needed."""
+
+
+def prompt_inputs(model: torch.nn.Module, stack: DecoderStack, batch: dict,
+                  cache) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """What the model's forward on `batch` (a whole prompt, `cache` empty) hands its text model: the input embeddings
+    [1, q, D], visual features merged in by the model's own code, and the rotary positions as the text model's rotary
+    takes them ([3, 1, q] for M-RoPE, else [1, q]). The forward stops there (a hook on the text model raises). None
+    where the call is not that plain: the text model not reached, positional arguments, a padded attention mask, a
+    batch of several. The model's own state that its forward sets before the text model (e.g. Qwen2-VL's rope
+    deltas) is set as by a whole forward."""
+    seen: dict = {}
+
+    def reached(module, args, kwargs):
+        seen.update(kwargs, _args=args)
+        raise _Reached
+
+    handle = stack.lm.register_forward_pre_hook(reached, with_kwargs=True)
+    try:
+        model(**batch, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    except _Reached:
+        pass
+    finally:
+        handle.remove()
+    if not seen or seen["_args"]:
+        return None
+    embeds, ids, mask = seen.get("inputs_embeds"), seen.get("input_ids"), seen.get("attention_mask")
+    if embeds is None:
+        embeds = None if ids is None else stack.embed(ids)
+    if embeds is None or embeds.shape[0] != 1 or cache.get_seq_length():
+        return None
+    if mask is not None and not (isinstance(mask, torch.Tensor) and mask.dim() == 2 and bool(mask.all())):
+        return None
+    positions = seen.get("position_ids")
+    if positions is None:
+        positions = torch.arange(embeds.shape[1], device=embeds.device)[None]
+    if stack.mrope and positions.dim() == 2:
+        positions = positions[None].expand(3, 1, -1)
+    elif stack.mrope and positions.shape[0] == 4:  # transformers' packed-sequence text row first, then t / h / w
+        positions = positions[1:]
+    return embeds, positions
