@@ -143,7 +143,10 @@ class ModelRunner:
         if decoder is not None and self.fused_prefill is None:
             logits, ms = self._check_prompt(decoder, batch, t0)
         else:
-            logits = None if decoder is None else self._fused_prompt(decoder, batch, self.cache)
+            try:
+                logits = None if decoder is None else self._fused_prompt(decoder, batch, self.cache)
+            except Exception:  # noqa: BLE001 - a prompt the checked path does not take: forward() (which raises
+                logits = None  # again if the input itself is at fault)
             if logits is None:
                 self.cache = DynamicCache(config=self.model.config)  # what an unfinished capture may have left
                 logits = self.model(**batch, past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits[0, -1]

@@ -101,3 +101,19 @@ def test_a_padded_or_batched_prompt_is_not_taken_apart():
     got = runner.prefill(padded).logits
     ref = runner._logits(_forward(pair.target, padded)[0])
     assert torch.equal(got, ref) and runner.fused_prefill is True
+
+
+def test_a_prompt_the_checked_path_fails_on_goes_through_forward(monkeypatch):
+    pair = pair_for("qwen2.5-vl")
+    prep = prepare_input(pair, "describe what you see", images=[image(5)])
+    runner = _checked_runner(pair.target, prep.target_inputs)
+    assert runner.fused_prefill is True
+
+    def fails(self, *args):
+        raise RuntimeError("a prompt this path cannot take")
+
+    monkeypatch.setattr(FusedDecoder, "prefill", fails)
+    got = runner.prefill(prep.target_inputs)
+    ref, ref_cache = _forward(pair.target, prep.target_inputs)
+    assert torch.equal(got.logits, runner._logits(ref)) and runner.seq_len == ref_cache.get_seq_length()
+    assert all(torch.equal(a.keys, b.keys) for a, b in zip(runner.cache.layers, ref_cache.layers))
