@@ -21,13 +21,14 @@ import time
 from collections.abc import Iterator
 
 import torch
+from PIL import Image
 
 from .costs import CostMeter, StepTiming
 from .draft import Draft, Drafter
 from .errors import InputError
 from .events import GenerationResult, StepEvent, TreeView, summarize
 from .families import shared_vocab
-from .inputs import PreparedInput
+from .inputs import PreparedInput, prepare_input
 from .models import ModelPair
 from .policy import Policy, StepOutcome, make_policy
 from .pruning import VisualPruning
@@ -133,10 +134,25 @@ class SpecEngine:
         for runner in (self.target, self.draft):  # each model's layers checked against forward() now, not in a run
             if runner is not None:
                 runner.check_layers(words)
+        self._check_prompts()
         self.keep_prompt = keep_prompt
         self.accept = acceptance or GreedyAcceptance()
         self.costs = CostMeter()  # step timings of every run on this engine (cost-aware policies read them)
         self._texts: dict[int, str] = {}
+
+    def _check_prompts(self) -> None:
+        """Each model's prompt path through its fused layers checked against forward() now, on a small picture (its
+        visual tokens take the model's multimodal positions), not in a run; where the pair cannot take one, the check
+        stays where it was (the model's first prompt in a run)."""
+        runners = [r for r in (self.target, self.draft) if r is not None and r.prompt_unchecked]
+        if not runners:
+            return
+        try:
+            prep = prepare_input(self.pair, "Describe the picture.", images=[Image.new("RGB", (84, 84), (200, 60, 40))])
+        except Exception:  # noqa: BLE001 - e.g. a text-only pair: its first prompt is checked instead
+            return
+        for runner in runners:
+            runner.check_prompt(prep.target_inputs if runner is self.target else prep.for_draft())
 
     @property
     def keep_prompt(self) -> bool:

@@ -296,6 +296,25 @@ class ModelRunner:
             compact(self.cache, start, [])
         return ok
 
+    @property
+    def prompt_unchecked(self) -> bool:
+        """Are the layers kept and their prompt path not yet checked (`_check_prompt`)?"""
+        return self.stack_checked and self.fused is not None and self.fused_prefill is None
+
+    def check_prompt(self, inputs: dict[str, torch.Tensor]) -> None:
+        """Check the prompt path now, on `inputs`, instead of on the first prompt of a run; the cache is dropped after
+        it. A prompt the model cannot take leaves the check to the first real one."""
+        if not self.prompt_unchecked:
+            return
+        t0, before = time.perf_counter(), self.check_ms
+        try:
+            self.prefill(inputs)
+        except Exception:  # noqa: BLE001 - checked on the first real prompt instead
+            self.fused_prefill = None
+        finally:
+            self.cache, self.rope_delta, self._kept = None, 0, None
+        self.check_ms = before + (time.perf_counter() - t0) * 1e3
+
     def check_layers(self, ids: list[int]) -> None:
         """Check the stack (and the fused layers) now, on a text prompt of `ids` and a 3-node tree after it, instead
         of inside the first decode step; the cache is dropped after it. Where the model cannot take a text-only

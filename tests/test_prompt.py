@@ -117,3 +117,16 @@ def test_a_prompt_the_checked_path_fails_on_goes_through_forward(monkeypatch):
     ref, ref_cache = _forward(pair.target, prep.target_inputs)
     assert torch.equal(got.logits, runner._logits(ref)) and runner.seq_len == ref_cache.get_seq_length()
     assert all(torch.equal(a.keys, b.keys) for a, b in zip(runner.cache.layers, ref_cache.layers))
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-vl", "llava"])
+def test_the_engine_checks_the_prompt_path_when_it_is_built(name):
+    """On a small picture when the engine is built, so that no run pays for the check (a CLI run is one run)."""
+    pair = pair_for(name)
+    engine = SpecEngine(pair)
+    for runner in (engine.target, engine.draft):
+        assert runner.fused_prefill is True and runner.cache is None and runner.check_ms > 0
+    prep = prepare_input(pair, "describe what you see", images=[image(6)])
+    reference = SpecEngine(pair, tree_forward="forward").generate(prep, "ar", max_new_tokens=16,
+                                                                   ignore_eos=True).token_ids
+    assert engine.generate(prep, "sage", max_new_tokens=16, ignore_eos=True).token_ids == reference
