@@ -143,13 +143,16 @@ class ModelRunner:
         if decoder is not None and self.fused_prefill is None:
             logits, ms = self._check_prompt(decoder, batch, t0)
         else:
-            try:
-                logits = None if decoder is None else self._fused_prompt(decoder, batch, self.cache)
-            except Exception:  # noqa: BLE001 - a prompt the checked path does not take: forward() (which raises
-                logits = None  # again if the input itself is at fault)
+            logits = None
+            if decoder is not None:
+                try:
+                    logits = self._fused_prompt(decoder, batch, self.cache)
+                except Exception:  # noqa: BLE001 - a prompt the checked path does not take: forward() (which raises
+                    pass  # again if the input itself is at fault)
+                if logits is None:
+                    self.cache = DynamicCache(config=self.model.config)  # what an unfinished capture may have left
             if logits is None:
-                self.cache = DynamicCache(config=self.model.config)  # what an unfinished capture may have left
-                logits = self.model(**batch, past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+                logits = self._own_prompt(batch)
             _sync(self.device)
             ms = (time.perf_counter() - t0) * 1e3
         if pruning is None:
@@ -162,13 +165,18 @@ class ModelRunner:
     def _prompt_decoder(self, batch: dict) -> FusedDecoder | None:
         """The fused layers a whole prompt can go through: the checked ones (a NumPy candidate's torch original), not
         after their prompt check failed, and not packed ones over more rows than they were warmed for."""
-        if not self.stack_checked or self.fused is None or self.fused_prefill is False or self.stack.lm is None:
+        if not self.stack_checked or self.fused is None or self.fused_prefill is False:
             return None
         decoder = self.fused.fused if isinstance(self.fused, HostDecoder) else self.fused
         ids = batch.get("input_ids")
         if decoder.packed and (ids is None or ids.shape[-1] > WARM_ROWS):
             return None
         return decoder
+
+    def _own_prompt(self, batch: dict) -> torch.Tensor:
+        """The prompt through the model's own forward() into the (empty) cache: the logits after its last token.
+        # [V]"""
+        return self.model(**batch, past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits[0, -1]
 
     def _fused_prompt(self, decoder: FusedDecoder, batch: dict, cache: DynamicCache) -> torch.Tensor | None:
         """The prompt's logits after its last token [V], its keys and values in `cache` (empty): the model's own
@@ -182,7 +190,7 @@ class ModelRunner:
         then runs the same prompt into a scratch cache and is kept for prompts only if its logits are near
         forward()'s with the same argmax and so are the keys and values it wrote (`fused.near`). Its time is
         checking time, not this prefill's."""
-        logits = self.model(**batch, past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+        logits = self._own_prompt(batch)
         _sync(self.device)
         ms = (time.perf_counter() - t0) * 1e3
         t1, scratch = time.perf_counter(), DynamicCache(config=self.model.config)
@@ -308,9 +316,9 @@ class ModelRunner:
             return
         t0, before = time.perf_counter(), self.check_ms
         try:
-            self.prefill(inputs)
+            self.prefill(inputs)  # forward() first: if it raises, the path stays unchecked
         except Exception:  # noqa: BLE001 - checked on the first real prompt instead
-            self.fused_prefill = None
+            pass
         finally:
             self.cache, self.rope_delta, self._kept = None, 0, None
         self.check_ms = before + (time.perf_counter() - t0) * 1e3

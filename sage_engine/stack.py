@@ -31,7 +31,7 @@ class DecoderStack:
     head: torch.nn.Module
     mrope: bool  # rotary positions as [3, 1, q] (M-RoPE: every axis the text position) instead of [1, q]
     static_rope: bool  # "default" rope type: each position's (cos, sin) depends on that position alone
-    lm: torch.nn.Module | None = None  # the text model these parts make up (its inputs: `prompt_inputs`)
+    lm: torch.nn.Module  # the text model these parts make up (its inputs: `prompt_inputs`)
     tables: dict = field(default_factory=dict)  # "cos", "sin": the rotary's output for positions 0..n-1
 
     def _rows(self, positions: torch.Tensor) -> torch.Tensor:
