@@ -37,21 +37,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-file-size", default=os.environ.get("SAGE_MAX_FILE_SIZE", "64mb"),
                    help="upload size cap, e.g. 64mb (env SAGE_MAX_FILE_SIZE)")
     p.add_argument("--no-preload", action="store_true", help="load the model pair on the first run instead")
-    p.add_argument("--threads", type=int, default=int(os.environ.get("SAGE_THREADS", 0)) or default_threads(),
-                   help="torch CPU threads (env SAGE_THREADS; default: one per core but one, which the web "
-                        "server keeps: on a 2-core machine its work next to two math threads made decoding "
-                        "0.6x as fast as the CLI's, with one 1.0x)")
+    p.add_argument("--threads", type=int, default=int(os.environ.get("SAGE_THREADS", 0)) or None,
+                   help="torch CPU threads (env SAGE_THREADS; default: torch's, one per core, like the CLI; the app "
+                        "does all its model work on one thread, app/device.py says why)")
     p.add_argument("--cache-examples", choices=CACHE_MODES, default=os.environ.get("SAGE_CACHE_EXAMPLES", "lazy"),
                    help="lazy: an example's first click races it and stores the result, later clicks show it "
                         "(labelled as cached); off: a click only fills the inputs (env SAGE_CACHE_EXAMPLES; "
                         "default %(default)s)")
     return p.parse_args(argv)
-
-
-def default_threads() -> int:
-    """Decoding threads: the cores less one for the web server (whose work, next to as many math threads as
-    cores, stalls every parallel region)."""
-    return max(1, (os.cpu_count() or 2) - 1)
 
 
 def main(argv=None) -> None:

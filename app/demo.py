@@ -33,7 +33,7 @@ def build_demo(presets: Mapping[str, Preset] | None = None, default_preset: str 
                pool_capacity: int = 1, cache_examples: str = "lazy") -> gr.Blocks:
     """The demo over `presets` (default: app.presets.SERVED; the UI offers only these; the first is the default
     unless `default_preset` names another). `pair_factory(preset) -> ModelPair` loads a pair;
-    tests pass one that builds tiny models. `preload` loads the default pair now instead of on first use;
+    tests pass one that builds tiny models. `preload` loads the default pair and builds its engine now instead of on first use;
     `text_every` / `plot_every`: minimum seconds between streamed text / figure updates (the first token shows
     at once; all streamed updates together cost at most 4% of a race's wall time: app/pacing.py);
     `pool_capacity` is how many pairs stay loaded at once. `cache_examples`: "lazy" (an example's first click
@@ -54,6 +54,7 @@ def build_demo(presets: Mapping[str, Preset] | None = None, default_preset: str 
     if preload:
         try:
             loaded = pool.get(preset.name)
+            loaded.engine()  # its runners check and time their layers now, not in the first visitor's run
             log.info("loaded %s in %.1f s", preset.name, loaded.load_seconds)
         except ModelError as e:  # the UI still starts and shows the reason on Run
             log.warning("%s", e)

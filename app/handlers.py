@@ -167,8 +167,7 @@ class Handlers:
         pruning = VisualPruning() if knobs.pop("draft_prune", False) else None
         sampling = sampling_of(knobs)
         loaded = self.pool.get(preset)
-        clip = sample_video(video, video_frames_for(loaded.pair.processor)) if video else None
-        prepared = prepare_input(loaded.pair, prompt, images=[image] if image else [], video=clip)
+        clip, prepared = self.pool.device.call(self._prepare, loaded.pair, prompt, image, video)
         media = {"image": os.path.basename(image) if image else None,
                  "video": os.path.basename(video) if video else None, "frames": len(clip.frames) if clip else 0}
         settings = {**(vars(cfg) if cfg is not None else {}),
@@ -177,10 +176,17 @@ class Handlers:
         sage_cfg = cfg if name == "sage" else sage_config(knobs)
         return Setup(loaded, prepared, make_policy(name, cfg), sampling, sage_cfg, pruning, record)
 
+    @staticmethod
+    def _prepare(pair, prompt: str, image: str | None, video: str | None) -> tuple:
+        """The video's frames (None for an image) and the models' inputs (run on the device thread: the processor
+        computes with torch)."""
+        clip = sample_video(video, video_frames_for(pair.processor)) if video else None
+        return clip, prepare_input(pair, prompt, images=[image] if image else [], video=clip)
+
     def _race(self, s: Setup, stop: threading.Event) -> Iterator[tuple]:
         record = s.record
         engine = s.loaded.engine(s.pruning)
-        race = Race(engine, s.prepared, s.policy, record.max_new_tokens, s.loaded.lock, stop, s.sampling)
+        race = Race(engine, s.prepared, s.policy, record.max_new_tokens, s.loaded.device, stop, s.sampling)
         transcriber = Transcriber()
         view = self._reset_view(record)
         yield view.row()

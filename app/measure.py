@@ -6,10 +6,11 @@
 2. Run -> first streamed token: a /compare request (gradio_client, the API the Run button uses) until the
    first update whose autoregressive text is non-empty;
 3. speculative tokens/s in the app (the run's own stats) versus `python -m sage_engine generate` on the same
-   input, policy and budget, rounds interleaved (app, CLI, app, CLI, ...) so both see the same machine load;
+   input, policy and budget, rounds interleaved (app, CLI, app, CLI, ...) so both see the same machine load:
+   the ratio of the medians, and the median of each round's ratio (`app_over_cli_paired`, which a machine whose
+   speed drifts between rounds disturbs less);
 4. the speedup each shows: the app's speculative lane over its own autoregressive lane, and the CLI's policy over
-   `generate --policy ar` run right after it in the same round (the app decodes with one thread fewer than the
-   CLI by default, app.py `--threads`, so its tokens/s are lower; the speedup is what the race displays).
+   `generate --policy ar` run right after it in the same round.
 Prints one JSON object (medians and every round).
 """
 
@@ -118,6 +119,8 @@ def main(argv=None) -> None:
         "app_spec_tokens_per_s": round(app_tps, 1), "cli_spec_tokens_per_s": round(cli_tps, 1),
         "app_over_cli": round(app_tps / cli_tps, 3), "app_ar_tokens_per_s": round(med(apps, "ar_tokens_per_s"), 1),
         "cli_ar_tokens_per_s": round(med(clis, "ar_tokens_per_s"), 1),
+        "app_over_cli_paired": round(statistics.median(
+            a["spec_tokens_per_s"] / c["spec_tokens_per_s"] for a, c in zip(apps, clis)), 3),
         "app_speedup": round(med(apps, "speedup"), 3), "cli_speedup": round(med(clis, "speedup"), 3),
         "app_speedup_over_cli": round(med(apps, "speedup") / med(clis, "speedup"), 3),
         "identical": all(r["identical"] for r in apps), "threads": a.threads, "policy": a.policy,

@@ -1,7 +1,8 @@
 """Loaded model pairs, one engine per preset, created on first use and kept for the process.
 
-The pool belongs to one `build_demo()` call (no module-level state). Runs that use an engine
-are serialised by the queue (one run per device), so the pool only guards its own dict.
+The pool belongs to one `build_demo()` call (no module-level state), and so does its device thread
+(device.py): pairs are loaded and engines built there, like every other piece of model work, and the
+runs queue there (one run per device), so the pool only guards its own dict.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from sage_engine import ModelError, ModelPair, SpecEngine, load_pair
 from sage_engine.pruning import VisualPruning
 
+from .device import DeviceThread
 from .presets import Preset, unavailable
 
 PairFactory = Callable[[Preset], ModelPair]
@@ -35,12 +37,14 @@ class Loaded:
     preset: Preset
     pair: ModelPair
     load_seconds: float
-    lock: threading.Lock = field(default_factory=threading.Lock)  # held by the run using these models
+    device: DeviceThread  # the thread that built and uses these models
     engines: dict = field(default_factory=dict)  # VisualPruning | None -> SpecEngine
 
     def engine(self, draft_pruning: VisualPruning | None = None) -> SpecEngine:
+        """The engine for `draft_pruning`, built on the device thread the first time (its runners time and check
+        their layers there)."""
         if draft_pruning not in self.engines:
-            self.engines[draft_pruning] = SpecEngine(self.pair, draft_pruning=draft_pruning)
+            self.engines[draft_pruning] = self.device.call(SpecEngine, self.pair, draft_pruning=draft_pruning)
         return self.engines[draft_pruning]
 
     def describe(self) -> str:
@@ -56,10 +60,12 @@ class Loaded:
 class PairPool:
     """Preset name -> Loaded, at most `capacity` pairs in memory (the oldest is dropped first)."""
 
-    def __init__(self, presets: Mapping[str, Preset], factory: PairFactory = load_preset, capacity: int = 1):
+    def __init__(self, presets: Mapping[str, Preset], factory: PairFactory = load_preset, capacity: int = 1,
+                 device: DeviceThread | None = None):
         self.presets = presets
         self.factory = factory
         self.capacity = max(1, capacity)
+        self.device = device or DeviceThread()  # where every pair is loaded and used
         self._loaded: dict[str, Loaded] = {}
         self._lock = threading.Lock()
 
@@ -73,8 +79,8 @@ class PairPool:
                     self._loaded.pop(next(iter(self._loaded)))
                     gc.unfreeze()  # load_pair froze the heap (models.settle_heap): let its next collect free the pair
                 t0 = time.perf_counter()
-                pair = self.factory(self.presets[name])
-                self._loaded[name] = Loaded(self.presets[name], pair, time.perf_counter() - t0)
+                pair = self.device.call(self.factory, self.presets[name])
+                self._loaded[name] = Loaded(self.presets[name], pair, time.perf_counter() - t0, self.device)
             return self._loaded[name]
 
     def is_loaded(self, name: str) -> bool:

@@ -1,9 +1,10 @@
-"""The race: autoregressive, then speculative, on one prepared input, in a worker thread.
+"""The race: autoregressive, then speculative, on one prepared input, on the app's device thread (device.py).
 
-The worker only decodes and timestamps step events; the Gradio handler drains them and draws
-at its own pace, so drawing never paces decoding. The two decoders NEVER overlap: on a shared
-device a parallel run would slow both and make the speed comparison meaningless. Each lane is
-timed like `SpecEngine.generate()` (the CLI): from the call to `stream()` to its last event.
+The device thread only decodes and timestamps step events; the Gradio handler drains them and draws
+at its own pace, so drawing never paces decoding. The two decoders NEVER overlap, and neither do two
+visitors' races (they queue on the one device thread): on a shared device a parallel run would slow
+both and make the speed comparison meaningless. Each lane is timed like `SpecEngine.generate()` (the
+CLI): from the call to `stream()` to its last event.
 """
 
 from __future__ import annotations
@@ -12,12 +13,15 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_for
 from dataclasses import dataclass
 
 from sage_engine import PreparedInput, SpecEngine, StepEvent
 from sage_engine.policy import Policy, make_policy
 from sage_engine.sampling import Sampling
 
+from .device import DeviceThread
 from .record import ACCEPTED, BONUS, FIRST, Lane, RunRecord
 
 
@@ -62,24 +66,25 @@ class Race:
     """One Run's decoding. `start()`, then iterate `batches()`; `stop()` asks the worker to quit."""
 
     def __init__(self, engine: SpecEngine, prepared: PreparedInput, spec_policy: Policy, max_new_tokens: int,
-                 device_lock: threading.Lock, stop: threading.Event | None = None, sampling: Sampling | None = None):
+                 device: DeviceThread, stop: threading.Event | None = None, sampling: Sampling | None = None):
         self.engine, self.prepared, self.max_new_tokens = engine, prepared, max_new_tokens
         self.sampling = sampling  # both lanes sample with it (the same seed: the same text)
         self.lanes = (("ar", make_policy("ar")), ("spec", spec_policy))
-        self.device_lock = device_lock  # held while decoding: a cancelled run's worker finishes first
+        self.device = device  # decodes the lanes, after any run queued before this one
         self._queue: queue.Queue = queue.Queue()
         self._switch = stop or threading.Event()  # the user's Stop (shared with the session's RunControl)
         self._quit = threading.Event()  # the handler is gone (closed generator) or done
-        self._thread = threading.Thread(target=self._work, name="sage-race", daemon=True)
+        self._job: Future | None = None
 
     def start(self) -> Race:
-        self._thread.start()
+        self._job = self.device.submit(self._work)
         return self
 
     def stop(self, wait: float = 30.0) -> None:
-        """End the worker (after its current step) and wait for it."""
+        """End the decoding (after its current step; a race still queued never starts) and wait for it."""
         self._quit.set()
-        self._thread.join(wait)
+        if self._job is not None and not self._job.cancel():
+            wait_for([self._job], wait)
 
     @property
     def stopped(self) -> bool:
@@ -88,10 +93,9 @@ class Race:
 
     def _work(self) -> None:
         try:
-            with self.device_lock:
-                for lane, policy in self.lanes:
-                    if not self._run_lane(lane, policy):
-                        return
+            for lane, policy in self.lanes:
+                if not self._run_lane(lane, policy):
+                    return
         except Exception as e:  # noqa: BLE001 - not swallowed: re-raised in the handler thread
             self._queue.put(Failure(e))
         finally:

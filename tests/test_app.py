@@ -19,7 +19,7 @@ import pytest
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 
-from sage_engine import RunStats, SpecEngine
+from sage_engine import RunStats, SpecEngine, make_policy
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -398,6 +398,7 @@ def test_stop_switch_ends_the_race_early():
 
     from tiny_models import image, qwen25_pair
 
+    from app.device import DeviceThread
     from app.race import Race, RunControl, Transcriber, consume
     from app.record import Lane, RunRecord
     from sage_engine import SpecEngine, make_policy, prepare_input
@@ -405,7 +406,7 @@ def test_stop_switch_ends_the_race_early():
     pair = qwen25_pair("noisy")
     prepared = prepare_input(pair, "describe the image", images=[image(0)])
     control = RunControl()
-    race = Race(SpecEngine(pair), prepared, make_policy("sage"), 500, threading.Lock(), control.switch).start()
+    race = Race(SpecEngine(pair), prepared, make_policy("sage"), 500, DeviceThread(), control.switch).start()
     record, transcriber = RunRecord("p", "q", 500, "sage", {}, {}, spec=Lane("spec", "sage")), Transcriber()
     for batch in race.batches(every=lambda: 0.01):
         consume(record, transcriber, batch)
@@ -415,6 +416,53 @@ def test_stop_switch_ends_the_race_early():
     assert 1 <= len(record.ar.token_ids) < 100
     control.arm()
     assert not control.switch.is_set()
+
+
+def test_all_model_work_runs_on_one_device_thread(monkeypatch, media):
+    """Loading, engine building, input preparation and both lanes of every run happen on the pool's one device
+    thread, never on the calling (server) thread: each thread that starts torch's parallel work keeps an OpenMP
+    team, and a second team slows decoding (app/device.py). A queued race whose visitor left never starts."""
+    import threading
+
+    import app.handlers as handlers_module
+    from app.device import DeviceThread
+    from app.handlers import Handlers
+    from app.media import RunFiles
+    from app.pool import PairPool
+    from app.race import Race, RunControl
+
+    seen: dict[str, set] = {}
+
+    def spy(name, fn):
+        def wrapped(*args, **kwargs):
+            seen.setdefault(name, set()).add(threading.get_ident())
+            return fn(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(handlers_module, "prepare_input", spy("prepare", handlers_module.prepare_input))
+    monkeypatch.setattr(SpecEngine, "__init__", spy("engine", SpecEngine.__init__))
+    monkeypatch.setattr(SpecEngine, "stream", spy("decode", SpecEngine.stream))
+    table = app_server.presets()
+    pool = PairPool({"tiny-random": table["tiny-random"]}, spy("load", app_server.pair_factory))
+    h = Handlers(pool, RunFiles(), "tiny-random")
+    for prune in (False, True):  # two engines (draft pruning on and off), two runs
+        rows = list(h.compare(media.image, None, media.image_prompt, 8, "sage", "tiny-random", RunControl(),
+                              draft_prune=prune))
+        assert rows
+    assert set(seen) == {"load", "engine", "prepare", "decode"}
+    threads = set().union(*seen.values())
+    assert len(threads) == 1 and threading.get_ident() not in threads
+    assert pool.device.call(threading.get_ident) in threads
+    assert pool.device.call(pool.device.on_device) and not pool.device.on_device()
+
+    device = DeviceThread()
+    gate = threading.Event()
+    device.submit(gate.wait, 10)  # the device is busy with another visitor's run
+    loaded = pool.get("tiny-random")
+    queued = Race(loaded.engine(), h._prepare(loaded.pair, "q", media.image, None)[1], make_policy("ar"), 4, device)
+    queued.start().stop(wait=0.1)  # the visitor leaves while the race waits for the device
+    gate.set()
+    assert queued._job.cancelled() and device.call(lambda: 1) == 1
 
 
 def test_pacer_keeps_updates_within_their_share():
