@@ -33,9 +33,9 @@ def build_demo(presets: Mapping[str, Preset] | None = None, default_preset: str 
                pool_capacity: int = 1, cache_examples: str = "lazy") -> gr.Blocks:
     """The demo over `presets` (default: app.presets.SERVED; the UI offers only these; the first is the default
     unless `default_preset` names another). `pair_factory(preset) -> ModelPair` loads a pair;
-    tests pass one that builds tiny models. `preload` loads the default pair and builds its engine now instead of on first use;
-    `text_every` / `plot_every`: minimum seconds between streamed text / figure updates (the first token shows
-    at once; all streamed updates together cost at most 4% of a race's wall time: app/pacing.py);
+    tests pass one that builds tiny models. `preload` loads the default pair and builds its engine now instead of
+    on first use; `text_every` / `plot_every`: minimum seconds between streamed text / figure updates (the first
+    token shows at once; all streamed updates together cost at most 4% of a race's wall time: app/pacing.py);
     `pool_capacity` is how many pairs stay loaded at once. `cache_examples`: "lazy" (an example's first click
     races it with the defaults and stores the result; later clicks show it, labelled as cached: app/examples.py)
     or "off" (a click only fills the inputs)."""

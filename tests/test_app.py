@@ -394,8 +394,6 @@ def test_sage_knobs_validated(knobs, ok):
 
 def test_stop_switch_ends_the_race_early():
     """The Stop switch, on the real engine: the decoding thread quits within a step or two."""
-    import threading
-
     from tiny_models import image, qwen25_pair
 
     from app.device import DeviceThread
