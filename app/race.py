@@ -42,6 +42,7 @@ class Failure:
 
 
 _END = object()
+RACING = "sage-race"  # the device thread's name while it decodes a race
 
 
 class RunControl:
@@ -92,6 +93,8 @@ class Race:
         return self._switch.is_set()
 
     def _work(self) -> None:
+        thread = threading.current_thread()
+        idle_name, thread.name = thread.name, RACING  # while it decodes a race (a profiler, or a test, can tell)
         try:
             for lane, policy in self.lanes:
                 if not self._run_lane(lane, policy):
@@ -99,6 +102,7 @@ class Race:
         except Exception as e:  # noqa: BLE001 - not swallowed: re-raised in the handler thread
             self._queue.put(Failure(e))
         finally:
+            thread.name = idle_name
             self._queue.put(_END)
 
     def _run_lane(self, lane: str, policy: Policy) -> bool:

@@ -46,8 +46,11 @@ def watch(job, seen: dict) -> None:
 
 
 def races_alive() -> int:
-    """Decoding threads alive in this process (the app runs in the test process: app_server.launch)."""
-    return sum(t.name == "sage-race" and t.is_alive() for t in threading.enumerate())
+    """Races decoding now in this process (the app runs in the test process: app_server.launch): threads named
+    as the device thread is while it decodes one."""
+    from app.race import RACING
+
+    return sum(t.name == RACING and t.is_alive() for t in threading.enumerate())
 
 
 def sample_races(stop: threading.Event, peak: list[int]) -> None:
@@ -75,7 +78,7 @@ def test_three_visitors_at_once(server, media):
         w.join(5)
     for final, policy in zip(finals, policies):
         check_summary(final, policy)  # speculative ids == AR ids, for every visitor
-    assert peak[0] == 1, f"{peak[0]} decoding threads at once"  # the device queue: one run at a time
+    assert peak[0] == 1, f"{peak[0]} races decoding at once"  # the device queue: one run at a time
     lanes = sum(f["summary"][lane]["stats"]["seconds"] for f in finals for lane in ("ar", "speculative"))
     assert lanes <= total  # the six lanes never overlapped
     assert any(s.get("ranks") for s in seen), f"no visitor saw a place in the queue: {seen}"
@@ -116,5 +119,5 @@ def test_leaving_mid_run_frees_the_device(server, media):
     print(f"\ncancel -> next run processing {seen.get('started', t_cancel) - t_cancel:.2f} s, "
           f"-> its first streamed text {first_update:.2f} s")
     assert first_update < 2.5, f"the device was not freed in time ({first_update:.2f} s)"
-    # at most the next run's own thread (0: its 16 tokens were done by the time the poll looked)
-    assert alive_then is None or alive_then <= 1, f"{alive_then} decoding threads: the cancelled run is still decoding"
+    # at most the next run itself (0: its 16 tokens were done by the time the poll looked)
+    assert alive_then is None or alive_then <= 1, f"{alive_then} races decoding: the cancelled run is still decoding"
