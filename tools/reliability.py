@@ -3,8 +3,8 @@
   python -m tools.reliability [--out RELIABILITY.md] [--visitors 8] [--runs 100] [--leaves 5] [--no-browser]
 
 The demo runs in a child process (`python -m tools.reliability --serve`): tests/app_server.launch(), the suite's
-server (the tinyworld pair and the tiny random pair, whose long runs are needed to leave mid-run), with torch's
-one thread per core as `python app.py` uses, its temp files under a fresh TMPDIR. Against it:
+server (the tinyworld pair and the tiny random pair, whose long runs are needed to leave mid-run), with one
+torch thread per core but one as `python app.py` uses, its temp files under a fresh TMPDIR. Against it:
 1. load: N visitors submit /compare at once (tools/reliability_phases.py);
 2. soak: consecutive runs; server RSS, threads and temp files before/after, tokens/s first vs last 10;
 3. leaving mid-run: a gradio_client job cancelled, a Chromium tab closed, and Stop pressed in the page, mid-stream;
@@ -32,11 +32,13 @@ TAG = "RELIABILITY "  # prefix of the child's protocol lines on stdout (anything
 
 
 def serve() -> None:
-    """Child mode: launch the suite's demo, print its URL, then answer 'peak' (the most decoding threads alive at
-    once since the last 'peak') until stdin closes."""
+    """Child mode: launch the suite's demo, print its URL, then answer 'peak' (the most races decoding at once
+    since the last 'peak') until stdin closes."""
     sys.path.insert(0, str(TESTS))
+    import torch
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) - 1))  # as app.py: the web server keeps a core
     import app_server
-    import torch  # its own thread count (one per core), as app.py uses by default
     from test_app_load import races_alive
 
     server = app_server.launch()
