@@ -64,7 +64,7 @@ class RunControl:
 
 
 class Race:
-    """One Run's decoding. `start()`, then iterate `batches()`; `stop()` asks the worker to quit."""
+    """One Run's decoding. `start()` queues it on the device thread, then iterate `batches()`; `stop()` ends it."""
 
     def __init__(self, engine: SpecEngine, prepared: PreparedInput, spec_policy: Policy, max_new_tokens: int,
                  device: DeviceThread, stop: threading.Event | None = None, sampling: Sampling | None = None):
