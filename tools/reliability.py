@@ -85,7 +85,7 @@ class Child:
             raise SystemExit(f"error: the server did not answer (log: {self.log.name})") from None
 
     def peak(self) -> int:
-        """Most decoding threads alive at once since the last call."""
+        """Most races decoding at once since the last call."""
         self.proc.stdin.write("peak\n")
         self.proc.stdin.flush()
         return int(self._line())

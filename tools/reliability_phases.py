@@ -165,7 +165,7 @@ def leave_by_cancel(child, media: list[dict], long_preset: str) -> dict | None:
 
 def after_leaving(child, nxt: Client, media: list[dict], t_leave: float, cancelled=lambda: True) -> dict:
     """The next visitor's (a tinyworld run) after a leave at `t_leave`: its timings from then, correctness, and the
-    most decoding threads alive meanwhile (1: the leaver's run had stopped, or ran alone)."""
+    most races decoding meanwhile (1: the leaver's run had stopped, or ran alone)."""
     job = submit(nxt, media[0], "sage", 16)
     rec = follow(job, t_leave, {})
     ok, _ = correct(job)

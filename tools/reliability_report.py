@@ -41,7 +41,7 @@ def load_section(r: dict) -> list[str]:
         f"{r['policies']}, max_new_tokens {r['max_new_tokens']}.", "",
         "| figure | value |", "|---|---|",
         f"| correct results (speculative ids == AR ids) | {r['correct']}/{r['visitors']} |",
-        f"| decoding threads alive at once (server, sampled every 5 ms) | max {r['peak_races']} |",
+        f"| races decoding at once (server, sampled every 5 ms) | max {r['peak_races']} |",
         f"| all lanes' decoding time (sum) <= wall time | {r['lane_s']:.2f} s <= {r['wall_s']:.2f} s: "
         f"{verdict(r['lane_s'] <= r['wall_s'])} |",
         f"| visitors that saw a queue position | {r['saw_rank']} of the {r['visitors'] - 1} who had to wait "
@@ -91,7 +91,7 @@ def leave_section(r: dict) -> list[str]:
         f"A visitor starts a long run (tiny random pair, {r['long_tokens']} tokens without EOS) and leaves after "
         "its first streamed text; then a next visitor submits a tinyworld run. Times from the moment of leaving.",
         "", "| how the visitor left | repetitions | -> next run processing (each) | -> next run's first text "
-        "(each) | max decoding threads during the next run | next run correct |", "|---|---|---|---|---|---|",
+        "(each) | max races decoding during the next run | next run correct |", "|---|---|---|---|---|---|",
     ]
     for name, rows in r["modes"].items():
         if not rows:
