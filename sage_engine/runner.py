@@ -143,14 +143,7 @@ class ModelRunner:
         if decoder is not None and self.fused_prefill is None:
             logits, ms = self._check_prompt(decoder, batch, t0)
         else:
-            logits = None
-            if decoder is not None:
-                try:
-                    logits = self._fused_prompt(decoder, batch, self.cache)
-                except Exception:  # noqa: BLE001 - a prompt the checked path does not take: forward() (which raises
-                    pass  # again if the input itself is at fault)
-                if logits is None:
-                    self.cache = DynamicCache(config=self.model.config)  # what an unfinished capture may have left
+            logits = None if decoder is None else self._checked_prompt(decoder, batch)
             if logits is None:
                 logits = self._own_prompt(batch)
             _sync(self.device)
@@ -184,6 +177,18 @@ class ModelRunner:
         fused layers; None where the forward's call to its text model is not plain (stack.prompt_inputs)."""
         found = prompt_inputs(self.model, self.stack, batch, cache)
         return None if found is None else decoder.prefill(*found, cache)
+
+    def _checked_prompt(self, decoder: FusedDecoder, batch: dict) -> torch.Tensor | None:
+        """The prompt through the checked fused path into the (empty) cache: its logits [V]; None, the cache emptied
+        again, where this prompt does not take that path (forward() then runs it, and raises if the input is at
+        fault)."""
+        try:
+            logits = self._fused_prompt(decoder, batch, self.cache)
+        except Exception:  # noqa: BLE001 - a prompt the checked path does not take
+            logits = None
+        if logits is None:
+            self.cache = DynamicCache(config=self.model.config)  # what an unfinished capture may have left
+        return logits
 
     def _check_prompt(self, decoder: FusedDecoder, batch: dict, t0: float) -> tuple[torch.Tensor, float]:
         """The first prefill after the layers' check: forward() gives this prompt's logits and cache; the fused path
