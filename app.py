@@ -20,6 +20,7 @@ if os.environ.get("SPACES_ZERO_GPU"):  # a ZeroGPU Space: `spaces` goes first, b
     import spaces  # noqa: F401
 
 from app import SERVED, build_demo, launch_options, served  # noqa: E402
+from app.device import default_threads  # noqa: E402
 from app.examples import CACHE_MODES  # noqa: E402
 from app.gpu import zero_gpu  # noqa: E402
 
@@ -39,19 +40,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-preload", action="store_true", help="load the model pair on the first run instead")
     p.add_argument("--threads", type=int, default=int(os.environ.get("SAGE_THREADS", 0)) or default_threads(),
                    help="torch CPU threads (env SAGE_THREADS; default: one per core but one, which the web "
-                        "server keeps: on a 2-core machine, two math threads beside it ran the race's "
-                        "autoregressive lane 0.60x as fast as the CLI's, one thread 0.68x; README, 'The demo's speed')")
+                        "server keeps; README, 'The demo's speed')")
     p.add_argument("--cache-examples", choices=CACHE_MODES, default=os.environ.get("SAGE_CACHE_EXAMPLES", "lazy"),
                    help="lazy: an example's first click races it and stores the result, later clicks show it "
                         "(labelled as cached); off: a click only fills the inputs (env SAGE_CACHE_EXAMPLES; "
                         "default %(default)s)")
     return p.parse_args(argv)
-
-
-def default_threads() -> int:
-    """Decoding threads: the cores less one for the web server (whose work, next to as many math threads as
-    cores, stalls every parallel region). All of the app's model work runs on one thread (app/device.py)."""
-    return max(1, (os.cpu_count() or 2) - 1)
 
 
 def main(argv=None) -> None:

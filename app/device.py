@@ -24,6 +24,13 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
+def default_threads() -> int:
+    """The app's decoding threads: the cores less one for the web server. Beside as many math threads as cores, the
+    server's work would take a core from an OpenMP team in the middle of its parallel regions and stall them
+    (measured on 2 cores: the race's autoregressive lane at 0.60x the CLI's with two threads, 0.68x with one)."""
+    return max(1, (os.cpu_count() or 2) - 1)
+
+
 class DeviceThread:
     """`submit(fn, ...)` -> Future, `call(fn, ...)` -> its result: `fn` runs on the one device thread, in order.
 

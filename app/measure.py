@@ -8,7 +8,9 @@
 3. speculative tokens/s in the app (the run's own stats) versus `python -m sage_engine generate` on the same
    input, policy and budget, rounds interleaved (app, CLI, app, CLI, ...) so both see the same machine load:
    the ratio of the medians, and the median of each round's ratio (`app_over_cli_paired`, which a machine whose
-   speed drifts between rounds disturbs less);
+   speed drifts between rounds disturbs less). Without --threads each runs at its own default (the app one
+   thread per core but one, the CLI one per core), and the CLI also runs at the app's thread count
+   (`same_threads`): what the web server costs the decoding, apart from the core it keeps;
 4. the speedup each shows: the app's speculative lane over its own autoregressive lane, and the CLI's policy over
    `generate --policy ar` run right after it in the same round.
 Prints one JSON object (medians and every round).
@@ -89,6 +91,11 @@ def cli_run(image: str, prompt: str, n: int, policy: str, threads: int | None) -
     return {"spec_tokens_per_s": spec, "ar_tokens_per_s": ar, "speedup": spec / ar, "new_tokens": new_tokens}
 
 
+def _paired(apps: list[dict], clis: list[dict], key: str) -> float:
+    """The median of each round's app / CLI ratio of `key`."""
+    return round(statistics.median(a[key] / c[key] for a, c in zip(apps, clis)), 3)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--image", default=str(ROOT / "assets/examples/shapes_1.png"))
@@ -100,30 +107,42 @@ def main(argv=None) -> None:
     a = p.parse_args(argv)
     from gradio_client import Client
 
+    from app.device import default_threads
+
+    app_threads = a.threads or default_threads()
+    same = a.threads is None and app_threads != (os.cpu_count() or 1)  # the CLI's default differs from the app's
+
     port = free_port()
     proc, start_s = start_app(port, a.threads)
     try:
         client = Client(f"http://127.0.0.1:{port}/", verbose=False)
         app_run(client, a.image, a.prompt, 8, a.policy)  # warm-up (first-call allocations), not counted
-        apps, clis = [], []
+        apps, clis, sames = [], [], []
         for _ in range(a.rounds):
             apps.append(app_run(client, a.image, a.prompt, a.max_new_tokens, a.policy))
             clis.append(cli_run(a.image, a.prompt, a.max_new_tokens, a.policy, a.threads))
+            if same:
+                sames.append(cli_run(a.image, a.prompt, a.max_new_tokens, a.policy, app_threads))
     finally:
         proc.terminate()
         proc.wait(30)
     med = lambda rows, k: statistics.median(r[k] for r in rows)  # noqa: E731
     app_tps, cli_tps = med(apps, "spec_tokens_per_s"), med(clis, "spec_tokens_per_s")
+    same_threads = None if not sames else {
+        "threads": app_threads, "cli_spec_tokens_per_s": round(med(sames, "spec_tokens_per_s"), 1),
+        "cli_ar_tokens_per_s": round(med(sames, "ar_tokens_per_s"), 1),
+        "app_over_cli_paired": _paired(apps, sames, "spec_tokens_per_s"),
+        "app_ar_over_cli_ar_paired": _paired(apps, sames, "ar_tokens_per_s"), "rounds": sames}
     print(json.dumps({
         "start_s": round(start_s, 2), "first_token_s": round(med(apps, "first_token_s"), 3),
         "app_spec_tokens_per_s": round(app_tps, 1), "cli_spec_tokens_per_s": round(cli_tps, 1),
         "app_over_cli": round(app_tps / cli_tps, 3), "app_ar_tokens_per_s": round(med(apps, "ar_tokens_per_s"), 1),
         "cli_ar_tokens_per_s": round(med(clis, "ar_tokens_per_s"), 1),
-        "app_over_cli_paired": round(statistics.median(
-            a["spec_tokens_per_s"] / c["spec_tokens_per_s"] for a, c in zip(apps, clis)), 3),
+        "app_over_cli_paired": _paired(apps, clis, "spec_tokens_per_s"),
         "app_speedup": round(med(apps, "speedup"), 3), "cli_speedup": round(med(clis, "speedup"), 3),
         "app_speedup_over_cli": round(med(apps, "speedup") / med(clis, "speedup"), 3),
-        "identical": all(r["identical"] for r in apps), "threads": a.threads, "policy": a.policy,
+        "identical": all(r["identical"] for r in apps), "threads": a.threads, "app_threads": app_threads,
+        "same_threads": same_threads, "policy": a.policy,
         "image": a.image, "max_new_tokens": a.max_new_tokens, "rounds": {"app": apps, "cli": clis},
     }, indent=1))
 

@@ -41,7 +41,7 @@ KNOWN_POLICY_KEYS = {"mean_accepted", "tokens_per_second", "speedup_vs_ar", "exa
                      "accepted_by_depth", "new_tokens",
                      "seconds", "peak_memory_mb"}
 TABLE_HEAD = ("| policy | tau | tok/s | speedup vs ar | exact vs ar | verify ms/step | draft ms/step "
-              "| engine ms/step | nodes / depth | worst input: speedup, answer tokens |")
+              "| engine ms/step | prefill share | nodes / depth | worst input: speedup, answer tokens |")
 
 
 def default_policies() -> list[str]:
@@ -82,7 +82,8 @@ def policy_row(report: dict, policy: str) -> dict:
     return {"policy": policy, "tau": agg.get("mean_accepted"), "tps": agg.get("tokens_per_second"),
             "speedup": agg.get("speedup_vs_ar"), "exact": agg.get("exact_match_vs_ar"),
             "verify_ms": per_step("target_seconds"), "draft_ms": per_step("draft_seconds"),
-            "engine_ms": per_step("other_seconds"), "nodes": agg.get("tree_nodes_mean"),
+            "engine_ms": per_step("other_seconds"), "prefill": (agg.get("time_split") or {}).get("prefill"),
+            "nodes": agg.get("tree_nodes_mean"),
             "depth": agg.get("tree_depth_mean"), "worst": worst_input(report, policy)}
 
 
@@ -96,7 +97,8 @@ def _row_markdown(row: dict) -> str:
     tree = "-" if not row["nodes"] else f"{row['nodes']:.1f} / {row['depth']:.1f}"
     cells = [f"`{row['policy']}`", _num(row["tau"], ".2f"), _num(row["tps"], ".1f"),
              _num(row["speedup"], ".2f", "x"), _num(row["exact"], ".2f"), _num(row["verify_ms"], ".2f"),
-             _num(row["draft_ms"], ".2f"), _num(row["engine_ms"], ".2f"), tree, worst_text]
+             _num(row["draft_ms"], ".2f"), _num(row["engine_ms"], ".2f"),
+             _num(None if row["prefill"] is None else 100 * row["prefill"], ".0f", "%"), tree, worst_text]
     return "| " + " | ".join(cells) + " |"
 
 
@@ -189,8 +191,10 @@ def sources_markdown(sources: list[dict]) -> list[str]:
 READING = ("tau: tokens per target forward (1 for `ar`). Speedup and exact match are against `ar` in the same "
            "run: every input is decoded by every policy back to back, in rotating order (with several rounds, each "
            "input and policy counts its run of median wall time). ms/step: time per target "
-           "forward after the prefill, split into the target's verification, the draft's forwards (its prefill "
-           "included) and the engine's own work (policy, tree, masks, acceptance, cache). Worst input: the input "
+           "forward after the prefill, split into the target's verification, the draft's forwards (its reads and tree "
+           "levels) and the engine's own work (policy, tree, masks, acceptance, cache). Prefill share: the part of "
+           "the policy's wall time spent reading the prompt, the target's and (when a step drafts) the draft's; it "
+           "bounds what any tree can gain (the shorter the answer, the larger it is). Worst input: the input "
            "with the lowest speedup vs `ar`, its name, the policy's answer length in tokens, and that speedup (with "
            "several rounds, the median of the input's per-round speedups: in each round the policy and `ar` ran back "
            "to back). "

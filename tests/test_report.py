@@ -36,6 +36,7 @@ def synthetic_report(media: str) -> dict:
                     "tree_nodes_mean": 0.0 if p == "ar" else 16.5, "tree_depth_mean": 0.0 if p == "ar" else 5.2,
                     "accepted_by_depth": [] if p == "ar" else [0.9, 0.7]} for p in POLICIES}
     policies["sage"]["alpha_corr_tau"] = 0.42  # a per-policy statistic this writer does not know
+    policies["sage"]["time_split"] = {"prefill": 0.236, "verify": 0.41, "draft": 0.17, "other": 0.184}
     return {"device": "cpu", "dtype": "float32", "threads": 1, "max_new_tokens": 96, "inputs": 2,
             "models": {"target": "t", "draft": "d", "target_params": 10, "draft_params": 5},
             "policies": policies, "runs": runs, "notes": {"hf_assisted": {"summary": "the assistant is blind"}}}
@@ -54,7 +55,10 @@ def test_markdown_has_every_suite_policy_row_and_worst_input():
         assert [r.split("`")[1] for r in rows] == list(POLICIES)
         assert all(r.count("|") == TABLE_HEAD.count("|") for r in rows)
         ext = "mp4" if name == "tinyworld-clips" else "png"
-        assert f"`slow.{ext}`: 1.10x, 40 tokens" in next(r for r in rows if r.startswith("| `sage`"))
+        sage_row = next(r for r in rows if r.startswith("| `sage`"))
+        assert f"`slow.{ext}`: 1.10x, 40 tokens" in sage_row
+        assert "| 24% |" in sage_row  # the prefill share of its wall time; "-" where a report has none
+        assert "| - |" in next(r for r in rows if r.startswith("| `chain`"))
         assert f"`slow.{ext}`: 1.50x" in next(r for r in rows if r.startswith("| `chain`"))
     assert "worst input" in TABLE_HEAD and "`python -m sage_engine.report --out X`" in md
     paired = synthetic_report("image")  # a run's paired per-round speedup (bench) is the input's speedup

@@ -37,7 +37,9 @@ def serve() -> None:
     sys.path.insert(0, str(TESTS))
     import torch
 
-    torch.set_num_threads(max(1, (os.cpu_count() or 2) - 1))  # as app.py: the web server keeps a core
+    from app.device import default_threads
+
+    torch.set_num_threads(default_threads())  # as app.py: the web server keeps a core
     import app_server
     from test_app_load import races_alive
 
