@@ -9,8 +9,8 @@
    input, policy and budget, rounds interleaved (app, CLI, app, CLI, ...) so both see the same machine load:
    the ratio of the medians, and the median of each round's ratio (`app_over_cli_paired`, which a machine whose
    speed drifts between rounds disturbs less). Without --threads each runs at its own default (the app one
-   thread per core but one, the CLI one per core), and the CLI also runs at the app's thread count
-   (`same_threads`): what the web server costs the decoding, apart from the core it keeps;
+   thread per core but one, the CLI one per core), and where those differ the CLI also runs at the app's thread
+   count (`same_threads`): what the web server costs the decoding, apart from the core it keeps;
 4. the speedup each shows: the app's speculative lane over its own autoregressive lane, and the CLI's policy over
    `generate --policy ar` run right after it in the same round.
 Prints one JSON object (medians and every round).
