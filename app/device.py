@@ -24,11 +24,20 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may use: the machine's, less what its affinity mask and its container's CPU quota
+    (cgroup) withhold (joblib's count). os.cpu_count() gives the host's: on a Hugging Face CPU Space it has reported 16
+    where the quota allows 2, and threads sized from it would oversubscribe the Space eightfold."""
+    import joblib
+
+    return joblib.cpu_count()
+
+
 def default_threads() -> int:
-    """The app's decoding threads: the cores less one for the web server. Beside as many math threads as cores, the
-    server's work would take a core from an OpenMP team in the middle of its parallel regions and stall them
+    """The app's decoding threads: the usable CPUs less one for the web server. Beside as many math threads as cores,
+    the server's work would take a core from an OpenMP team in the middle of its parallel regions and stall them
     (measured on 2 cores: the race's autoregressive lane at 0.60x the CLI's with two threads, 0.68x with one)."""
-    return max(1, (os.cpu_count() or 2) - 1)
+    return max(1, usable_cpus() - 1)
 
 
 class DeviceThread:

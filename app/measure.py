@@ -107,10 +107,10 @@ def main(argv=None) -> None:
     a = p.parse_args(argv)
     from gradio_client import Client
 
-    from app.device import default_threads
+    from app.device import default_threads, usable_cpus
 
     app_threads = a.threads or default_threads()
-    same = a.threads is None and app_threads != (os.cpu_count() or 1)  # the CLI's default differs from the app's
+    same = a.threads is None and app_threads != usable_cpus()  # the CLI's default (one per core) differs from it
 
     port = free_port()
     proc, start_s = start_app(port, a.threads)

@@ -416,6 +416,20 @@ def test_stop_switch_ends_the_race_early():
     assert not control.switch.is_set()
 
 
+def test_default_threads_follow_the_cpus_the_process_may_use(monkeypatch):
+    """The app's decoding threads come from the CPUs a container lets it use, not from os.cpu_count(), which gives the
+    host's (a CPU Space's count, 16, against its quota of 2): here a limit joblib's count honours as it does a cgroup
+    quota."""
+    from app import device
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)  # the host's cores
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    monkeypatch.setenv("LOKY_MAX_CPU_COUNT", "2")
+    assert (device.usable_cpus(), device.default_threads()) == (2, 1)
+    monkeypatch.setenv("LOKY_MAX_CPU_COUNT", "5")
+    assert (device.usable_cpus(), device.default_threads()) == (5, 4)
+
+
 def test_all_model_work_runs_on_one_device_thread(monkeypatch, media):
     """Loading, engine building, input preparation and both lanes of every run happen on the pool's one device
     thread, never on the calling (server) thread: each thread that starts torch's parallel work keeps an OpenMP
