@@ -22,9 +22,11 @@ on its products.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import statistics
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -319,14 +321,11 @@ class ModelRunner:
         it. A prompt the model cannot take leaves the check to the first real one."""
         if not self.prompt_unchecked:
             return
-        t0, before = time.perf_counter(), self.check_ms
-        try:
-            self.prefill(inputs)  # forward() first: if it raises, the path stays unchecked
-        except Exception:  # noqa: BLE001 - checked on the first real prompt instead
-            pass
-        finally:
-            self.cache, self.rope_delta, self._kept = None, 0, None
-        self.check_ms = before + (time.perf_counter() - t0) * 1e3
+        with self._scratch_check():
+            try:
+                self.prefill(inputs)  # forward() first: if it raises, the path stays unchecked
+            except Exception:  # noqa: BLE001 - checked on the first real prompt instead
+                pass
 
     def check_layers(self, ids: list[int]) -> None:
         """Check the stack (and the fused layers) now, on a text prompt of `ids` and a 3-node tree after it, instead
@@ -334,17 +333,25 @@ class ModelRunner:
         prompt, the check stays where it was (the first cached forward of a run)."""
         if self.stack is None or self.stack_checked or len(ids) < 4:
             return
+        with self._scratch_check():
+            try:
+                prompt = torch.tensor([ids[:-3]])
+                self.prefill({"input_ids": prompt, "attention_mask": torch.ones_like(prompt)})
+                n = self.seq_len
+                self.forward(ids[-3:], [n, n + 1, n + 1], verify_allowed([-1, -1]))  # a root and two children
+            except Exception:  # noqa: BLE001 - e.g. a model that needs its images: checked on the first real forward
+                self.stack_checked = False
+
+    @contextlib.contextmanager
+    def _scratch_check(self) -> Iterator[None]:
+        """A check run when the engine is built, outside any run: its whole time (its prompt included) is checking
+        time, and the cache it filled is dropped after it."""
         t0, before = time.perf_counter(), self.check_ms
         try:
-            prompt = torch.tensor([ids[:-3]])
-            self.prefill({"input_ids": prompt, "attention_mask": torch.ones_like(prompt)})
-            n = self.seq_len
-            self.forward(ids[-3:], [n, n + 1, n + 1], verify_allowed([-1, -1]))  # a root and two children
-        except Exception:  # noqa: BLE001 - e.g. a model that needs its images: checked on the first real forward
-            self.stack_checked = False
+            yield
         finally:
             self.cache, self.rope_delta, self._kept = None, 0, None
-        self.check_ms = before + (time.perf_counter() - t0) * 1e3  # the check's prompt included
+            self.check_ms = before + (time.perf_counter() - t0) * 1e3
 
     @inference
     def keep(self, start: int, cols: list[int]) -> None:
