@@ -233,6 +233,8 @@ def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], ma
                           else {"image": draft_pruning.image, "video": draft_pruning.video}),
         "tree_forward": {"target": engine.target.tree_forward,
                          "draft": None if engine.draft is None else engine.draft.tree_forward},
+        "prompt_path": {"target": engine.target.prompt_path,
+                        "draft": None if engine.draft is None else engine.draft.prompt_path},
         "inputs": len(inputs),
         "rounds": rounds,
         "policies": {},

@@ -33,7 +33,7 @@ from .suites import DEFAULT_N, DEFAULT_SEED, QUICK_TINYWORLD, REAL, Suite, mater
 QUICK_POLICIES = ("ar", "chain", "sage")  # --quick: the reference, the classic baseline, the default SAGE
 # Fields bench reports today; anything else a report carries is printed under "Notes" as it is.
 KNOWN_REPORT_KEYS = {"device", "dtype", "threads", "models", "max_new_tokens", "draft_pruning", "tree_forward",
-                     "inputs", "policies", "runs", "sampling", "rounds"}
+                     "prompt_path", "inputs", "policies", "runs", "sampling", "rounds"}
 SAMPLED_SUITE = "tinyworld-images"  # the suite decoded again at every --temperatures value above 0
 KNOWN_POLICY_KEYS = {"mean_accepted", "tokens_per_second", "speedup_vs_ar", "exact_match_vs_ar", "target_forwards",
                      "draft_forwards", "overhead_fraction", "overhead_ms_per_step", "time_split",
@@ -173,6 +173,7 @@ def header_markdown(first: dict, meta: dict) -> list[str]:
         ("tinyworld seed", _seed_text(meta)),
         ("draft pruning / tree forward",
          f"{_value_text(first.get('draft_pruning') or 'off')} / {_value_text(first.get('tree_forward'))}"),
+        ("prompt path", _value_text(first.get("prompt_path") or "-")),
     ]
     return ["| | |", "|---|---|", *[f"| {k} | {v} |" for k, v in rows], ""]
 

@@ -269,6 +269,14 @@ class ModelRunner:
             return "fused+packed" if self.fused.packed else "fused"
         return "layers" if self.stack is not None else "forward"
 
+    @property
+    def prompt_path(self) -> str:
+        """How a whole prompt runs: "fused+vision" (the fused layers, the pictures through vision.py), "fused", or
+        "forward" (the model's forward(): the fused path unchecked or dropped, or none)."""
+        if not self.fused_prefill:
+            return "forward"
+        return "fused+vision" if self.vision is not None else "fused"
+
     def _forward(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         return self.model(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=self.cache,
                           use_cache=True).logits

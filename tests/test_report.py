@@ -38,6 +38,7 @@ def synthetic_report(media: str) -> dict:
     policies["sage"]["alpha_corr_tau"] = 0.42  # a per-policy statistic this writer does not know
     policies["sage"]["time_split"] = {"prefill": 0.236, "verify": 0.41, "draft": 0.17, "other": 0.184}
     return {"device": "cpu", "dtype": "float32", "threads": 1, "max_new_tokens": 96, "inputs": 2,
+            "prompt_path": {"target": "fused+vision", "draft": "fused"},
             "models": {"target": "t", "draft": "d", "target_params": 10, "draft_params": 5},
             "policies": policies, "runs": runs, "notes": {"hf_assisted": {"summary": "the assistant is blind"}}}
 
@@ -65,6 +66,7 @@ def test_markdown_has_every_suite_policy_row_and_worst_input():
     next(r for r in paired["runs"] if r["policy"] == "sage" and r["input"] == "fast.png")["speedup_vs_ar"] = 0.95
     assert policy_row(paired, "sage")["worst"] == (0.95, "fast.png", 96)
     assert "alpha_corr_tau: 0.42" in md and "the assistant is blind" in md  # unknown fields reach Notes
+    assert '| prompt path | {"target": "fused+vision", "draft": "fused"} |' in md and "prompt_path" not in md
 
 
 def test_the_sampling_section_shows_each_temperature_side_by_side():

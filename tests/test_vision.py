@@ -9,7 +9,7 @@ from test_stack import pair_for
 from tiny_models import image
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-from sage_engine import prepare_input
+from sage_engine import SpecEngine, prepare_input
 from sage_engine.fused import near
 from sage_engine.runner import ModelRunner
 from sage_engine.vision import FusedVision, fused_vision
@@ -64,7 +64,7 @@ def test_the_runner_prompt_goes_through_the_fused_tower(monkeypatch):
     pair = pair_for("qwen2.5-vl")
     prep = prepare_input(pair, "describe what you see", images=[image(4)])
     runner = _checked_runner(pair.target, prep.target_inputs)
-    assert runner.fused_prefill is True and runner.vision is not None
+    assert runner.fused_prefill is True and runner.vision is not None and runner.prompt_path == "fused+vision"
     calls = []
     monkeypatch.setattr(FusedVision, "__call__", lambda self, *a, _orig=FusedVision.__call__: (
         calls.append(1), _orig(self, *a))[1])
@@ -87,6 +87,14 @@ def test_a_wrong_fused_tower_is_dropped_and_the_fused_layers_kept(monkeypatch):
         bad = pair.target(**slipped, logits_to_keep=1).logits[0, -1]
     assert not near(bad, ref)
     runner = _checked_runner(pair.target, prep.target_inputs)
-    assert runner.vision is None and runner.fused_prefill is True
+    assert runner.vision is None and runner.fused_prefill is True and runner.prompt_path == "fused"
     got = runner.prefill(prep.target_inputs).logits
     assert near(got, runner._logits(ref), argmax=True)
+
+
+def test_the_engine_reads_pictures_through_the_fused_tower_only_with_fused_layers():
+    pair = pair_for("qwen2.5-vl")
+    assert SpecEngine(pair).target.prompt_path == "fused+vision"
+    assert SpecEngine(pair).draft.prompt_path == "fused+vision"
+    exact = SpecEngine(pair, tree_forward="layers")  # the target on its own modules: its prompts through forward()
+    assert exact.target.prompt_path == "forward" and exact.target.vision is None
