@@ -35,10 +35,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from transformers.modeling_outputs import BaseModelOutputWithPooling
+from transformers.vision_utils import get_vision_attention_seqlens, get_vision_position_ids, get_vision_window_index
 
 from .fused import MAX_FUSED_PARAMS, _rotate
 
 PLANS_KEPT = 8  # grids whose plans are kept (a run's prompts mostly share a handful of picture sizes)
+# more patches than this: the tower's own forward (a plan's masks are [S, S]; a tower this small reads far fewer)
+MAX_PATCHES = 4096
 _MEDIA = (("image", "pixel_values", "image_grid_thw"), ("video", "pixel_values_videos", "video_grid_thw"))
 _BLOCK_PARTS = {"norm1", "norm2", "attn", "mlp"}
 
@@ -115,18 +118,10 @@ class FusedVision:
     those features (`encoded`). Build it with `fused_vision(model)`."""
 
     def __init__(self, tower: torch.nn.Module, blocks: list[_Block], merger: torch.nn.Module, ln_eps: float):
-        from transformers.vision_utils import (
-            get_vision_attention_seqlens,
-            get_vision_position_ids,
-            get_vision_window_index,
-        )
-
-        self._seqlens, self._positions, self._windows = (get_vision_attention_seqlens, get_vision_position_ids,
-                                                          get_vision_window_index)
         self.tower, self.blocks = tower, blocks
         weight = tower.patch_embed.proj.weight.detach()
         self.patch = weight.reshape(weight.shape[0], -1).t().contiguous()  # [in * t * p * p, C]
-        self.width, self.unit = weight.shape[0], tower.spatial_merge_unit
+        self.unit = tower.spatial_merge_unit
         first, second = merger.mlp[0], merger.mlp[2]
         folded = first.weight.detach() * merger.ln_q.weight.detach().repeat(self.unit)  # ln_q's weight per patch slot
         self.merge_in, self.merge_in_bias = folded.t().contiguous(), first.bias.detach()
@@ -138,16 +133,18 @@ class FusedVision:
     def plan(self, grid: torch.Tensor) -> _Plan:
         """The grid's plan, from transformers' own helpers for the positions, the windows and the segments."""
         key = tuple(map(tuple, grid.tolist()))
+        if sum(t * h * w for t, h, w in key) > MAX_PATCHES:
+            raise ValueError(f"more than {MAX_PATCHES} patches: left to the tower's own forward")
         found = self._plans.get(key)
         if found is not None:
             self._plans.move_to_end(key)
             return found
         tower = self.tower
-        positions = self._positions(grid, tower.spatial_merge_size)
-        segments, _ = self._seqlens(grid, tower.config)
-        order, windows = self._windows(grid, tower.spatial_merge_size, tower.window_size, tower.patch_size)
-        rows = (order[:, None] * self.unit + torch.arange(self.unit)).reshape(-1)
-        cos, sin = tower.rotary_pos_emb(self.patch, positions)  # [S, hd] each
+        positions = get_vision_position_ids(grid, tower.spatial_merge_size)
+        segments, _ = get_vision_attention_seqlens(grid, tower.config)
+        order, windows = get_vision_window_index(grid, tower.spatial_merge_size, tower.window_size, tower.patch_size)
+        rows = (order[:, None] * self.unit + torch.arange(self.unit)).reshape(-1)  # a merged cell = `unit` patches
+        cos, sin = tower.rotary_pos_emb(self.patch, positions)  # [S, hd] each (its first argument gives the device)
         half = cos.shape[-1] // 2
         sign = torch.cat([-torch.ones(half), torch.ones(half)]).to(sin)
         size = rows.shape[0]
@@ -219,7 +216,8 @@ def fused_vision(model: torch.nn.Module) -> FusedVision | None:
         return None
     merger = tower.merger
     mlp = getattr(merger, "mlp", None)
-    ln_eps = _rms_eps(getattr(merger, "ln_q", torch.nn.Identity()))
+    ln_q = getattr(merger, "ln_q", None)
+    ln_eps = None if ln_q is None else _rms_eps(ln_q)
     if ln_eps is None or not isinstance(mlp, torch.nn.Sequential) or len(mlp) != 3 or not (
             _linear(mlp[0]) and type(mlp[1]) is torch.nn.GELU and _linear(mlp[2])):
         return None

@@ -10,6 +10,7 @@ from tiny_models import image
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
 from sage_engine import SpecEngine, prepare_input
+from sage_engine import vision as vision_mod
 from sage_engine.fused import near
 from sage_engine.runner import ModelRunner
 from sage_engine.vision import FusedVision, fused_vision
@@ -98,3 +99,14 @@ def test_the_engine_reads_pictures_through_the_fused_tower_only_with_fused_layer
     assert SpecEngine(pair).draft.prompt_path == "fused+vision"
     exact = SpecEngine(pair, tree_forward="layers")  # the target on its own modules: its prompts through forward()
     assert exact.target.prompt_path == "forward" and exact.target.vision is None
+
+
+def test_a_picture_of_more_patches_than_the_plans_take_goes_through_forward(monkeypatch):
+    pair = pair_for("qwen2.5-vl")
+    prep = prepare_input(pair, "describe what you see", images=[image(7)])
+    runner = _checked_runner(pair.target, prep.target_inputs)
+    assert runner.prompt_path == "fused+vision"
+    monkeypatch.setattr(vision_mod, "MAX_PATCHES", 1)
+    got = runner.prefill(prep.target_inputs).logits
+    assert torch.equal(got, runner._logits(_forward(pair.target, prep.target_inputs)[0]))  # forward()'s own numbers
+    assert runner.prompt_path == "fused+vision"  # the path stays for the pictures it takes
