@@ -38,7 +38,7 @@ from transformers import DynamicCache
 from .cache import compact, copy_cache
 from .families import Family, adapter_for
 from .fused import WARM_ROWS, FusedDecoder, fused_decoders, near
-from .host import HostDecoder, host_decoder
+from .host import HostDecoder, host_decoder, pick
 from .pruning import VisualPruning, pruned_prefill_inputs
 from .stack import DecoderStack, decoder_stack, prompt_inputs
 from .tree import additive_mask, verify_allowed
@@ -307,7 +307,8 @@ class ModelRunner:
     def _fastest(self, candidates: list[FusedDecoder | HostDecoder], args: tuple,
                  rounds: int = 5) -> FusedDecoder | HostDecoder:
         """The candidate with the least median time over `rounds` interleaved rounds of this forward and a one-token
-        step (which of packed, transposed or NumPy products is faster depends on the CPU: fused.py, host.py)."""
+        step (which of packed, transposed or NumPy products is faster depends on the CPU: fused.py, host.py), a NumPy
+        one given an edge (`host.pick`)."""
         if len(candidates) == 1:
             return candidates[0]
         ids, pos, _ = args
@@ -321,8 +322,7 @@ class ModelRunner:
                     compact(self.cache, start, [])
                 _sync(self.device)
                 spent.append(time.perf_counter() - t0)
-        medians = [statistics.median(spent) for spent in times]
-        return candidates[medians.index(min(medians))]
+        return candidates[pick([statistics.median(spent) for spent in times], candidates)]
 
     def _try(self, net, args: tuple, same) -> bool:
         """Run `net` on this forward's inputs, judge its logits with `same`, drop what it appended."""

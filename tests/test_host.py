@@ -13,7 +13,7 @@ from tiny_models import image
 from sage_engine import SpecEngine, make_policy, prepare_input
 from sage_engine import host as host_mod
 from sage_engine.cache import copy_cache
-from sage_engine.host import HostDecoder
+from sage_engine.host import HostDecoder, pick
 from sage_engine.runner import ModelRunner
 from sage_engine.tree import additive_mask
 
@@ -176,3 +176,11 @@ def test_numpys_own_blas_is_held_to_one_thread_and_torchs_threads_are_left():
     numpy_blas = [i for i in threadpool_info() if i["user_api"] == "blas" and "numpy" in i["filepath"]]
     assert numpy_blas and all(i["num_threads"] == 1 for i in numpy_blas)
     assert torch.get_num_threads() == threads
+
+
+def test_the_numpy_layers_are_kept_unless_the_others_time_clearly_faster():
+    """Timed back to back at build the torch layers come close to the NumPy ones; in a run they cost 1.5x (host.py)."""
+    torch_layers, numpy_layers = object(), HostDecoder.__new__(HostDecoder)
+    assert pick([1.0, 1.1], [torch_layers, numpy_layers]) == 1  # 10% slower when timed: the NumPy layers kept
+    assert pick([1.0, 1.3], [torch_layers, numpy_layers]) == 0  # 30% slower: the torch layers
+    assert pick([1.2, 1.0], [object(), object()]) == 1  # no NumPy candidate: the fastest
