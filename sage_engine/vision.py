@@ -23,7 +23,8 @@ through its `mm_encoder_outputs` argument, so the merge into the text and the po
 
 Used where the tower is exactly this block structure in float32 on the CPU (patch embedding without bias, pre-norm
 blocks of RMSNorms, a qkv / proj attention and a SiLU-gated MLP, a merger of RMSNorm, Linear, GELU, Linear) and
-the model's forward takes `mm_encoder_outputs`; anything else keeps the tower's own forward.
+the model's forward takes `mm_encoder_outputs`, for prompts of at most MAX_PATCHES patches; anything else keeps the
+tower's own forward.
 """
 
 from __future__ import annotations
