@@ -12,6 +12,7 @@ Symbols follow the SAGE paper: alpha (confidence), D (depth), W (width), theta_l
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -96,16 +97,13 @@ class Policy:
     entropy_k = 10  # k of the normalised top-k entropy behind alpha (SAGE's k; reported for every policy)
     node_alphas = False  # does the policy read each drafted node's alpha (DraftTree.alphas)? the root's is always there
 
-    @property
+    @functools.cached_property
     def key(self) -> str:
         """The policy with its settings: step timings are kept per key. Made once per policy (its settings are a
         frozen dataclass): the repr of SageConfig's two dozen fields took ~24 us a step in a run, more than a plain
         step's acceptance."""
-        key = self.__dict__.get("_key")
-        if key is None:
-            cfg = getattr(self, "cfg", None)
-            key = self._key = self.name if cfg is None else f"{self.name}{cfg!r}"
-        return key
+        cfg = getattr(self, "cfg", None)
+        return self.name if cfg is None else f"{self.name}{cfg!r}"
 
     def skip_draft(self, quote: Quote | None = None) -> bool:
         """True: decode this step without drafting (default: a policy with a draft always drafts)."""

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 from transformers.vision_utils import get_vision_attention_seqlens, get_vision_position_ids, get_vision_window_index
 
-from .fused import MAX_FUSED_PARAMS, _rotate
+from .fused import MAX_FUSED_PARAMS, Norm, _norm, _rms, _rotate
 
 PLANS_KEPT = 8  # grids whose plans are kept (a run's prompts mostly share a handful of picture sizes)
 # more patches than this: the tower's own forward (a plan's masks are [S, S]; a tower this small reads far fewer)
@@ -57,8 +57,8 @@ class _Block:
     gate_up_bias: torch.Tensor
     down: torch.Tensor  # [I, C]
     down_bias: torch.Tensor
-    eps1: float
-    eps2: float
+    norm1: Norm  # its weight folded into qkv
+    norm2: Norm  # its weight folded into gate_up
     heads: int
     scaling: float
 
@@ -72,12 +72,6 @@ class _Plan:
     signed_sin: torch.Tensor  # [S, 1, hd]: sin with its first half negated (fused._rotate)
     masks: tuple[torch.Tensor | None, ...]  # per block: [S, S] block-diagonal (True: attend), None: one segment
     back: torch.Tensor  # [S / unit] merged rows back to the grid's order
-
-
-def _rms_eps(norm: torch.nn.Module) -> float | None:
-    eps = getattr(norm, "variance_epsilon", None)
-    ok = "RMSNorm" in type(norm).__name__ and isinstance(getattr(norm, "weight", None), torch.Tensor)
-    return float(eps) if ok and eps is not None and not list(norm.children()) else None
 
 
 def _linear(module, bias: bool = True) -> bool:
@@ -94,41 +88,37 @@ def _block(block: torch.nn.Module, act: str) -> _Block | None:
         return None
     if not all(_linear(getattr(mlp, n, None)) for n in ("gate_proj", "up_proj", "down_proj")):
         return None
-    eps1, eps2 = _rms_eps(parts["norm1"]), _rms_eps(parts["norm2"])
+    rms1, rms2 = _rms(parts["norm1"]), _rms(parts["norm2"])
     heads, scaling = getattr(attn, "num_heads", None), getattr(attn, "scaling", None)
-    if eps1 is None or eps2 is None or heads is None or scaling is None:
+    if rms1 is None or rms2 is None or heads is None or scaling is None:
         return None
-    n1, n2 = parts["norm1"].weight.detach(), parts["norm2"].weight.detach()
+    (norm1, n1), (norm2, n2) = _norm(rms1, fold=True), _norm(rms2, fold=True)  # fused.Norm: weights folded
     gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach() * n2
     return _Block(
         qkv=(attn.qkv.weight.detach() * n1).t().contiguous(), qkv_bias=attn.qkv.bias.detach(),
         proj=attn.proj.weight.detach().t().contiguous(), proj_bias=attn.proj.bias.detach(),
         gate_up=gate_up.t().contiguous(), gate_up_bias=torch.cat([mlp.gate_proj.bias, mlp.up_proj.bias]).detach(),
         down=mlp.down_proj.weight.detach().t().contiguous(), down_bias=mlp.down_proj.bias.detach(),
-        eps1=eps1, eps2=eps2, heads=int(heads), scaling=float(scaling),
+        norm1=norm1, norm2=norm2, heads=int(heads), scaling=float(scaling),
     )
-
-
-def _norm(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """An RMSNorm without its weight (folded into the product after it)."""
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
 class FusedVision:
     """The tower's features for `pixels` and `grid` [n, 3] (`__call__`), or a prompt's batch with its pixels replaced by
     those features (`encoded`). Build it with `fused_vision(model)`."""
 
-    def __init__(self, tower: torch.nn.Module, blocks: list[_Block], merger: torch.nn.Module, ln_eps: float):
+    def __init__(self, tower: torch.nn.Module, blocks: list[_Block], merger: torch.nn.Module,
+                 ln_q: tuple[torch.Tensor, float]):
         self.tower, self.blocks = tower, blocks
         weight = tower.patch_embed.proj.weight.detach()
         self.patch = weight.reshape(weight.shape[0], -1).t().contiguous()  # [in * t * p * p, C]
         self.unit = tower.spatial_merge_unit
         first, second = merger.mlp[0], merger.mlp[2]
-        folded = first.weight.detach() * merger.ln_q.weight.detach().repeat(self.unit)  # ln_q's weight per patch slot
+        self.ln_q, factor = _norm(ln_q, fold=True)
+        folded = first.weight.detach() * factor.repeat(self.unit)  # ln_q's weight, per patch of a merged cell
         self.merge_in, self.merge_in_bias = folded.t().contiguous(), first.bias.detach()
         self.merge_out, self.merge_out_bias = second.weight.detach().t().contiguous(), second.bias.detach()
         self.gelu = merger.mlp[1].approximate
-        self.ln_eps = ln_eps
         self._plans: OrderedDict[tuple, _Plan] = OrderedDict()
 
     def plan(self, grid: torch.Tensor) -> _Plan:
@@ -174,14 +164,14 @@ class FusedVision:
         size, width = x.shape
         for b, mask in zip(self.blocks, plan.masks):
             hd = width // b.heads
-            qkv = torch.addmm(b.qkv_bias, _norm(x, b.eps1), b.qkv).view(size, 3, b.heads, hd)
+            qkv = torch.addmm(b.qkv_bias, b.norm1(x), b.qkv).view(size, 3, b.heads, hd)
             qk = _rotate(qkv[:, :2], plan.cos[:, None], plan.signed_sin[:, None])  # q and k: [S, 2, H, hd]
             q, k, v = (t.transpose(0, 1) for t in (qk[:, 0], qk[:, 1], qkv[:, 2]))  # [H, S, hd] each
             a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=b.scaling)
             x = x + torch.addmm(b.proj_bias, a.transpose(0, 1).reshape(size, width), b.proj)
-            gate, up = torch.addmm(b.gate_up_bias, _norm(x, b.eps2), b.gate_up).chunk(2, dim=-1)
+            gate, up = torch.addmm(b.gate_up_bias, b.norm2(x), b.gate_up).chunk(2, dim=-1)
             x = x + torch.addmm(b.down_bias, F.silu(gate) * up, b.down)
-        x = _norm(x, self.ln_eps).view(-1, width * self.unit)
+        x = self.ln_q(x).view(-1, width * self.unit)
         x = torch.addmm(self.merge_in_bias, x, self.merge_in)
         return torch.addmm(self.merge_out_bias, F.gelu(x, approximate=self.gelu), self.merge_out)[plan.back]
 
@@ -218,8 +208,8 @@ def fused_vision(model: torch.nn.Module) -> FusedVision | None:
     merger = tower.merger
     mlp = getattr(merger, "mlp", None)
     ln_q = getattr(merger, "ln_q", None)
-    ln_eps = None if ln_q is None else _rms_eps(ln_q)
-    if ln_eps is None or not isinstance(mlp, torch.nn.Sequential) or len(mlp) != 3 or not (
+    ln_q = None if ln_q is None else _rms(ln_q)
+    if ln_q is None or not isinstance(mlp, torch.nn.Sequential) or len(mlp) != 3 or not (
             _linear(mlp[0]) and type(mlp[1]) is torch.nn.GELU and _linear(mlp[2])):
         return None
     if {n for n, _ in merger.named_children()} != {"ln_q", "mlp"}:
@@ -228,4 +218,4 @@ def fused_vision(model: torch.nn.Module) -> FusedVision | None:
     blocks = [_block(b, act) for b in tower.blocks]
     if not blocks or any(b is None for b in blocks):
         return None
-    return FusedVision(tower, blocks, merger, ln_eps)
+    return FusedVision(tower, blocks, merger, ln_q)
