@@ -21,6 +21,7 @@ from itertools import takewhile
 import numpy as np
 import torch
 
+from .compiled import top_candidates
 from .costs import Quote
 from .policy import Frontier, Policy, Probe, TreeShape, confidence
 from .pruning import VisualPruning
@@ -68,10 +69,14 @@ class Drafter:
         its top `entropy_k`. A draft that samples also draws as many tokens per row without replacement from the row's
         q (in draw order) and keeps q in `qs[row node]`.  # [F, V] -> Frontier [F][K], alpha [F] or None"""
         sampler = self.sampler
-        probs = torch.softmax(logits, dim=-1) if sampler is None else sampler.probs(logits)
         k = max(policy.top_k, policy.entropy_k)
-        p, t = torch.topk(probs, k, dim=-1)
-        frontier = Frontier(rows, t.tolist(), p.tolist())
+        top = top_candidates(logits, k) if sampler is None else None  # one compiled call (compiled.py), or None
+        if top is not None:
+            frontier = Frontier(rows, top[1], top[0])
+        else:
+            probs = torch.softmax(logits, dim=-1) if sampler is None else sampler.probs(logits)
+            p, t = torch.topk(probs, k, dim=-1)
+            frontier = Frontier(rows, t.tolist(), p.tolist())
         if sampler is not None and policy.samples_draft:
             drawn = sampler.without_replacement(probs, policy.top_k)  # [F, top_k]
             frontier.drawn_tokens = drawn.tolist()

@@ -29,20 +29,26 @@ from threadpoolctl import ThreadpoolController
 
 from .fused import FusedDecoder, FusedLayer
 
-_BLAS_LIMITED: list = []  # the threadpoolctl limit, held for the process once a HostDecoder exists
+_BLAS_LIMITED: dict = {}  # library path -> its threadpoolctl limit, held for the process
 
 
-def _one_blas_thread() -> None:
-    """Hold the BLAS that NumPy's wheel ships (numpy/ or numpy.libs/) to one thread, once per process. Only that one:
-    a BLAS shared with torch (some conda builds) would take the target's threads with it, so it is left alone."""
-    if _BLAS_LIMITED:
-        return
-    root = Path(np.__file__).resolve().parent
-    mine = (str(root) + os.sep, str(root.parent / "numpy.libs") + os.sep)
+def blas_one_thread() -> None:
+    """Hold the BLAS libraries that NumPy's and SciPy's wheels ship (numpy.libs/, scipy.libs/ and their package
+    folders) to one thread; SciPy's is the one Numba's products call (compiled.py). Only those: a BLAS shared with
+    torch (some conda builds) would take the target's threads with it, so it is left alone. A library loaded after a
+    call is held by the next call."""
+    roots = [Path(np.__file__).resolve().parent]
+    try:
+        import scipy
+        roots.append(Path(scipy.__file__).resolve().parent)
+    except ImportError:
+        pass
+    mine = tuple(str(d) + os.sep for r in roots for d in (r, r.parent / f"{r.name}.libs"))
     controller = ThreadpoolController()
-    own = [lib["filepath"] for lib in controller.info()
-           if lib["user_api"] == "blas" and lib["filepath"].startswith(mine)]
-    _BLAS_LIMITED.append(controller.select(filepath=own).limit(limits=1) if own else None)
+    own = [lib["filepath"] for lib in controller.info() if lib["user_api"] == "blas"
+           and lib["filepath"].startswith(mine) and lib["filepath"] not in _BLAS_LIMITED]
+    for path in own:
+        _BLAS_LIMITED[path] = controller.select(filepath=path).limit(limits=1)
 
 
 def _np(t: torch.Tensor | None) -> np.ndarray | None:
@@ -128,7 +134,7 @@ class HostDecoder:
     which takes the runner's lists and attention pattern directly (no tensors to build)."""
 
     def __init__(self, fused: FusedDecoder):
-        _one_blas_thread()
+        blas_one_thread()
         self.fused = fused
         self.layers = tuple(_host_layer(f) for f in fused.layers)
         self.kv = [HostKV(f.kv_heads, f.head_dim) for f in self.layers]
@@ -136,6 +142,10 @@ class HostDecoder:
         self.floor = float(fused.norm.floor) ** 2
         self.head, self.head_bias = _np(fused.head.transposed), _np(fused.head.bias)
         self._cos = self._sin = np.zeros((0, 0), np.float32)
+
+    def buffer(self, layer: int) -> torch.Tensor:
+        """The keys buffer of the decoder's `layer`-th layer, which that cache layer's keys view.  # [1, KV, cap, hd]"""
+        return self.kv[layer].keys
 
     def _rope(self, top: int) -> tuple[np.ndarray, np.ndarray]:
         """(cos, signed sin) tables covering positions 0..top (fused.FusedDecoder.rotary's table).  # 2 x [n, hd]"""

@@ -36,6 +36,7 @@ import torch
 from transformers import DynamicCache
 
 from .cache import compact, copy_cache
+from .compiled import CompiledDecoder, compiled_decoder
 from .families import Family, adapter_for
 from .fused import WARM_ROWS, FusedDecoder, fused_decoders, near
 from .host import HostDecoder, host_decoder, pick
@@ -99,7 +100,8 @@ class ModelRunner:
         # the ways its layers can be fused (fused.py): the check keeps the fastest of those close to forward()
         self._candidates = fused_decoders(self.stack, row_invariant) if fused and self.stack is not None else []
         if not row_invariant:  # a draft: its fused layers in NumPy too (host.py), where they can be
-            self._candidates += [h for h in map(host_decoder, self._candidates) if h is not None]
+            hosts = [h for h in map(host_decoder, self._candidates) if h is not None]
+            self._candidates += hosts + [c for c in map(compiled_decoder, hosts) if c is not None]
         self.fused: FusedDecoder | HostDecoder | None = self._candidates[0] if self._candidates else None
         self.stack_checked = False  # the first tree forward compares the stack (and the fused layers) with forward()
         # prompts through the fused layers too (fused.FusedDecoder.prefill): None until the first prefill after the
@@ -263,6 +265,8 @@ class ModelRunner:
     def tree_forward(self) -> str:
         """How cached steps run: "fused+packed" or "fused" (fused.py, with or without oneDNN-packed products),
         "fused+numpy" (host.py), "layers" (stack.py) or "forward" (the model's forward())."""
+        if isinstance(self.fused, CompiledDecoder):
+            return "fused+numba"
         if isinstance(self.fused, HostDecoder):
             return "fused+numpy"
         if self.fused is not None:

@@ -1,6 +1,7 @@
-"""A draft's fused layers in NumPy (sage_engine/host.py): close to the model's forward() under a real tree mask on
-every family, its keys and values in a buffer that the cache's own compaction and copies handle, offered for drafts
-only (float32), dropped by the runner's check when wrong, and drafting the same trees as the torch layers."""
+"""A draft's fused layers on the host: in NumPy (sage_engine/host.py) and compiled with Numba (sage_engine/compiled.py),
+each close to the model's forward() under a real tree mask on every family, its keys and values in a buffer that the
+cache's own compaction and copies handle, offered for drafts only (float32), dropped by the runner's check when
+wrong, and drafting the same trees as the torch layers."""
 
 import numpy as np
 import pytest
@@ -11,8 +12,10 @@ from test_stack import PAIRS, TREE, pair_for
 from tiny_models import image
 
 from sage_engine import SpecEngine, make_policy, prepare_input
+from sage_engine import compiled as compiled_mod
 from sage_engine import host as host_mod
 from sage_engine.cache import copy_cache
+from sage_engine.compiled import CompiledDecoder
 from sage_engine.host import HostDecoder, pick
 from sage_engine.runner import ModelRunner
 from sage_engine.tree import additive_mask
@@ -22,24 +25,30 @@ def _draft_runner(model) -> ModelRunner:
     return ModelRunner(model, fused=True, row_invariant=False)
 
 
-def _host(runner: ModelRunner) -> HostDecoder:
-    hosts = [c for c in runner._candidates if isinstance(c, HostDecoder)]
-    assert len(hosts) == 1, "no NumPy candidate for a float32 draft"
+KINDS = {"numpy": HostDecoder, "numba": CompiledDecoder}  # the host layers' two implementations
+FORWARD_NAMES = {"numpy": "fused+numpy", "numba": "fused+numba", None: "fused"}  # ModelRunner.tree_forward
+
+
+def _host(runner: ModelRunner, kind: str = "numpy") -> HostDecoder:
+    hosts = [c for c in runner._candidates if type(c) is KINDS[kind]]
+    assert len(hosts) == 1, f"no {kind} candidate for a float32 draft"
     return hosts[0]
 
 
-def _prefer_host(monkeypatch, host: bool) -> None:
-    """Make the runner's timed choice between the fused candidates pick the NumPy one (or not)."""
+def _prefer(monkeypatch, kind: str | None) -> None:
+    """Make the runner's timed choice between the fused candidates pick the `kind` host layers (None: torch's)."""
+    want = KINDS.get(kind)
     monkeypatch.setattr(ModelRunner, "_fastest", lambda self, candidates, args: next(
-        c for c in candidates if isinstance(c, HostDecoder) == host))
+        c for c in candidates if (type(c) is want if want else not isinstance(c, HostDecoder))))
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("name", PAIRS)
-def test_numpy_layers_are_close_to_forward_under_a_tree_mask(name):
+def test_host_layers_are_close_to_forward_under_a_tree_mask(name, kind):
     pair = pair_for(name)
     prep = prepare_input(pair, "describe what you see", images=[image(4)])
     runner = _draft_runner(pair.draft)
-    host = _host(runner)
+    host = _host(runner, kind)
     runner.prefill(prep.for_draft())
     start, ids, pos, mask = _tree_inputs(runner)
     with torch.inference_mode():
@@ -62,11 +71,12 @@ def test_numpy_layers_are_close_to_forward_under_a_tree_mask(name):
         assert torch.allclose(host(ids, pos, mask, runner.cache)[0], got, atol=1e-6)
 
 
-def test_the_buffer_survives_compaction_copies_and_growth():
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_buffer_survives_compaction_copies_and_growth(kind):
     pair = pair_for("qwen2.5-vl")
     prep = prepare_input(pair, "describe what you see", images=[image(5)])
     runner = _draft_runner(pair.draft)
-    host, torch_fused = _host(runner), next(c for c in runner._candidates if not isinstance(c, HostDecoder))
+    host, torch_fused = _host(runner, kind), next(c for c in runner._candidates if not isinstance(c, HostDecoder))
     runner.prefill(prep.for_draft())
     start, ids, pos, mask = _tree_inputs(runner)
 
@@ -89,7 +99,7 @@ def test_the_buffer_survives_compaction_copies_and_growth():
     cache = copy_cache(prompt)
     with torch.inference_mode():
         host(ids, pos, mask, cache)
-    assert cache.layers[0].keys.data_ptr() == host.kv[0].keys.data_ptr()
+    assert cache.layers[0].keys.data_ptr() == host.buffer(0).data_ptr()
     before = cache.layers[0].keys.clone()
     twin = copy_cache(cache)
     with torch.inference_mode():
@@ -97,49 +107,77 @@ def test_the_buffer_survives_compaction_copies_and_growth():
             host(ids, pos + n - start, additive_mask(TREE, n, runner.dtype, runner.device), twin)
     assert torch.equal(cache.layers[0].keys, before)
     # a sequence longer than the buffer: it grows, keeping what was there
-    capacity = host.kv[0].keys.shape[2]
+    capacity = host.buffer(0).shape[2]
     long = torch.arange(capacity).view(1, -1) % 50 + 3
     with torch.inference_mode():
         host(long, torch.arange(capacity).view(1, -1) + twin.get_seq_length(), None, twin)
-    assert host.kv[0].keys.shape[2] > capacity and twin.get_seq_length() == start + 21 + capacity
+    assert host.buffer(0).shape[2] > capacity and twin.get_seq_length() == start + 21 + capacity
     assert torch.equal(twin.layers[0].keys[:, :, : start], prompt.layers[0].keys)
 
 
-def test_numpy_layers_are_offered_for_float32_drafts_only():
+def test_host_layers_are_offered_for_float32_drafts_only():
     pair = pair_for("qwen2.5-vl")
     assert not any(isinstance(c, HostDecoder) for c in ModelRunner(pair.target, fused=True)._candidates)
-    assert any(isinstance(c, HostDecoder) for c in _draft_runner(pair.draft)._candidates)
+    assert {type(c) for c in _draft_runner(pair.draft)._candidates} >= {HostDecoder, CompiledDecoder}
     bf16 = _draft_runner(pair_for("llava").draft.to(torch.bfloat16))
     assert bf16._candidates and not any(isinstance(c, HostDecoder) for c in bf16._candidates)
     pair_for("llava").draft.to(torch.float32)
-    assert host_mod.host_decoder(None) is None
+    assert host_mod.host_decoder(None) is None and compiled_mod.compiled_decoder(None) is None
 
 
-def test_numpy_layers_that_are_not_close_are_dropped_and_the_output_stays(monkeypatch):
+def test_without_numba_the_numpy_layers_and_torchs_top_k_are_used(monkeypatch):
+    """A platform without Numba: the compiled functions are None, and the draft runs as before (NumPy layers, the
+    candidates ranked by torch), still lossless."""
+    pair = pair_for("qwen2.5-vl")
+    prep = prepare_input(pair, "describe what you see", images=[image(8)])
+    monkeypatch.setattr(compiled_mod, "_forward_jit", None)
+    monkeypatch.setattr(compiled_mod, "_top_jit", None)
+    assert {type(c) for c in _draft_runner(pair.draft)._candidates} & set(KINDS.values()) == {HostDecoder}
+    assert compiled_mod.top_candidates(torch.zeros(1, 8), 2) is None
+    _prefer(monkeypatch, "numpy")
+    engine = SpecEngine(pair)
+    reference = engine.generate(prep, "ar", max_new_tokens=24, ignore_eos=True).token_ids
+    assert engine.generate(prep, "sage", max_new_tokens=24, ignore_eos=True).token_ids == reference
+
+
+def _ignore_the_tree_mask(monkeypatch, kind: str) -> None:
+    """A plausible slip in the `kind` host layers: the tree mask is ignored (every token sees every column)."""
+    if kind == "numpy":
+        monkeypatch.setattr(host_mod, "_attend", lambda q, keys, values, scaling, blocked: host_mod._attend(
+            q, keys, values, scaling, None))
+    else:
+        jit = compiled_mod._forward_jit
+        monkeypatch.setattr(compiled_mod, "_forward_jit", lambda tokens, positions, blocked, *rest: jit(
+            tokens, positions, np.zeros((1, 0), dtype=bool), *rest))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_host_layers_that_are_not_close_are_dropped_and_the_output_stays(monkeypatch, kind):
     pair = pair_for("qwen2.5-vl")
     prep = prepare_input(pair, "describe what you see", images=[image(8)])
     reference = SpecEngine(pair, tree_forward="forward").generate(prep, "sage", max_new_tokens=24,
                                                                    ignore_eos=True).token_ids
-    _prefer_host(monkeypatch, True)
+    _prefer(monkeypatch, kind)
     right = SpecEngine(pair)
-    assert right.draft.tree_forward == "fused+numpy"   # checked and kept when right
-    monkeypatch.setattr(host_mod, "_attend", lambda q, keys, values, scaling, blocked: host_mod._attend(
-        q, keys, values, scaling, None))   # a plausible slip: the tree mask is ignored
-    monkeypatch.setattr(ModelRunner, "_fastest", lambda self, candidates, args: candidates[-1])
+    assert right.draft.tree_forward == FORWARD_NAMES[kind]   # checked and kept when right
+    _ignore_the_tree_mask(monkeypatch, kind)
+    kept = []
+    monkeypatch.setattr(ModelRunner, "_fastest", lambda self, candidates, args: kept.extend(candidates) or next(
+        c for c in candidates if type(c) is not KINDS[kind]))
     engine = SpecEngine(pair)
-    assert engine.draft.stack_checked and engine.draft.tree_forward == "fused"   # the NumPy layers dropped
+    assert engine.draft.stack_checked and kept and not any(type(c) is KINDS[kind] for c in kept)  # dropped
     assert engine.generate(prep, "sage", max_new_tokens=24, ignore_eos=True).token_ids == reference
 
 
 @pytest.mark.parametrize("family,media,kind", [("qwen2.5-vl", "image", "copy"), ("qwen2.5-vl", "video", "noisy"),
                                                ("llava", "image", "noisy")])
-def test_numpy_drafts_are_lossless_and_draft_the_same_trees(monkeypatch, family, media, kind):
+def test_host_drafts_are_lossless_and_draft_the_same_trees(monkeypatch, family, media, kind):
     pair, prep = sharp_case(family, media, kind)
     trees = {}
-    for host in (True, False):
-        _prefer_host(monkeypatch, host)
+    for host in (*KINDS, None):
+        _prefer(monkeypatch, host)
         engine = SpecEngine(pair)
-        assert engine.draft.tree_forward == ("fused+numpy" if host else "fused")
+        assert engine.draft.tree_forward == FORWARD_NAMES[host]
         reference = engine.generate(prep, "ar", max_new_tokens=MAX_NEW, ignore_eos=True).token_ids
         for policy in ("chain", "static", "eagle2", "sage"):
             res = engine.generate(prep, make_policy(policy), max_new_tokens=MAX_NEW, ignore_eos=True)
@@ -147,18 +185,19 @@ def test_numpy_drafts_are_lossless_and_draft_the_same_trees(monkeypatch, family,
             if policy in ("static", "eagle2"):  # fixed shapes: the drafted tokens depend on the draft's numbers only
                 trees[host, policy] = [s.tree.tokens for s in res.steps[1:]]
     for policy in ("static", "eagle2"):
-        assert trees[True, policy] == trees[False, policy], policy
-    assert np.mean([len(t) for t in trees[True, "eagle2"]]) > 3   # real trees were drafted
+        assert trees["numpy", policy] == trees[None, policy] == trees["numba", policy], policy
+    assert np.mean([len(t) for t in trees["numba", "eagle2"]]) > 3   # real trees were drafted
 
 
-def test_numpy_layers_start_from_an_empty_cache_with_grouped_heads():
+@pytest.mark.parametrize("kind", KINDS)
+def test_host_layers_start_from_an_empty_cache_with_grouped_heads(kind):
     """A Llama-style LM with two key heads of two query heads each, fed from an empty cache: one token, then a
     causal chain of three, against forward() over the whole sequence."""
     from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                          num_attention_heads=4, num_key_value_heads=2)).eval()
-    host = _host(_draft_runner(model))
+    host = _host(_draft_runner(model), kind)
     cache = DynamicCache(config=model.config)
     with torch.inference_mode():
         first = host.run([5], [0], None, cache)
@@ -169,12 +208,16 @@ def test_numpy_layers_start_from_an_empty_cache_with_grouped_heads():
     assert torch.allclose(got, full, atol=1e-4 * float(full.abs().max()))
 
 
-def test_numpys_own_blas_is_held_to_one_thread_and_torchs_threads_are_left():
+def test_numpys_and_scipys_own_blas_are_held_to_one_thread_and_torchs_threads_are_left():
+    """NumPy's BLAS (the NumPy layers' products) and SciPy's (which Numba's products call) busy-wait on the core that
+    torch's threads use when they have threads of their own."""
     from threadpoolctl import threadpool_info
     threads = torch.get_num_threads()
-    _host(_draft_runner(pair_for("qwen2.5-vl").draft))
-    numpy_blas = [i for i in threadpool_info() if i["user_api"] == "blas" and "numpy" in i["filepath"]]
-    assert numpy_blas and all(i["num_threads"] == 1 for i in numpy_blas)
+    _host(_draft_runner(pair_for("qwen2.5-vl").draft), "numba")
+    own = [i for i in threadpool_info() if i["user_api"] == "blas" and ("numpy" in i["filepath"]
+                                                                         or "scipy" in i["filepath"])]
+    assert {"numpy", "scipy"} <= {p for i in own for p in ("numpy", "scipy") if p in i["filepath"]}
+    assert all(i["num_threads"] == 1 for i in own)
     assert torch.get_num_threads() == threads
 
 
@@ -184,3 +227,23 @@ def test_the_numpy_layers_are_kept_unless_the_others_time_clearly_faster():
     assert pick([1.0, 1.1], [torch_layers, numpy_layers]) == 1  # 10% slower when timed: the NumPy layers kept
     assert pick([1.0, 1.3], [torch_layers, numpy_layers]) == 0  # 30% slower: the torch layers
     assert pick([1.2, 1.0], [object(), object()]) == 1  # no NumPy candidate: the fastest
+
+
+def test_the_compiled_top_k_is_torchs_softmax_top_k():
+    torch.manual_seed(0)
+    logits = torch.randn(5, 640) * 4
+    logits[3, 200] = logits[3, 100] = logits[3].max() + 1  # a tie at the top: the lower token first
+    probs, tokens = compiled_mod.top_candidates(logits, 10)
+    want_p, want_t = torch.topk(torch.softmax(logits, -1), 10, dim=-1)
+    assert [row for i, row in enumerate(tokens) if i != 3] == [row for i, row in enumerate(want_t.tolist()) if i != 3]
+    assert tokens[3][:2] == [100, 200] and tokens[3][2:] == want_t[3, 2:].tolist()
+    assert np.allclose(probs, want_p.numpy(), rtol=2e-6, atol=1e-9)
+    assert compiled_mod.top_candidates(logits.to(torch.bfloat16), 10) is None  # not float32: torch ranks them
+
+
+def test_the_compiled_exp_is_exp_to_float32_precision():
+    x = np.linspace(-87, 88, 20001, dtype=np.float32)
+    got = np.array([compiled_mod._exp(np.float32(v)) for v in x[::50]], dtype=np.float64)
+    want = np.exp(x[::50].astype(np.float64))
+    assert np.max(np.abs(got - want) / want) < 5e-7
+    assert 0 < compiled_mod._exp(np.float32(-np.inf)) < 2e-38  # clamped: a masked score's weight, then set to 0

@@ -1,0 +1,285 @@
+"""A small draft's layers compiled with Numba: one call per drafted level instead of ~40 NumPy operations.
+
+host.py computes a draft's fused layers in NumPy. For the embedded draft (one layer, hidden size 128, 640 tokens) the
+arithmetic of a level is ~30 us, nearly all of it five products, while the ~40 NumPy calls around them (norms, the
+rotary, the cache's writes, the attention's softmax, SiLU) each cost ~1-3 us of NumPy's own overhead on a few rows,
+and the softmax and top-k that the drafter reads after each level cost ~40 us more through torch. Here one compiled
+function computes a whole forward (`_forward`): the products through BLAS (Numba calls SciPy's BLAS for `@`), every
+step between them as plain loops; and `top_candidates` gives each row's softmax top-k in one more call.
+
+`CompiledDecoder` is a HostDecoder (same folded weights, same call contract, same keys and values buffer scheme:
+the cache's layers view one preallocated buffer) whose `run` is that one call. The runner offers it where it offers
+the NumPy layers, checks it against forward() and times it like every candidate (runner.py). Numba compiles the
+functions on their first call in a process (~2-3 s), caches them on disk (next to this file, or in the user's cache
+directory where that is read-only), and later processes load them in a fraction of a second; the engine makes that
+first call when it is built (the layer check), not in a run. Without Numba the NumPy layers are used as before.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from .host import HostDecoder, blas_one_thread
+
+try:
+    import numba
+except ImportError:  # an unsupported platform: the NumPy layers (host.py) instead
+    numba = None
+
+# Numba's fast-math flags minus "nnan" and "ninf": masked attention scores are -inf, and the loops must keep them
+_FAST = {"contract", "reassoc", "nsz", "arcp", "afn"}
+
+
+def _jit(fn, inline: bool = False):
+    if numba is None:
+        return None
+    # error_model "numpy": a division by zero gives inf or nan instead of raising, which keeps divisions in
+    # vectorised loops (Python's check is a branch per element); nogil: another thread (the demo's other lane) runs
+    # meanwhile
+    return numba.njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy",
+                      inline="always" if inline else "never")(fn)
+
+
+_POW2 = np.array([2.0**k for k in range(-126, 128)], dtype=np.float32)  # 2^k of every normal float32 exponent
+
+
+def _exp(x):
+    """exp(x) in float32 to ~2e-7 relative, in operations a loop can vectorize (libm's exp is one call per number,
+    ~5 ns): x = k ln 2 + f with |f| <= ln 2 / 2 (ln 2 in two parts, Cody and Waite), exp(f) by its Taylor series to
+    f^6, 2^k from a table. x is clamped to [-87, 88], so exp(-inf) is ~1.6e-38, not 0."""
+    x = min(max(x, np.float32(-87.0)), np.float32(88.0))
+    k = math.floor(x * np.float32(1.4426950408889634) + np.float32(0.5))
+    f = (x - k * np.float32(0.693359375)) + k * np.float32(2.12194440e-4)
+    p = np.float32(1.0) + f * (np.float32(1.0) + f * (np.float32(0.5) + f * (np.float32(1 / 6) + f * (
+        np.float32(1 / 24) + f * (np.float32(1 / 120) + f * np.float32(1 / 720))))))
+    return p * _POW2[int(k) + 126]
+
+
+def _rms(h, floor_sq, out):
+    """A folded RMSNorm (fused.Norm) of each row of h into out: h / sqrt(||h||^2 + D eps)."""
+    for i in range(h.shape[0]):
+        s = 0.0
+        for d in range(h.shape[1]):
+            s += h[i, d] * h[i, d]
+        r = 1.0 / math.sqrt(s + floor_sq)
+        for d in range(h.shape[1]):
+            out[i, d] = h[i, d] * r
+
+
+def _attend(qr, keys, values, tot, blocked, scaling, out):
+    """Softmax attention of the rotated queries qr [H, q, hd] over the first `tot` keys and values [KV, cap, hd]
+    (key head g serves the H / KV query heads from g H / KV on); `blocked` [q, r] masks the newest r columns (r = 0:
+    none). Writes out [q, H hd]."""
+    H, q, hd = qr.shape
+    KV, r = keys.shape[0], blocked.shape[1]
+    G = H // KV
+    for g in range(KV):
+        s = qr[g * G : (g + 1) * G].reshape(G * q, hd) @ keys[g, :tot].T  # [G q, tot]: the group's heads stacked
+        for j in range(G * q):
+            row, i = s[j], j % q
+            for c in range(r):
+                if blocked[i, c]:
+                    row[tot - r + c] = -np.inf
+            m = row[0]
+            for t in range(tot):
+                m = max(m, row[t])
+            for t in range(tot):  # branch-free, so that it vectorises: a masked column's exp is ~1.6e-38, then 0
+                row[t] = _exp((row[t] - m) * scaling)
+            for c in range(r):
+                if blocked[i, c]:
+                    row[tot - r + c] = 0.0
+            z = np.float32(0.0)
+            for t in range(tot):
+                z += row[t]
+            row *= np.float32(1.0) / z
+        a = s @ values[g, :tot]  # [G q, hd]
+        for j in range(G * q):
+            hh, i = g * G + j // q, j % q
+            out[i, hh * hd : (hh + 1) * hd] = a[j]
+
+
+def _swiglu(gu):
+    """SiLU(gate) * up of the gate and up halves of gu [q, 2 I].  # -> [q, I]"""
+    q, inner = gu.shape[0], gu.shape[1] // 2
+    act = np.empty((q, inner), np.float32)
+    for i in range(q):
+        for j in range(inner):
+            gate = gu[i, j]
+            act[i, j] = gate / (np.float32(1.0) + _exp(-gate)) * gu[i, inner + j]
+    return act
+
+
+def _forward(tokens, positions, blocked, n, embed, cos, sin, floor1, qkv, qkv_b, heads, scaling, out_w, out_b,
+             floor2, gate_up, down, down_b, floor, head, head_b, keys, values):
+    """The draft's forward over q tokens at rotary `positions` after n cached ones; appends their keys and values at
+    columns n .. n + q - 1 of keys, values [L, KV, cap, hd]. Weights stacked per layer: qkv [L, D, (H + 2 KV) hd],
+    out_w [L, H hd, D], gate_up [L, D, 2 I], down [L, I, D]; floor1, floor2 [L].  # -> logits [q, V]"""
+    q = tokens.shape[0]
+    L, KV, _, hd = keys.shape
+    D, half, tot = embed.shape[1], hd // 2, n + q
+    h = np.empty((q, D), np.float32)
+    for i in range(q):
+        h[i] = embed[tokens[i]]
+    x = np.empty((q, D), np.float32)
+    qr = np.empty((heads, q, hd), np.float32)  # heads first: a key head's query heads are one block
+    a = np.empty((q, heads * hd), np.float32)
+    for layer in range(L):
+        _rms(h, floor1[layer], x)
+        y = x @ qkv[layer] + qkv_b[layer]  # [q, (H + 2 KV) hd]: q, k, v
+        for i in range(q):
+            p = positions[i]
+            for hh in range(heads + KV):  # rotary: x cos + rotate_half(x) sin, the sign already in the sin table
+                base = hh * hd
+                for d in range(hd):
+                    v = y[i, base + d] * cos[p, d] + y[i, base + (d + half) % hd] * sin[p, d]
+                    if hh < heads:
+                        qr[hh, i, d] = v
+                    else:
+                        keys[layer, hh - heads, n + i, d] = v
+            for g in range(KV):
+                for d in range(hd):
+                    values[layer, g, n + i, d] = y[i, (heads + KV + g) * hd + d]
+        _attend(qr, keys[layer], values[layer], tot, blocked, scaling, a)
+        h += a @ out_w[layer] + out_b[layer]
+        _rms(h, floor2[layer], x)
+        h += _swiglu(x @ gate_up[layer]) @ down[layer] + down_b[layer]
+    _rms(h, floor, x)
+    return x @ head + head_b
+
+
+def _top_candidates(logits, k):
+    """Each row's softmax and its k most probable tokens, best first (ties: the lower token first).
+    # logits [F, V] -> probs [F, k], tokens [F, k]"""
+    F, V = logits.shape
+    probs = np.empty((F, k), np.float32)
+    tokens = np.zeros((F, k), np.int64)
+    best = np.empty(k, np.float32)  # a row's k largest logits so far, in order (their tokens in `tokens`)
+    for i in range(F):
+        m = logits[i, 0]
+        for j in range(V):
+            m = max(m, logits[i, j])
+        z = np.float32(0.0)
+        for j in range(V):
+            z += _exp(logits[i, j] - m)
+        best[:] = -np.inf
+        for j in range(V):
+            v = logits[i, j]
+            if v > best[k - 1]:
+                s = k - 1
+                while s > 0 and best[s - 1] < v:
+                    best[s], tokens[i, s] = best[s - 1], tokens[i, s - 1]
+                    s -= 1
+                best[s], tokens[i, s] = v, j
+        for s in range(k):
+            probs[i, s] = _exp(best[s] - m) / z
+    return probs, tokens
+
+
+_exp = _jit(_exp, inline=True) or _exp
+_rms, _attend, _swiglu = (_jit(f) or f for f in (_rms, _attend, _swiglu))
+_forward_jit, _top_jit = _jit(_forward), _jit(_top_candidates)
+
+
+def top_candidates(logits: torch.Tensor, k: int) -> tuple[list[list[float]], list[list[int]]] | None:
+    """The rows' softmax top-k (probabilities, tokens) as lists, through the compiled function; None where it does
+    not apply (no Numba, or logits that are not float32 on the CPU).  # [F, V] -> [F][k], [F][k]"""
+    if _top_jit is None or logits.dtype != torch.float32 or logits.device.type != "cpu" or k > logits.shape[-1]:
+        return None
+    probs, tokens = _top_jit(np.ascontiguousarray(logits.detach().numpy()), k)
+    return probs.tolist(), tokens.tolist()
+
+
+class _Buffers:
+    """Keys and values of the decoder's layers in two preallocated buffers [L, 1, KV, cap, hd]: layer l of the cache
+    views rows 0 .. n of its slice, so the cache's own operations (length, compaction, copies) work on it unchanged.
+    A cache whose layers are not such views (after a prefill, or a copy) is copied in once."""
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int):
+        self.shape = (layers, 1, kv_heads, 0, head_dim)
+        self.keys = self.values = torch.empty(self.shape)
+        self._views: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def reserve(self, layers: list, q: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """Room for q more columns in each of the cache's `layers`; the buffers as arrays and the columns in use.
+        # -> 2 x [L, KV, cap, hd], n"""
+        for layer, (k, v) in zip(layers, self._views or [(self.keys[0], self.values[0])] * len(layers)):
+            if not layer.is_initialized:  # a layer no forward has written yet (DynamicLayer's own first step)
+                layer.lazy_initialization(k, v)
+        first = layers[0].keys
+        n = first.shape[2] if first.dim() == 4 else 0  # a freshly initialised layer holds an empty 1D tensor
+        if not all(layer.keys.data_ptr() == k.data_ptr() and layer.keys.stride() == k.stride()
+                   for layer, (k, _) in zip(layers, self._views)) or len(self._views) != len(layers) \
+                or self.keys.shape[3] < n + q:
+            L, _, KV, _, hd = self.shape
+            cap = max(512, 1 << (2 * (n + q) - 1).bit_length())
+            keys, values = torch.empty(L, 1, KV, cap, hd), torch.empty(L, 1, KV, cap, hd)
+            for i, layer in enumerate(layers):
+                if n:
+                    keys[i, :, :, :n], values[i, :, :, :n] = layer.keys, layer.values
+            self.keys, self.values = keys, values
+            self._views = [(keys[i], values[i]) for i in range(L)]
+            self._arrays = keys[:, 0].numpy(), values[:, 0].numpy()
+        return *self._arrays, n
+
+    def publish(self, layers: list, n: int) -> None:
+        """Point each cache layer at its first n columns."""
+        for layer, (k, v) in zip(layers, self._views):
+            layer.keys, layer.values = k[:, :, :n], v[:, :, :n]
+
+
+def _stack(arrays: list[np.ndarray | None], size: int) -> np.ndarray:
+    """Per-layer arrays stacked into one [L, ...] (a missing bias: zeros of `size`)."""
+    return np.ascontiguousarray(np.stack([np.zeros(size, np.float32) if a is None else a for a in arrays]))
+
+
+class CompiledDecoder(HostDecoder):
+    """HostDecoder's computation, each forward one call of the compiled `_forward` (see the module's note)."""
+
+    def __init__(self, host: HostDecoder):
+        super().__init__(host.fused)
+        blas_one_thread()  # SciPy's own BLAS too, which the compiled products call
+        ls = self.layers
+        H, KV, hd = ls[0].heads, ls[0].kv_heads, ls[0].head_dim
+        width, D = (H + 2 * KV) * hd, self.embed.shape[1]
+        self.heads, self.scaling = H, ls[0].scaling
+        self.w = dict(
+            floor1=np.array([f.floor1 for f in ls]), qkv=_stack([f.qkv[:, :width] for f in ls], 0),
+            qkv_b=_stack([None if f.qkv_bias is None else f.qkv_bias[:width] for f in ls], width),
+            out_w=_stack([f.out for f in ls], 0), out_b=_stack([f.out_bias for f in ls], D),
+            floor2=np.array([f.floor2 for f in ls]), gate_up=_stack([f.gate_up for f in ls], 0),
+            down=_stack([f.down for f in ls], 0), down_b=_stack([f.down_bias for f in ls], D),
+            head_b=np.zeros(self.head.shape[1], np.float32) if self.head_bias is None else self.head_bias,
+        )
+        self.buffers = _Buffers(len(ls), KV, hd)
+        self._no_mask = np.zeros((1, 0), dtype=bool)
+
+    def buffer(self, layer: int) -> torch.Tensor:
+        return self.buffers.keys[layer]
+
+    def run(self, tokens: list[int], positions: list[int], blocked: np.ndarray | None, cache) -> torch.Tensor:
+        """HostDecoder.run in one compiled call.  # -> logits [q, V]"""
+        cos, sin = self._rope(max(positions))
+        layers = [cache.layers[f.index] for f in self.layers]
+        keys, values, n = self.buffers.reserve(layers, len(tokens))
+        w = self.w
+        logits = _forward_jit(
+            np.array(tokens, dtype=np.int64), np.array(positions, dtype=np.int64),
+            self._no_mask if blocked is None else np.ascontiguousarray(blocked, dtype=bool), n, self.embed, cos, sin,
+            w["floor1"], w["qkv"], w["qkv_b"], self.heads, self.scaling, w["out_w"], w["out_b"], w["floor2"],
+            w["gate_up"], w["down"], w["down_b"], self.floor, self.head, w["head_b"], keys, values)
+        self.buffers.publish(layers, n + len(tokens))
+        return torch.from_numpy(logits)
+
+
+def compiled_decoder(host: HostDecoder | None) -> CompiledDecoder | None:
+    """`host`'s layers compiled, where Numba is there and every layer has the same heads (one stacked set)."""
+    if host is None or _forward_jit is None:
+        return None
+    first = host.layers[0]
+    if any((f.heads, f.kv_heads, f.head_dim, f.scaling) != (first.heads, first.kv_heads, first.head_dim, first.scaling)
+           for f in host.layers):
+        return None
+    return CompiledDecoder(host)
