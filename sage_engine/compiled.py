@@ -192,6 +192,14 @@ def top_candidates(logits: torch.Tensor, k: int) -> tuple[list[list[float]], lis
     return probs.tolist(), tokens.tolist()
 
 
+def warm() -> None:
+    """Load the compiled top-k now (compiled on the first call in a process, else read from Numba's cache: ~0.4 s
+    even then), so that it does not land in a run's first drafted step, where the cost meter would take it for the
+    price of drafting."""
+    if _top_jit is not None:
+        _top_jit(np.zeros((1, 2), np.float32), 1)
+
+
 class _Buffers:
     """Keys and values of the decoder's layers in two preallocated buffers [L, 1, KV, cap, hd]: layer l of the cache
     views rows 0 .. n of its slice, so the cache's own operations (length, compaction, copies) work on it unchanged.

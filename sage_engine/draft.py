@@ -21,6 +21,7 @@ from itertools import takewhile
 import numpy as np
 import torch
 
+from . import compiled
 from .compiled import top_candidates
 from .costs import Quote
 from .policy import Frontier, Policy, Probe, TreeShape, confidence
@@ -54,6 +55,7 @@ class Drafter:
         self._region: tuple[int, int] | None = None  # this step's (cache start, pending tokens fed), if it drafted
         self.sampler: DraftSampler | None = None  # a sampled run's draft distribution and draws; None: greedy
         self.ends: frozenset[int] = frozenset()  # tokens that end the run: no node is drafted below one
+        compiled.warm()  # the compiled top-k loaded now, not in a run
 
     def start(self, prompt: dict[str, torch.Tensor], first: int, sampling: Sampling | None = None,
               ends: Iterable[int] = ()) -> None:

@@ -247,3 +247,13 @@ def test_the_compiled_exp_is_exp_to_float32_precision():
     want = np.exp(x[::50].astype(np.float64))
     assert np.max(np.abs(got - want) / want) < 5e-7
     assert 0 < compiled_mod._exp(np.float32(-np.inf)) < 2e-38  # clamped: a masked score's weight, then set to 0
+
+
+def test_the_engine_loads_the_compiled_top_k_when_it_is_built(monkeypatch):
+    """Its first call in a process takes ~0.4 s even from Numba's disk cache: in a run's first drafted step the cost
+    meter took it for the price of drafting and turned the run (and the next ones) to plain steps."""
+    calls = []
+    jit = compiled_mod._top_jit
+    monkeypatch.setattr(compiled_mod, "_top_jit", lambda logits, k: calls.append(k) or jit(logits, k))
+    SpecEngine(pair_for("qwen2.5-vl"))
+    assert calls
