@@ -22,7 +22,6 @@ import numpy as np
 import torch
 
 from . import compiled
-from .compiled import top_candidates
 from .costs import Quote
 from .policy import Frontier, Policy, Probe, TreeShape, confidence
 from .pruning import VisualPruning
@@ -72,7 +71,7 @@ class Drafter:
         q (in draw order) and keeps q in `qs[row node]`.  # [F, V] -> Frontier [F][K], alpha [F] or None"""
         sampler = self.sampler
         k = max(policy.top_k, policy.entropy_k)
-        top = top_candidates(logits, k) if sampler is None else None  # one compiled call (compiled.py), or None
+        top = compiled.top_candidates(logits, k) if sampler is None else None  # one compiled call, or None
         if top is not None:
             frontier = Frontier(rows, top[1], top[0])
         else:

@@ -234,6 +234,7 @@ HOST_EDGE = 0.8
 
 
 def pick(medians: list[float], candidates: list) -> int:
-    """Index of the candidate to keep, from each one's median time (a HostDecoder's counted at HOST_EDGE)."""
+    """Index of the candidate to keep, from each one's median time (a HostDecoder's, NumPy or compiled, counted at
+    HOST_EDGE)."""
     cost = [m * (HOST_EDGE if isinstance(c, HostDecoder) else 1.0) for m, c in zip(medians, candidates)]
     return cost.index(min(cost))

@@ -93,13 +93,13 @@ class ModelRunner:
         forward()'s in the last bits). row_invariant: fused products give a token the same numbers in a one-token
         step as in a pass over many (a target's `ar` steps and verify passes); False (a draft, whose numbers only
         shape its guesses): a one-token step takes BLAS's cheaper one-row path (fused.Product), and the same layers
-        computed in NumPy are a candidate too (host.py)."""
+        computed in NumPy (host.py) and compiled with Numba (compiled.py) are candidates too."""
         self.model = model
         self.family = family or adapter_for(model)
         self.stack: DecoderStack | None = decoder_stack(model, self.family) if layer_stack else None
         # the ways its layers can be fused (fused.py): the check keeps the fastest of those close to forward()
         self._candidates = fused_decoders(self.stack, row_invariant) if fused and self.stack is not None else []
-        if not row_invariant:  # a draft: its fused layers in NumPy too (host.py), where they can be
+        if not row_invariant:  # a draft: its layers in NumPy (host.py) and compiled (compiled.py) too, where they can
             hosts = [h for h in map(host_decoder, self._candidates) if h is not None]
             self._candidates += hosts + [c for c in map(compiled_decoder, hosts) if c is not None]
         self.fused: FusedDecoder | HostDecoder | None = self._candidates[0] if self._candidates else None
@@ -264,7 +264,8 @@ class ModelRunner:
     @property
     def tree_forward(self) -> str:
         """How cached steps run: "fused+packed" or "fused" (fused.py, with or without oneDNN-packed products),
-        "fused+numpy" (host.py), "layers" (stack.py) or "forward" (the model's forward())."""
+        "fused+numpy" (host.py), "fused+numba" (compiled.py), "layers" (stack.py) or "forward" (the model's
+        forward())."""
         if isinstance(self.fused, CompiledDecoder):
             return "fused+numba"
         if isinstance(self.fused, HostDecoder):
