@@ -201,44 +201,6 @@ def warm() -> None:
         _top_jit(np.zeros((1, 2), np.float32), 1)
 
 
-class _Buffers:
-    """Keys and values of the decoder's layers in two preallocated buffers [L, 1, KV, cap, hd]: layer l of the cache
-    views rows 0 .. n of its slice, so the cache's own operations (length, compaction, copies) work on it unchanged.
-    A cache whose layers are not such views (after a prefill, or a copy) is copied in once."""
-
-    def __init__(self, layers: int, kv_heads: int, head_dim: int):
-        self.shape = (layers, 1, kv_heads, 0, head_dim)
-        self.keys = self.values = torch.empty(self.shape)
-        self._views: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    def reserve(self, layers: list, q: int) -> tuple[np.ndarray, np.ndarray, int]:
-        """Room for q more columns in each of the cache's `layers`; the buffers as arrays and the columns in use.
-        # -> 2 x [L, KV, cap, hd], n"""
-        for layer, (k, v) in zip(layers, self._views or [(self.keys[0], self.values[0])] * len(layers)):
-            if not layer.is_initialized:  # a layer no forward has written yet (DynamicLayer's own first step)
-                layer.lazy_initialization(k, v)
-        first = layers[0].keys
-        n = first.shape[2] if first.dim() == 4 else 0  # a freshly initialised layer holds an empty 1D tensor
-        if not all(layer.keys.data_ptr() == k.data_ptr() and layer.keys.stride() == k.stride()
-                   for layer, (k, _) in zip(layers, self._views)) or len(self._views) != len(layers) \
-                or self.keys.shape[3] < n + q:
-            L, _, KV, _, hd = self.shape
-            cap = max(512, 1 << (2 * (n + q) - 1).bit_length())
-            keys, values = torch.empty(L, 1, KV, cap, hd), torch.empty(L, 1, KV, cap, hd)
-            for i, layer in enumerate(layers):
-                if n:
-                    keys[i, :, :, :n], values[i, :, :, :n] = layer.keys, layer.values
-            self.keys, self.values = keys, values
-            self._views = [(keys[i], values[i]) for i in range(L)]
-            self._arrays = keys[:, 0].numpy(), values[:, 0].numpy()
-        return *self._arrays, n
-
-    def publish(self, layers: list, n: int) -> None:
-        """Point each cache layer at its first n columns."""
-        for layer, (k, v) in zip(layers, self._views):
-            layer.keys, layer.values = k[:, :, :n], v[:, :, :n]
-
-
 def _stack(arrays: list[np.ndarray | None], size: int) -> np.ndarray:
     """Per-layer arrays stacked into one [L, ...] (a missing bias: zeros of `size`)."""
     return np.ascontiguousarray(np.stack([np.zeros(size, np.float32) if a is None else a for a in arrays]))
@@ -249,7 +211,10 @@ class CompiledDecoder(HostDecoder):
 
     def __init__(self, host: HostDecoder):
         super().__init__(host.fused)
-        blas_one_thread()  # SciPy's own BLAS too, which the compiled products call
+        # the BLAS that the compiled products call is SciPy's, loaded only by its first use: load it now, so that
+        # blas_one_thread holds it to one thread (NumPy's was, by HostDecoder) before any run
+        import scipy.linalg.cython_blas  # noqa: F401
+        blas_one_thread()
         ls = self.layers
         H, KV, hd = ls[0].heads, ls[0].kv_heads, ls[0].head_dim
         width, D = (H + 2 * KV) * hd, self.embed.shape[1]
@@ -262,11 +227,7 @@ class CompiledDecoder(HostDecoder):
             down=_stack([f.down for f in ls], 0), down_b=_stack([f.down_bias for f in ls], D),
             head_b=np.zeros(self.head.shape[1], np.float32) if self.head_bias is None else self.head_bias,
         )
-        self.buffers = _Buffers(len(ls), KV, hd)
         self._no_mask = np.zeros((1, 0), dtype=bool)
-
-    def buffer(self, layer: int) -> torch.Tensor:
-        return self.buffers.keys[layer]
 
     def run(self, tokens: list[int], positions: list[int], blocked: np.ndarray | None, cache) -> torch.Tensor:
         """HostDecoder.run in one compiled call.  # -> logits [q, V]"""
@@ -284,11 +245,8 @@ class CompiledDecoder(HostDecoder):
 
 
 def compiled_decoder(host: HostDecoder | None) -> CompiledDecoder | None:
-    """`host`'s layers compiled, where Numba is there and every layer has the same heads (one stacked set)."""
-    if host is None or _forward_jit is None:
-        return None
-    first = host.layers[0]
-    if any((f.heads, f.kv_heads, f.head_dim, f.scaling) != (first.heads, first.kv_heads, first.head_dim, first.scaling)
-           for f in host.layers):
+    """`host`'s layers compiled, where Numba is there and every layer has the same query heads and scaling (one
+    stacked set of weights; the key heads and head size are already one, `host.KVBuffers`)."""
+    if host is None or _forward_jit is None or len({(f.heads, f.scaling) for f in host.layers}) != 1:
         return None
     return CompiledDecoder(host)

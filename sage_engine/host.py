@@ -7,7 +7,7 @@ transposed float32 weights (shared, not copied): embedding, per layer norm -> q/
 over the cache -> output product -> norm -> SwiGLU MLP, then the final norm and the head. Two differences of form:
 the rotary's rotate-half is a permutation of the q/k product's columns, so it is folded into the product (one wider
 product instead of a roll), and the keys and values are written into a preallocated buffer, which the cache's layers
-view (`HostKV`), instead of growing the cache by concatenation.
+view (`KVBuffers`), instead of growing the cache by concatenation.
 
 It is offered only for a draft (a model whose numbers only shape guesses: the emitted tokens are always the
 target's) in float32 on the CPU, and the runner checks and times it like the other fused candidates
@@ -97,37 +97,44 @@ def _norm(h: np.ndarray, floor_sq: float) -> np.ndarray:
     return h / np.sqrt(np.vecdot(h, h)[:, None] + floor_sq)
 
 
-class HostKV:
-    """Keys and values of a cache's layers in preallocated buffers: a forward writes its rows in place and points the
-    cache's layer at a view of the rows in use, so that the cache's own operations (length, compaction, copies) work
-    on it unchanged. A cache whose layer is not such a view (after a prefill, or a copy) is copied in once."""
+class KVBuffers:
+    """Keys and values of a decoder's layers in two preallocated buffers [L, 1, KV, cap, hd]: a forward writes its
+    rows in place (`reserve`, then `publish`) and points each cache layer at the rows in use of its slice, so that the
+    cache's own operations (length, compaction, copies) work on it unchanged, where growing it by concatenation would
+    copy the whole cache every forward. A cache whose layers are not such views (after a prefill, or a copy) is copied
+    in once."""
 
-    def __init__(self, kv_heads: int, head_dim: int):
-        self.shape = (kv_heads, head_dim)
-        self.keys = self.values = torch.empty(1, kv_heads, 0, head_dim)  # no room yet: the first append allocates
+    def __init__(self, layers: int, kv_heads: int, head_dim: int):
+        self.shape = (layers, 1, kv_heads, 0, head_dim)
+        self.keys = self.values = torch.empty(self.shape)
+        self._views: list[tuple[torch.Tensor, torch.Tensor]] = []
 
-    def _fits(self, layer, need: int) -> bool:
-        keys = layer.keys
-        return (keys.data_ptr() == self.keys.data_ptr() and keys.stride() == self.keys.stride()
-                and self.keys.shape[2] >= need)
-
-    def append(self, layer, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Append k, v [KV, q, hd] to `layer`; its keys and values after them, as arrays.  # -> 2 x [KV, n + q, hd]"""
-        if not layer.is_initialized:  # a layer no forward has written yet (DynamicLayer's own first step)
-            layer.lazy_initialization(self.keys, self.values)
-        n = layer.get_seq_length()
-        q = k.shape[1]
-        if not self._fits(layer, n + q):
+    def reserve(self, layers: list, q: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """Room for q more columns in each of the cache's `layers`; the buffers as arrays and the columns in use.
+        # -> 2 x [L, KV, cap, hd], n"""
+        for layer, (k, v) in zip(layers, self._views or [(self.keys[0], self.values[0])] * len(layers)):
+            if not layer.is_initialized:  # a layer no forward has written yet (DynamicLayer's own first step)
+                layer.lazy_initialization(k, v)
+        first = layers[0].keys
+        n = first.shape[2] if first.dim() == 4 else 0  # a freshly initialised layer holds an empty 1D tensor
+        if not all(layer.keys.data_ptr() == k.data_ptr() and layer.keys.stride() == k.stride()
+                   for layer, (k, _) in zip(layers, self._views)) or len(self._views) != len(layers) \
+                or self.keys.shape[3] < n + q:
+            L, _, KV, _, hd = self.shape
             cap = max(512, 1 << (2 * (n + q) - 1).bit_length())
-            kv_heads, head_dim = self.shape
-            keys, values = (torch.empty(1, kv_heads, cap, head_dim) for _ in range(2))
-            if n:
-                keys[:, :, :n], values[:, :, :n] = layer.keys, layer.values
+            keys, values = torch.empty(L, 1, KV, cap, hd), torch.empty(L, 1, KV, cap, hd)
+            for i, layer in enumerate(layers):
+                if n:
+                    keys[i, :, :, :n], values[i, :, :, :n] = layer.keys, layer.values
             self.keys, self.values = keys, values
-            self._k, self._v = keys[0].detach().numpy(), values[0].detach().numpy()
-        self._k[:, n : n + q], self._v[:, n : n + q] = k, v
-        layer.keys, layer.values = self.keys[:, :, : n + q], self.values[:, :, : n + q]
-        return self._k[:, : n + q], self._v[:, : n + q]
+            self._views = [(keys[i], values[i]) for i in range(L)]
+            self._arrays = keys[:, 0].numpy(), values[:, 0].numpy()
+        return *self._arrays, n
+
+    def publish(self, layers: list, n: int) -> None:
+        """Point each cache layer at its first n columns."""
+        for layer, (k, v) in zip(layers, self._views):
+            layer.keys, layer.values = k[:, :, :n], v[:, :, :n]
 
 
 class HostDecoder:
@@ -138,7 +145,7 @@ class HostDecoder:
         blas_one_thread()
         self.fused = fused
         self.layers = tuple(_host_layer(f) for f in fused.layers)
-        self.kv = [HostKV(f.kv_heads, f.head_dim) for f in self.layers]
+        self.buffers = KVBuffers(len(self.layers), self.layers[0].kv_heads, self.layers[0].head_dim)
         self.embed = _np(fused.embed_weight)
         self.floor = float(fused.norm.floor) ** 2
         self.head, self.head_bias = _np(fused.head.transposed), _np(fused.head.bias)
@@ -146,7 +153,7 @@ class HostDecoder:
 
     def buffer(self, layer: int) -> torch.Tensor:
         """The keys buffer of the decoder's `layer`-th layer, which that cache layer's keys view.  # [1, KV, cap, hd]"""
-        return self.kv[layer].keys
+        return self.buffers.keys[layer]
 
     def _rope(self, top: int) -> tuple[np.ndarray, np.ndarray]:
         """(cos, signed sin) tables covering positions 0..top (fused.FusedDecoder.rotary's table).  # 2 x [n, hd]"""
@@ -171,20 +178,23 @@ class HostDecoder:
         cos, sin = self._rope(max(positions))
         cos, sin = cos[positions][:, None], sin[positions][:, None]  # [q, 1, hd]
         h = self.embed.take(tokens, axis=0)  # [q, D]
-        for f, kv in zip(self.layers, self.kv):
+        layers = [cache.layers[f.index] for f in self.layers]
+        keys, values, n = self.buffers.reserve(layers, q)  # [L, KV, cap, hd] each
+        for i, f in enumerate(self.layers):
             H, KV, hd = f.heads, f.kv_heads, f.head_dim
             rot = (H + KV) * hd
             y = _norm(h, f.floor1) @ f.qkv
             if f.qkv_bias is not None:
                 y += f.qkv_bias
             qk = y[:, :rot].reshape(q, H + KV, hd) * cos + y[:, rot + KV * hd :].reshape(q, H + KV, hd) * sin
-            keys, values = kv.append(cache.layers[f.index], qk[:, H:].transpose(1, 0, 2),
-                                     y[:, rot : rot + KV * hd].reshape(q, KV, hd).transpose(1, 0, 2))
-            a = _attend(qk[:, :H], keys, values, f.scaling, blocked)  # [q, H hd]
+            keys[i, :, n : n + q] = qk[:, H:].transpose(1, 0, 2)
+            values[i, :, n : n + q] = y[:, rot : rot + KV * hd].reshape(q, KV, hd).transpose(1, 0, 2)
+            a = _attend(qk[:, :H], keys[i, :, : n + q], values[i, :, : n + q], f.scaling, blocked)  # [q, H hd]
             h = h + _plus(a @ f.out, f.out_bias)
             gu = _norm(h, f.floor2) @ f.gate_up
             gate, up = gu[:, : gu.shape[1] // 2], gu[:, gu.shape[1] // 2 :]
             h = h + _plus((gate * (0.5 + 0.5 * np.tanh(0.5 * gate)) * up) @ f.down, f.down_bias)  # SiLU
+        self.buffers.publish(layers, n + q)
         return torch.from_numpy(_plus(_norm(h, self.floor) @ self.head, self.head_bias))
 
 
@@ -217,10 +227,13 @@ def _plus(x: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
 
 def host_decoder(fused: FusedDecoder | None) -> HostDecoder | None:
     """`fused` computed in NumPy, where it can be: on the CPU, every product on a transposed copy (float32, not
-    packed), the norms folded (fused_decoder folds all or none), a plain embedding and head."""
+    packed), the norms folded (fused_decoder folds all or none), a plain embedding and head, every layer with the same
+    key heads and head size (one stacked buffer, `KVBuffers`)."""
     if fused is None or fused.embed_weight is None or fused.head is None or fused.norm.weight is not None:
         return None
     if fused.embed_weight.device.type != "cpu" or any(p.transposed is None for p in fused.products):
+        return None
+    if len({(f.kv_heads, f.head_dim) for f in fused.layers}) != 1:
         return None
     return HostDecoder(fused)
 
