@@ -15,14 +15,15 @@ from transformers import DynamicCache
 
 def compact(cache: DynamicCache, start: int, keep: list[int]) -> None:
     """Keep region columns `keep` (relative to `start`) and drop everything else after `start`."""
+    layers = [layer for layer in cache.layers if layer.is_initialized]
+    if any(getattr(layer, "is_sliding", False) for layer in layers):
+        raise NotImplementedError("tree decoding with sliding-window cache layers is not supported")
     m = len(keep)
     moved = keep != list(range(m))
+    if not layers or (not moved and layers[0].keys.shape[2] == start + m):
+        return  # every column of the region is kept where it is (a plain step, a fully accepted tree): nothing to do
     idx = None
-    for layer in cache.layers:
-        if getattr(layer, "is_sliding", False):
-            raise NotImplementedError("tree decoding with sliding-window cache layers is not supported")
-        if not layer.is_initialized:
-            continue
+    for layer in layers:
         if moved:
             if idx is None or idx.device != layer.keys.device:
                 idx = torch.tensor(keep, device=layer.keys.device) + start

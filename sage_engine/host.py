@@ -108,10 +108,16 @@ class KVBuffers:
         self.shape = (layers, 1, kv_heads, 0, head_dim)
         self.keys = self.values = torch.empty(self.shape)
         self._views: list[tuple[torch.Tensor, torch.Tensor]] = []
+        # what the last publish gave the cache's layers (their keys, and the columns in use): while every layer still
+        # holds exactly that tensor, nothing else has touched the cache since
+        self._published, self._keys_out = 0, []
 
     def reserve(self, layers: list, q: int) -> tuple[np.ndarray, np.ndarray, int]:
         """Room for q more columns in each of the cache's `layers`; the buffers as arrays and the columns in use.
         # -> 2 x [L, KV, cap, hd], n"""
+        n = self._published
+        if n + q <= self.keys.shape[3] and all(layer.keys is k for layer, k in zip(layers, self._keys_out)):
+            return *self._arrays, n  # the layers hold what the last forward published: no other check needed
         for layer, (k, v) in zip(layers, self._views or [(self.keys[0], self.values[0])] * len(layers)):
             if not layer.is_initialized:  # a layer no forward has written yet (DynamicLayer's own first step)
                 layer.lazy_initialization(k, v)
@@ -133,8 +139,11 @@ class KVBuffers:
 
     def publish(self, layers: list, n: int) -> None:
         """Point each cache layer at its first n columns."""
+        out = []
         for layer, (k, v) in zip(layers, self._views):
-            layer.keys, layer.values = k[:, :, :n], v[:, :, :n]
+            layer.keys, layer.values = k.narrow(2, 0, n), v.narrow(2, 0, n)
+            out.append(layer.keys)
+        self._published, self._keys_out = n, out
 
 
 class HostDecoder:

@@ -1,6 +1,7 @@
 """KV-cache compaction: moved columns are exact, and a compacted cache continues like sequential decoding."""
 
 import numpy as np
+import pytest
 import torch
 from tiny_models import image, qwen25_pair
 from transformers import DynamicCache
@@ -20,6 +21,27 @@ def test_compact_moves_kept_columns_to_the_front_of_the_region():
     assert layer.keys[0, 0, :, 0].tolist() == [0, 1, 2, 3, 4, 7, 9]
     assert layer.values[0, 1, :, 2].tolist() == [0, 10, 20, 30, 40, 70, 90]
     assert cache.get_seq_length() == 7
+
+
+def test_compact_keeping_the_whole_region_in_place_touches_nothing_and_a_prefix_crops():
+    cache = DynamicCache()
+    keys = torch.arange(10, dtype=torch.float32).view(1, 1, 10, 1)
+    cache.update(keys.clone(), keys.clone(), 0)
+    before = cache.layers[0].keys
+    compact(cache, start=7, keep=[0, 1, 2])  # a plain step's column, or a tree accepted whole
+    assert cache.layers[0].keys is before and cache.get_seq_length() == 10
+    compact(cache, start=7, keep=[0, 1])  # a prefix of the region: the rest is dropped
+    assert cache.layers[0].keys[0, 0, :, 0].tolist() == list(range(9))
+    compact(cache, start=7, keep=[1])  # moved: not a no-op even though the count fits
+    assert cache.layers[0].keys[0, 0, :, 0].tolist() == [0, 1, 2, 3, 4, 5, 6, 8]
+
+
+def test_compact_refuses_sliding_window_layers_even_where_nothing_moves():
+    cache = DynamicCache()
+    cache.update(torch.zeros(1, 1, 4, 2), torch.zeros(1, 1, 4, 2), 0)
+    cache.layers[0].is_sliding = True
+    with pytest.raises(NotImplementedError):
+        compact(cache, start=3, keep=[0])
 
 
 @torch.inference_mode()
