@@ -1,7 +1,9 @@
 """Drafting: the draft model grows the step's token tree level by level, and keeps its own cache in step.
 
 One draft forward per level over the whole frontier (not one per node), under a tree mask:
-every frontier node sees the prompt, the accepted text, its own ancestors and itself.
+every frontier node sees the prompt, the accepted text, its own ancestors and itself. Where the draft's layers are
+the compiled ones (compiled.py), a greedy chain's or SAGE's levels run in one compiled call (levels.py), drawing
+the same trees.
 The draft's KV cache region of a step holds the pending tokens (accepted text the draft has
 not read yet; the last one is the root) followed by the fed tree nodes in feeding order;
 `tree.draft_slots` records each node's column, and `settle()` keeps the accepted ones.
@@ -21,7 +23,7 @@ from itertools import takewhile
 import numpy as np
 import torch
 
-from . import compiled
+from . import compiled, levels
 from .costs import Quote
 from .policy import Frontier, Policy, Probe, TreeShape, confidence
 from .pruning import VisualPruning
@@ -54,7 +56,8 @@ class Drafter:
         self._region: tuple[int, int] | None = None  # this step's (cache start, pending tokens fed), if it drafted
         self.sampler: DraftSampler | None = None  # a sampled run's draft distribution and draws; None: greedy
         self.ends: frozenset[int] = frozenset()  # tokens that end the run: no node is drafted below one
-        compiled.warm()  # the compiled top-k loaded now, not in a run
+        compiled.warm()  # the compiled top-k and levels loaded now, not in a run
+        levels.warm()
 
     def start(self, prompt: dict[str, torch.Tensor], first: int, sampling: Sampling | None = None,
               ends: Iterable[int] = ()) -> None:
@@ -98,12 +101,27 @@ class Drafter:
         read = runner.forward(pending, list(range(root_pos - p + 1, root_pos + 1)), chain_allowed(p))
         qs: dict[int, torch.Tensor] = {}  # a sampled draft's q per expanded node (-1: the root)
         frontier, alpha = self._top(read.logits[-1:], policy, [-1], qs)
-        forwards, ms = 1, read.ms
         tree = DraftTree(root_alpha=float(alpha[0]))
         shape = policy.shape(tree.root_alpha, quote, self._probe(read.logits))
         if max_depth is not None and shape.depth > max_depth:
             shape = replace(shape, depth=max_depth)
-        fed = 0  # tree nodes already in the draft cache
+        # greedy chain and SAGE: every level in one compiled call where the draft's layers are compiled (levels.py)
+        rule = levels.level_rule(policy, shape) if self.sampler is None and shape.depth > 0 else None
+        done = None if rule is None else runner.draft_levels(
+            rule, (frontier.top_probs[0], frontier.top_tokens[0]), self.ends, p, root_pos)
+        if done is None:
+            forwards, ms = self._levels(policy, shape, tree, frontier, qs, p, root_pos)
+        else:
+            *nodes, forwards, ms = done
+            for token, parent, prob, slot in zip(*nodes):
+                tree.draft_slots[tree.add(token, parent, prob)] = slot
+        return Draft(shape, policy.finalize(tree), len(tree), 1 + forwards, read.ms + ms, prefill_ms)
+
+    def _levels(self, policy: Policy, shape: TreeShape, tree: DraftTree, frontier: Frontier,
+                qs: dict[int, torch.Tensor], p: int, root_pos: int) -> tuple[int, float]:
+        """Grow `tree` level by level after the read (one draft forward per level over the nodes the policy grows,
+        whose first `p` cache columns of the region are the pending tokens).  # -> forwards, their ms"""
+        forwards, ms, fed = 0, 0.0, 0  # fed: tree nodes already in the draft cache
         for level in range(1, shape.depth + 1):
             size = len(tree)
             grow = policy.expand(shape, level, tree, frontier)
@@ -121,7 +139,7 @@ class Drafter:
                 while a >= 0:
                     allowed[j, p + tree.draft_slots[a]] = True
                     a = tree.parents[a]
-            level_pass = runner.forward(
+            level_pass = self.runner.forward(
                 [tree.tokens[n] for n in grow], [root_pos + tree.depths[n] for n in grow], allowed
             )  # [g, V]
             forwards, ms, fed = forwards + 1, ms + level_pass.ms, fed + len(grow)
@@ -129,7 +147,7 @@ class Drafter:
             frontier, alpha = self._top(level_pass.logits, policy, grow, qs, policy.node_alphas)
             for node, a in zip(grow, alpha or ()):
                 tree.alphas[node] = a
-        return Draft(shape, policy.finalize(tree), len(tree), forwards, ms, prefill_ms)
+        return forwards, ms
 
     def _probe(self, logits: torch.Tensor) -> Probe:
         """How many of the tokens plain steps emitted were the draft's top choice, from the read's logits (row i

@@ -15,11 +15,9 @@ engine is built (`check_layers`), else on its first cached forward. A prompt goe
 forward() until the fused layers are kept; from then on through the model's own forward only up to its text model
 (vision tower, merged visual features, positions: stack.prompt_inputs) and then the fused layers
 (fused.FusedDecoder.prefill), once the first such prefill has come out close to forward()'s, logits and keys and
-values (`_check_prompt`). On the embedded pair that cut the target's prefill from ~11 to ~8.5 ms and the draft's
-from ~3.9 to ~3.3 ms: the text model's own forward spends more on mask building, wrappers and per-layer calls than
-on its products. On that path a Qwen2.5-VL-style vision tower is computed in fewer calls too (vision.py), its
-features handed to the model's forward (`mm_encoder_outputs`), unless the check fails with it and passes without:
-in a run, the embedded target's prefill of a picture went from ~8.1 to ~6.4 ms and the draft's from ~3.2 to ~2.0.
+values (`_check_prompt`): the text model's own forward spends more on mask building, wrappers and per-layer calls
+than on its products. On that path a Qwen2.5-VL-style vision tower is computed in fewer calls too (vision.py), its
+features handed to the model's forward (`mm_encoder_outputs`), unless the check fails with it and passes without.
 """
 
 from __future__ import annotations
@@ -35,6 +33,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from . import levels
 from .cache import compact, copy_cache
 from .compiled import CompiledDecoder, compiled_decoder
 from .families import Family, adapter_for
@@ -243,10 +242,8 @@ class ModelRunner:
             logits = self.fused.run(tokens, shifted, None if sees_all else ~allowed, self.cache)
             return Pass(self._logits(logits), (time.perf_counter() - t0) * 1e3)
         past = self.seq_len + q - r
-        rows = torch.tensor([tokens, shifted], device=self.device)  # one call: ~7 us each
-        ids, pos = rows[:1], rows[1:]  # [1, q] each
-        # [1, 1, q, past + r]; none for one token that sees every column (a plain step, a chain level): building it
-        # after a model forward took ~35 us, and SDPA without a mask is faster still
+        ids, pos = torch.tensor([tokens, shifted], device=self.device).split(1)  # one call, ~7 us: [1, q] each
+        # [1, 1, q, past + r]; none for one token that sees every column (a plain step, a chain level)
         mask = None if sees_all else additive_mask(allowed, past, self.dtype, self.device)
         if self.stack is not None and not self.stack_checked:
             t0 = time.perf_counter()
@@ -261,11 +258,21 @@ class ModelRunner:
         _sync(self.device)
         return Pass(self._logits(logits[0]), (time.perf_counter() - t0) * 1e3)
 
+    @inference
+    def draft_levels(self, rule, root: tuple[list[float], list[int]], ends: frozenset[int], p: int, root_pos: int):
+        """A draft's levels after its read in one compiled call (levels.py, `rule` from levels.level_rule) where its
+        kept layers are the compiled ones, else None.  # -> tokens, parents, probs, slots, forwards, ms"""
+        if not self.stack_checked or not isinstance(self.fused, CompiledDecoder):
+            return None
+        t0 = time.perf_counter()
+        done = levels.draft_levels(self.fused, rule, root, ends, p, root_pos + self.rope_delta, self.vocab_limit,
+                                   self.cache)
+        return *done, (time.perf_counter() - t0) * 1e3
+
     @property
     def tree_forward(self) -> str:
-        """How cached steps run: "fused+packed" or "fused" (fused.py, with or without oneDNN-packed products),
-        "fused+numpy" (host.py), "fused+numba" (compiled.py), "layers" (stack.py) or "forward" (the model's
-        forward())."""
+        """How cached steps run: "fused+packed" or "fused" (fused.py), "fused+numpy" (host.py), "fused+numba"
+        (compiled.py), "layers" (stack.py) or "forward" (the model's forward())."""
         if isinstance(self.fused, CompiledDecoder):
             return "fused+numba"
         if isinstance(self.fused, HostDecoder):
@@ -309,11 +316,9 @@ class ModelRunner:
         self._candidates = []
         self.fused = self._fastest(close_ones, (ids, pos, mask)) if close_ones else None
 
-    def _fastest(self, candidates: list[FusedDecoder | HostDecoder], args: tuple,
-                 rounds: int = 5) -> FusedDecoder | HostDecoder:
+    def _fastest(self, candidates: list[FusedDecoder | HostDecoder], args: tuple, rounds: int = 5):
         """The candidate with the least median time over `rounds` interleaved rounds of this forward and a one-token
-        step (which of packed, transposed or NumPy products is faster depends on the CPU: fused.py, host.py), a NumPy
-        one given an edge (`host.pick`)."""
+        step (which products are faster depends on the CPU: fused.py, host.py), a host one given an edge (host.pick)."""
         if len(candidates) == 1:
             return candidates[0]
         ids, pos, _ = args

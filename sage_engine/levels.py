@@ -1,0 +1,181 @@
+"""A greedy chain's or SAGE's drafted levels in one compiled call, where the draft's layers are the compiled ones.
+
+Around each level's compiled forward and top-k (compiled.py), the drafter's level loop (draft.py) spends ~60 us of
+Python: the policy's expansion, the level's tree mask, the runner's and the top-k's wrappers. `_draft_levels` runs a
+step's levels after the draft's read in one call: per level the policy's expansion (`_expand`), the tree mask over
+the pending tokens, the nodes fed so far and these nodes, the forward and the top-k. `_expand` is ChainPolicy's and
+SagePolicy's `expand` (policy.py, the reference) computed in the same float64 arithmetic as Python's, without
+fast-math, so the compiled levels draw the same trees number for number (tests/test_compiled_levels.py checks the
+rule on random frontiers and the trees in whole runs). `level_rule` says which policies and steps it serves: any
+other policy, a subclass, SAGE reading its nodes' alphas, or a sampled run takes the level loop. The whole call
+counts as the step's draft time: its expansions are a few microseconds.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .compiled import CompiledDecoder, _forward_jit, _top_jit, numba
+from .policy import ChainPolicy, Policy, SagePolicy, TreeShape
+
+CHAIN, SAGE = 0, 1  # LevelRule.kind: ChainPolicy.expand, SagePolicy.expand
+
+
+def _expand(kind, level, rule, rows, top_p, top_t, t_tok, t_parent, t_prob, t_cum, count):
+    """One level of SagePolicy.expand (kind SAGE: Eq. 12's widths, theta_l, the node and level prices) or
+    ChainPolicy.expand (kind CHAIN: the best child of the one frontier row), on the tree's arrays (the first `count`
+    nodes), in the same float64 arithmetic as the Python policies (this function is compiled without fast-math).
+    rule: (width, bias, theta_scale, node price, level price (nan: none), max nodes, depth). Nodes are appended from
+    `count`. # -> (new count, whether the added nodes are grown)"""
+    width, bias, theta_scale, node_price, level_price, max_nodes, depth = rule
+    if kind == CHAIN:
+        t_tok[count], t_parent[count], t_prob[count] = top_t[0, 0], rows[0], top_p[0, 0]
+        t_cum[count] = (1.0 if rows[0] < 0 else t_cum[rows[0]]) * t_prob[count]
+        return count + 1, level < depth
+    F, K = top_p.shape
+    theta = theta_scale * level / depth
+    if not math.isnan(node_price):
+        theta = max(theta, node_price)
+    found_row, found_rank = np.empty(F * K, np.int64), np.empty(F * K, np.int64)
+    found_cum = np.empty(F * K, np.float64)
+    nf = 0
+    for row in range(F):
+        node = rows[row]
+        per_row = width if level == 1 else math.ceil(width / level * (bias + (t_prob[node] if node >= 0 else 1.0)))
+        parent = 1.0 if node < 0 else t_cum[node]
+        for rank in range(min(per_row, K)):
+            c = parent * np.float64(top_p[row, rank])
+            if c > theta:
+                found_row[nf], found_rank[nf], found_cum[nf] = row, rank, c
+                nf += 1
+    order = np.argsort(-found_cum[:nf], kind="mergesort")  # stable: ties stay in (row, rank) order
+    total = 0.0
+    for i in range(min(nf, max(max_nodes - count, 0))):
+        j = order[i]
+        row, rank = found_row[j], found_rank[j]
+        t_tok[count], t_parent[count], t_prob[count] = top_t[row, rank], rows[row], top_p[row, rank]
+        t_cum[count] = (1.0 if rows[row] < 0 else t_cum[rows[row]]) * t_prob[count]
+        total += found_cum[j]
+        count += 1
+    return count, level < depth and not (not math.isnan(level_price) and total < level_price)
+
+
+def _draft_levels(kind, rule, root_p, root_t, ends, p, root_pos, n, vocab, embed, cos, sin, floor1, qkv, qkv_b, heads,
+                  scaling, out_w, out_b, floor2, gate_up, down, down_b, floor, head, head_b, keys, values):
+    """Drafter.grow's levels after the draft's read, in one call: each level the policy's expansion (`_expand`), then
+    one forward over the nodes to grow (end tokens are not grown) under their tree mask, after n cached columns of
+    which the newest p are the pending tokens, and their softmax top-k. root_p, root_t [K]: the root's candidates.
+    # -> the nodes' tokens, parents, probs, draft slots (-1: never fed), forwards"""
+    max_nodes, depth = rule[5], rule[6]
+    size = max(max_nodes, depth) + 1
+    t_tok, t_parent, t_slot = np.empty(size, np.int64), np.empty(size, np.int64), np.full(size, -1, np.int64)
+    t_prob, t_cum = np.empty(size, np.float64), np.empty(size, np.float64)
+    rows = np.full(1, -1, np.int64)
+    top_p, top_t = root_p.reshape(1, -1), root_t.reshape(1, -1)
+    count, fed, forwards = 0, 0, 0
+    for level in range(1, depth + 1):
+        start = count
+        count, go = _expand_jit(kind, level, rule, rows, top_p, top_t, t_tok, t_parent, t_prob, t_cum, count)
+        grow = np.empty(count - start, np.int64)
+        g = 0
+        for node in range(start, count):
+            if go and not np.any(ends == t_tok[node]):
+                grow[g] = node
+                g += 1
+        if g == 0:
+            break
+        blocked = np.ones((g, p + fed + g), np.bool_)  # [g, r]: the pending tokens, the fed nodes, these nodes
+        blocked[:, :p] = False
+        tokens, positions = np.empty(g, np.int64), np.empty(g, np.int64)
+        for j in range(g):
+            node = grow[j]
+            t_slot[node] = fed + j
+            tokens[j], positions[j] = t_tok[node], root_pos + level
+            a = node
+            while a >= 0:
+                blocked[j, p + t_slot[a]] = False
+                a = t_parent[a]
+        logits = _forward_jit(tokens, positions, blocked, n + fed, embed, cos, sin, floor1, qkv, qkv_b, heads, scaling,
+                              out_w, out_b, floor2, gate_up, down, down_b, floor, head, head_b, keys, values)
+        fed += g
+        forwards += 1
+        top_p, top_t = _top_jit(np.ascontiguousarray(logits[:, :vocab]), root_p.shape[0])
+        rows = grow[:g]
+    return t_tok[:count], t_parent[:count], t_prob[:count], t_slot[:count], forwards
+
+
+# the policies' arithmetic exactly as Python does it: no fast-math, Python's errors
+_expand_jit = numba.njit(cache=True, nogil=True)(_expand) if numba is not None else None
+_levels_jit = numba.njit(cache=True, nogil=True)(_draft_levels) if numba is not None else None
+
+
+@dataclass(frozen=True)
+class LevelRule:
+    """A policy's expansion as `_expand` computes it: SagePolicy's or ChainPolicy's, with this step's shape."""
+
+    kind: int  # SAGE or CHAIN
+    width: int  # W (the chain: 1)
+    bias: float  # width_parent_bias of Eq. 12
+    theta_scale: float
+    node_price: float  # threshold "cost": the least cumulative probability a node needs (nan: no price)
+    level_price: float  # ... and the least a level's nodes need together for another level (nan: no price)
+    max_nodes: int
+    depth: int
+
+    @property
+    def numbers(self) -> tuple:
+        return (self.width, self.bias, self.theta_scale, self.node_price, self.level_price, self.max_nodes,
+                self.depth)
+
+
+def level_rule(policy: Policy, shape: TreeShape) -> LevelRule | None:
+    """The compiled form of `policy`'s expansion for this step, where there is one: ChainPolicy and SagePolicy
+    themselves (not a subclass, which may expand otherwise), greedy, SAGE not reading its nodes' alphas."""
+    if _levels_jit is None:
+        return None
+    if type(policy) is ChainPolicy:
+        return LevelRule(CHAIN, 1, 0.0, 0.0, math.nan, math.nan, shape.max_nodes, shape.depth)
+    if type(policy) is SagePolicy and not policy.node_alphas:
+        price, cfg = shape.price, policy.cfg
+        return LevelRule(SAGE, shape.width, cfg.width_parent_bias, cfg.theta_scale,
+                         math.nan if price is None else price.node, math.nan if price is None else price.level,
+                         shape.max_nodes, shape.depth)
+    return None
+
+
+def draft_levels(decoder: CompiledDecoder, rule: LevelRule, root: tuple[list[float], list[int]],
+                 ends: frozenset[int], p: int, root_pos: int, vocab: int | None,
+                 cache) -> tuple[list[int], list[int], list[float], list[int], int]:
+    """The drafted levels after the draft's read, in one compiled call (`_draft_levels`): `root` the root's
+    candidates (probabilities, tokens), p the pending tokens the read fed, root_pos the root's (shifted) rotary
+    position. # -> the nodes' tokens, parents, probs, draft slots, forwards"""
+    cos, sin = decoder._rope(root_pos + rule.depth)
+    layers = [cache.layers[f.index] for f in decoder.layers]
+    keys, values, n = decoder.buffers.reserve(layers, max(rule.max_nodes, rule.depth))
+    w = decoder.w
+    tok, parent, prob, slot, forwards = _levels_jit(
+        rule.kind, rule.numbers, np.array(root[0], np.float32), np.array(root[1], np.int64),
+        np.array(sorted(ends), np.int64), p, root_pos, n, decoder.head.shape[1] if vocab is None else vocab,
+        decoder.embed, cos, sin, w["floor1"], w["qkv"], w["qkv_b"], decoder.heads, decoder.scaling, w["out_w"],
+        w["out_b"], w["floor2"], w["gate_up"], w["down"], w["down_b"], decoder.floor, decoder.head, w["head_b"], keys,
+        values)
+    decoder.buffers.publish(layers, n + int((slot >= 0).sum()))
+    return tok.tolist(), parent.tolist(), prob.tolist(), slot.tolist(), forwards
+
+
+def warm() -> None:
+    """Load the compiled levels now (~0.4 s from Numba's cache; compiled on a machine's first call), with a one-layer
+    toy decoder of the real argument types, so that they do not land in a run's first drafted step."""
+    if _levels_jit is None:
+        return
+    f32 = functools.partial(np.zeros, dtype=np.float32)
+    D, hd, V = 4, 2, 3
+    weights = (f32((V, D)), f32((4, hd)), f32((4, hd)), np.ones(1), f32((1, D, 3 * hd)), f32((1, 3 * hd)), 1, 1.0,
+               f32((1, hd, D)), f32((1, D)), np.ones(1), f32((1, D, 4)), f32((1, 2, D)), f32((1, D)), 1.0, f32((D, V)),
+               f32(V), f32((1, 1, 4, hd)), f32((1, 1, 4, hd)))
+    _levels_jit(CHAIN, (1, 0.0, 0.0, math.nan, math.nan, 1, 1), f32(2), np.zeros(2, np.int64), np.zeros(0, np.int64),
+                1, 1, 1, V, *weights)

@@ -1,0 +1,152 @@
+"""A draft's levels in one compiled call (sage_engine/levels.py, `_draft_levels`): the compiled expansion is
+SagePolicy's and ChainPolicy's own, number for number, and drafting every level in one call draws the same trees as
+the engine's level loop (end tokens, a cut vocabulary), lossless, only where the compiled layers are kept."""
+
+import copy
+import random
+
+import numpy as np
+import pytest
+from test_equivalence import MAX_NEW, sharp_case
+from test_host import _prefer
+from test_stack import pair_for
+
+from sage_engine import SpecEngine, make_policy
+from sage_engine import levels as levels_mod
+from sage_engine.config import SageConfig
+from sage_engine.costs import BreakEven
+from sage_engine.policy import ChainPolicy, Frontier, SagePolicy, TreeShape
+from sage_engine.runner import ModelRunner
+from sage_engine.tree import DraftTree
+
+K = 10  # candidates per row (SAGE's and the chain's: max(top_k, entropy_k))
+
+
+def _random_case(rng: random.Random, chain: bool):
+    """A tree drafted so far, one level's frontier over some of its nodes (or the root), and a shape."""
+    tree = DraftTree()
+    for _ in range(rng.randint(0, 12)):
+        tree.add(rng.randrange(600), rng.randrange(-1, len(tree)) if len(tree) else -1,
+                 float(np.float32(rng.random())))
+    level = 1 if not len(tree) or rng.random() < 0.3 else max(tree.depths) + 1
+    rows = [-1] if level == 1 else rng.sample(range(len(tree)), rng.randint(1, min(1 if chain else 5, len(tree))))
+    probs = []
+    for _ in rows:
+        row = sorted((np.float32(rng.random() ** 3) for _ in range(K)), reverse=True)
+        if rng.random() < 0.4:  # ties between ranks and rows: the order must be the policy's (stable, row first)
+            row[2] = row[1]
+        probs.append([float(p) for p in row])
+    if len(rows) > 1 and rng.random() < 0.4:
+        probs[1] = list(probs[0])
+    frontier = Frontier(rows, [[rng.randrange(600) for _ in range(K)] for _ in rows], probs)
+    price = None if rng.random() < 0.3 else BreakEven(rate=rng.uniform(0.1, 2.0), node_ms=rng.uniform(0.0, 0.3),
+                                                      level_ms=rng.uniform(0.0, 1.0), trust=rng.uniform(0.3, 1.0))
+    depth = rng.randint(level, level + 3)
+    shape = TreeShape(depth=depth, width=1 if chain else rng.randint(1, K), max_nodes=rng.randint(len(tree), 40),
+                      price=price)
+    return tree, level, frontier, shape
+
+
+def _compiled_expand(policy, shape, level, tree: DraftTree, frontier: Frontier):
+    """compiled._expand on the tree's arrays: the nodes it appends and whether it grows them."""
+    rule = levels_mod.level_rule(policy, shape)
+    size = len(tree) + len(frontier.nodes) * K + 1
+    arrays = [np.zeros(size, np.int64), np.zeros(size, np.int64), np.zeros(size), np.zeros(size)]
+    for a, values in zip(arrays, (tree.tokens, tree.parents, tree.probs, tree.cum_probs)):
+        a[: len(tree)] = values
+    count, go = levels_mod._expand_jit(rule.kind, level, rule.numbers, np.array(frontier.nodes, np.int64),
+                                         np.array(frontier.top_probs, np.float32),
+                                         np.array(frontier.top_tokens, np.int64), *arrays, len(tree))
+    return [tuple(a[len(tree) : count].tolist()) for a in arrays], go, count
+
+
+@pytest.mark.parametrize("chain", [False, True])
+def test_the_compiled_expansion_is_the_policys_own(chain):
+    rng = random.Random(7 + chain)
+    grown = priced_out = 0
+    for trial in range(400):
+        cfg = SageConfig(theta_scale=rng.choice([0.0, 0.05, 0.1, 0.3]), width_parent_bias=rng.choice([0.5, 0.2]))
+        policy = ChainPolicy() if chain else SagePolicy(cfg)
+        tree, level, frontier, shape = _random_case(rng, chain)
+        want_tree = copy.deepcopy(tree)
+        want_grow = policy.expand(shape, level, want_tree, frontier)
+        added, go, count = _compiled_expand(policy, shape, level, tree, frontier)
+        new = range(len(tree), len(want_tree))
+        assert added == [tuple(want_tree.tokens[i] for i in new), tuple(want_tree.parents[i] for i in new),
+                         tuple(want_tree.probs[i] for i in new), tuple(want_tree.cum_probs[i] for i in new)], trial
+        assert (list(range(len(tree), count)) if go else []) == want_grow, trial
+        grown += bool(want_grow)
+        priced_out += bool(added[0]) and not want_grow and level < shape.depth
+    assert grown > 100 and (chain or priced_out > 10)  # both outcomes were met, the level price's among them
+
+
+def _levels_off(monkeypatch):
+    monkeypatch.setattr(levels_mod, "level_rule", lambda policy, shape: None)
+
+
+def _count_compiled(monkeypatch) -> list:
+    """Steps whose levels the compiled call drafted."""
+    calls = []
+    levels = ModelRunner.draft_levels
+
+    def counted(self, *args):
+        done = levels(self, *args)
+        calls.extend([1] if done is not None else [])
+        return done
+
+    monkeypatch.setattr(ModelRunner, "draft_levels", counted)
+    return calls
+
+
+def _trees(res):
+    return [(s.tree.tokens, s.tree.parents, s.tree.probs) for s in res.steps[1:] if s.tree]
+
+
+@pytest.mark.parametrize("family,media,kind", [("qwen2.5-vl", "image", "copy"), ("qwen2.5-vl", "video", "noisy"),
+                                               ("llava", "image", "noisy")])
+@pytest.mark.parametrize("ignore_eos", [True, False])
+def test_compiled_levels_draw_the_level_loops_trees_and_stay_lossless(monkeypatch, family, media, kind, ignore_eos):
+    pair, prep = sharp_case(family, media, kind)
+    _prefer(monkeypatch, "numba")
+    engine = SpecEngine(pair)
+    assert engine.draft.tree_forward == "fused+numba"
+    engine.draft.vocab_limit -= 40  # the draft's last rows cut, as for a draft with a larger vocabulary
+    reference = engine.generate(prep, "ar", max_new_tokens=MAX_NEW, ignore_eos=ignore_eos).token_ids
+    calls = _count_compiled(monkeypatch)
+    runs = {}
+    for compiled in (True, False):
+        if not compiled:
+            _levels_off(monkeypatch)
+        for spec in ("chain", "sage:threshold=paper", "sage:threshold=paper:d_min=1:w_min=3:theta_scale=0.02",
+                     "sage"):
+            res = engine.generate(prep, make_policy(spec), max_new_tokens=MAX_NEW, ignore_eos=ignore_eos)
+            assert res.token_ids == reference, (compiled, spec)
+            assert all(t < engine.draft.vocab_limit for s in res.steps[1:] if s.tree for t in s.tree.tokens)
+            runs[compiled, spec] = res
+        if compiled:
+            assert calls, "the compiled levels were not used"
+            calls.clear()
+    assert not calls  # the level loop drafted the second time
+    for spec in ("chain", "sage:threshold=paper", "sage:threshold=paper:d_min=1:w_min=3:theta_scale=0.02"):
+        assert _trees(runs[True, spec]) == _trees(runs[False, spec]), spec  # shapes fixed by the draft's numbers
+    assert max(len(t[0]) for t in _trees(runs[True, "sage:threshold=paper:d_min=1:w_min=3:theta_scale=0.02"])) > 4
+
+
+def test_the_compiled_levels_run_only_where_the_compiled_layers_are_kept(monkeypatch):
+    pair = pair_for("qwen2.5-vl")
+    _prefer(monkeypatch, "numpy")
+    engine = SpecEngine(pair)
+    assert engine.draft.tree_forward == "fused+numpy"
+    rule = levels_mod.level_rule(make_policy("chain"), TreeShape(depth=3, width=1, max_nodes=3))
+    assert engine.draft.draft_levels(rule, ([1.0], [1]), frozenset(), 1, 0) is None
+    assert levels_mod.level_rule(make_policy("eagle2"), TreeShape(3, 2, 8)) is None  # other policies: the loop
+    assert levels_mod.level_rule(make_policy("sage:alpha_source=prev_path"), TreeShape(3, 2, 8)) is None
+
+
+def test_the_engine_loads_the_compiled_levels_when_it_is_built(monkeypatch):
+    """Loaded inside a run, their first call would fall in its first drafted step (~0.4 s from Numba's cache)."""
+    calls = []
+    jit = levels_mod._levels_jit
+    monkeypatch.setattr(levels_mod, "_levels_jit", lambda *a: calls.append(1) or jit(*a))
+    SpecEngine(pair_for("qwen2.5-vl"))
+    assert calls
