@@ -10,10 +10,10 @@ step between them as plain loops; and `top_candidates` gives each row's softmax 
 `CompiledDecoder` is a HostDecoder (same folded weights, same call contract, same keys and values buffer scheme:
 the cache's layers view one preallocated buffer) whose `run` is that one call. The runner offers it where it offers
 the NumPy layers, checks it against forward() and times it like every candidate (runner.py). Numba compiles the
-functions on their first call on a machine (~30 s here), caches them on disk (next to this file, or in the user's
-cache directory where that is read-only), and later processes load them in under a second; the engine makes those
-first calls when it is built (the layer check, and `warm` for the top-k), not in a run. Without Numba the NumPy
-layers are used. levels.py drafts a whole step's levels in one call on top of these functions.
+functions on their first call on a machine (~17 s here with levels.py's), caches them on disk (next to this file,
+or in the user's cache directory where that is read-only), and later processes load them in under a second; the
+engine makes those first calls when it is built (the layer check, and `warm` for the top-k), not in a run. Without
+Numba the NumPy layers are used. levels.py drafts a whole step's levels in one call on top of these functions.
 """
 
 from __future__ import annotations

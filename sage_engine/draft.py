@@ -56,7 +56,7 @@ class Drafter:
         self._region: tuple[int, int] | None = None  # this step's (cache start, pending tokens fed), if it drafted
         self.sampler: DraftSampler | None = None  # a sampled run's draft distribution and draws; None: greedy
         self.ends: frozenset[int] = frozenset()  # tokens that end the run: no node is drafted below one
-        compiled.warm()  # the compiled top-k and levels loaded now, not in a run
+        compiled.warm()  # the compiled top-k and levels loaded now, not in a run's first drafted step
         levels.warm()
 
     def start(self, prompt: dict[str, torch.Tensor], first: int, sampling: Sampling | None = None,
