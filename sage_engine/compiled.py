@@ -210,7 +210,7 @@ class CompiledDecoder(HostDecoder):
     """HostDecoder's computation, each forward one call of the compiled `_forward` (see the module's note)."""
 
     def __init__(self, host: HostDecoder):
-        super().__init__(host.fused)
+        super().__init__(host.fused, host.layers)
         # the BLAS that the compiled products call is SciPy's, loaded only by its first use: load it now, so that
         # blas_one_thread holds it to one thread (NumPy's was, by HostDecoder) before any run
         import scipy.linalg.cython_blas  # noqa: F401
@@ -218,14 +218,14 @@ class CompiledDecoder(HostDecoder):
         ls = self.layers
         H, KV, hd = ls[0].heads, ls[0].kv_heads, ls[0].head_dim
         width, D = (H + 2 * KV) * hd, self.embed.shape[1]
-        self.heads, self.scaling = H, ls[0].scaling
-        self.w = dict(
-            floor1=np.array([f.floor1 for f in ls]), qkv=_stack([f.qkv[:, :width] for f in ls], 0),
-            qkv_b=_stack([None if f.qkv_bias is None else f.qkv_bias[:width] for f in ls], width),
-            out_w=_stack([f.out for f in ls], 0), out_b=_stack([f.out_bias for f in ls], D),
-            floor2=np.array([f.floor2 for f in ls]), gate_up=_stack([f.gate_up for f in ls], 0),
-            down=_stack([f.down for f in ls], 0), down_b=_stack([f.down_bias for f in ls], D),
-            head_b=np.zeros(self.head.shape[1], np.float32) if self.head_bias is None else self.head_bias,
+        # `_forward`'s weight arguments after cos and sin, in its order (levels.py passes them on too)
+        self.weights = (
+            np.array([f.floor1 for f in ls]), _stack([f.qkv[:, :width] for f in ls], 0),
+            _stack([None if f.qkv_bias is None else f.qkv_bias[:width] for f in ls], width), H, ls[0].scaling,
+            _stack([f.out for f in ls], 0), _stack([f.out_bias for f in ls], D), np.array([f.floor2 for f in ls]),
+            _stack([f.gate_up for f in ls], 0), _stack([f.down for f in ls], 0), _stack([f.down_bias for f in ls], D),
+            self.floor, self.head,
+            np.zeros(self.head.shape[1], np.float32) if self.head_bias is None else self.head_bias,
         )
         self._no_mask = np.zeros((1, 0), dtype=bool)
 
@@ -234,12 +234,10 @@ class CompiledDecoder(HostDecoder):
         cos, sin = self._rope(max(positions))
         layers = [cache.layers[f.index] for f in self.layers]
         keys, values, n = self.buffers.reserve(layers, len(tokens))
-        w = self.w
         logits = _forward_jit(
             np.array(tokens, dtype=np.int64), np.array(positions, dtype=np.int64),
             self._no_mask if blocked is None else np.ascontiguousarray(blocked, dtype=bool), n, self.embed, cos, sin,
-            w["floor1"], w["qkv"], w["qkv_b"], self.heads, self.scaling, w["out_w"], w["out_b"], w["floor2"],
-            w["gate_up"], w["down"], w["down_b"], self.floor, self.head, w["head_b"], keys, values)
+            *self.weights, keys, values)
         self.buffers.publish(layers, n + len(tokens))
         return torch.from_numpy(logits)
 

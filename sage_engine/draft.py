@@ -56,6 +56,7 @@ class Drafter:
         self._region: tuple[int, int] | None = None  # this step's (cache start, pending tokens fed), if it drafted
         self.sampler: DraftSampler | None = None  # a sampled run's draft distribution and draws; None: greedy
         self.ends: frozenset[int] = frozenset()  # tokens that end the run: no node is drafted below one
+        self._end_ids = np.zeros(0, np.int64)
         compiled.warm()  # the compiled top-k and levels loaded now, not in a run's first drafted step
         levels.warm()
 
@@ -65,6 +66,7 @@ class Drafter:
         token) is pending; `ends`: the tokens that end the run (its EOS tokens, none when it ignores EOS)."""
         self._prompt, self.pending, self._region, self.plain_tail = prompt, [first], None, 0
         self.ends = frozenset(ends)
+        self._end_ids = np.array(sorted(self.ends), np.int64)  # the same, for the compiled levels
         self.sampler = None if sampling is None or sampling.greedy else DraftSampler(sampling)
 
     def _top(self, logits: torch.Tensor, policy: Policy, rows: list[int], qs: dict[int, torch.Tensor],
@@ -108,7 +110,7 @@ class Drafter:
         # greedy chain and SAGE: every level in one compiled call where the draft's layers are compiled (levels.py)
         rule = levels.level_rule(policy, shape) if self.sampler is None and shape.depth > 0 else None
         done = None if rule is None else runner.draft_levels(
-            rule, (frontier.top_probs[0], frontier.top_tokens[0]), self.ends, p, root_pos)
+            rule, (frontier.top_probs[0], frontier.top_tokens[0]), self._end_ids, p, root_pos)
         if done is None:
             forwards, ms = self._levels(policy, shape, tree, frontier, qs, p, root_pos)
         else:

@@ -108,16 +108,16 @@ class KVBuffers:
         self.shape = (layers, 1, kv_heads, 0, head_dim)
         self.keys = self.values = torch.empty(self.shape)
         self._views: list[tuple[torch.Tensor, torch.Tensor]] = []
-        # what the last publish gave the cache's layers (their keys, and the columns in use): while every layer still
-        # holds exactly that tensor, nothing else has touched the cache since
-        self._published, self._keys_out = 0, []
+        # the keys the last publish gave the cache's layers: while every layer still holds exactly that tensor, nothing
+        # else has touched the cache since
+        self._keys_out: list[torch.Tensor] = []
 
     def reserve(self, layers: list, q: int) -> tuple[np.ndarray, np.ndarray, int]:
         """Room for q more columns in each of the cache's `layers`; the buffers as arrays and the columns in use.
         # -> 2 x [L, KV, cap, hd], n"""
-        n = self._published
-        if n + q <= self.keys.shape[3] and all(layer.keys is k for layer, k in zip(layers, self._keys_out)):
-            return *self._arrays, n  # the layers hold what the last forward published: no other check needed
+        out = self._keys_out
+        if out and out[0].shape[2] + q <= self.keys.shape[3] and all(layer.keys is k for layer, k in zip(layers, out)):
+            return *self._arrays, out[0].shape[2]  # the layers hold what the last forward published: nothing to check
         for layer, (k, v) in zip(layers, self._views or [(self.keys[0], self.values[0])] * len(layers)):
             if not layer.is_initialized:  # a layer no forward has written yet (DynamicLayer's own first step)
                 layer.lazy_initialization(k, v)
@@ -143,26 +143,23 @@ class KVBuffers:
         for layer, (k, v) in zip(layers, self._views):
             layer.keys, layer.values = k.narrow(2, 0, n), v.narrow(2, 0, n)
             out.append(layer.keys)
-        self._published, self._keys_out = n, out
+        self._keys_out = out
 
 
 class HostDecoder:
     """FusedDecoder's computation in NumPy (see the module's note); same call contract as FusedDecoder, plus `run`,
     which takes the runner's lists and attention pattern directly (no tensors to build)."""
 
-    def __init__(self, fused: FusedDecoder):
+    def __init__(self, fused: FusedDecoder, layers: tuple[HostLayer, ...] | None = None):
+        """`layers`: the HostLayers of `fused` already built (another HostDecoder's, shared), else built here."""
         blas_one_thread()
         self.fused = fused
-        self.layers = tuple(_host_layer(f) for f in fused.layers)
+        self.layers = layers or tuple(_host_layer(f) for f in fused.layers)
         self.buffers = KVBuffers(len(self.layers), self.layers[0].kv_heads, self.layers[0].head_dim)
         self.embed = _np(fused.embed_weight)
         self.floor = float(fused.norm.floor) ** 2
         self.head, self.head_bias = _np(fused.head.transposed), _np(fused.head.bias)
         self._cos = self._sin = np.zeros((0, 0), np.float32)
-
-    def buffer(self, layer: int) -> torch.Tensor:
-        """The keys buffer of the decoder's `layer`-th layer, which that cache layer's keys view.  # [1, KV, cap, hd]"""
-        return self.buffers.keys[layer]
 
     def _rope(self, top: int) -> tuple[np.ndarray, np.ndarray]:
         """(cos, signed sin) tables covering positions 0..top (fused.FusedDecoder.rotary's table).  # 2 x [n, hd]"""

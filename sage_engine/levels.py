@@ -147,22 +147,18 @@ def level_rule(policy: Policy, shape: TreeShape) -> LevelRule | None:
     return None
 
 
-def draft_levels(decoder: CompiledDecoder, rule: LevelRule, root: tuple[list[float], list[int]],
-                 ends: frozenset[int], p: int, root_pos: int, vocab: int | None,
+def draft_levels(decoder: CompiledDecoder, rule: LevelRule, root: tuple[list[float], list[int]], ends: np.ndarray,
+                 p: int, root_pos: int, vocab: int | None,
                  cache) -> tuple[list[int], list[int], list[float], list[int], int]:
     """The drafted levels after the draft's read, in one compiled call (`_draft_levels`): `root` the root's
-    candidates (probabilities, tokens), p the pending tokens the read fed, root_pos the root's (shifted) rotary
-    position. # -> the nodes' tokens, parents, probs, draft slots, forwards"""
+    candidates (probabilities, tokens), `ends` the tokens not to grow [int64], p the pending tokens the read fed,
+    root_pos the root's (shifted) rotary position. # -> the nodes' tokens, parents, probs, draft slots, forwards"""
     cos, sin = decoder._rope(root_pos + rule.depth)
     layers = [cache.layers[f.index] for f in decoder.layers]
     keys, values, n = decoder.buffers.reserve(layers, max(rule.max_nodes, rule.depth))
-    w = decoder.w
     tok, parent, prob, slot, forwards = _levels_jit(
-        rule.kind, rule.numbers, np.array(root[0], np.float32), np.array(root[1], np.int64),
-        np.array(sorted(ends), np.int64), p, root_pos, n, decoder.head.shape[1] if vocab is None else vocab,
-        decoder.embed, cos, sin, w["floor1"], w["qkv"], w["qkv_b"], decoder.heads, decoder.scaling, w["out_w"],
-        w["out_b"], w["floor2"], w["gate_up"], w["down"], w["down_b"], decoder.floor, decoder.head, w["head_b"], keys,
-        values)
+        rule.kind, rule.numbers, np.array(root[0], np.float32), np.array(root[1], np.int64), ends, p, root_pos, n,
+        decoder.head.shape[1] if vocab is None else vocab, decoder.embed, cos, sin, *decoder.weights, keys, values)
     decoder.buffers.publish(layers, n + int((slot >= 0).sum()))
     return tok.tolist(), parent.tolist(), prob.tolist(), slot.tolist(), forwards
 

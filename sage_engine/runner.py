@@ -259,7 +259,7 @@ class ModelRunner:
         return Pass(self._logits(logits[0]), (time.perf_counter() - t0) * 1e3)
 
     @inference
-    def draft_levels(self, rule, root: tuple[list[float], list[int]], ends: frozenset[int], p: int, root_pos: int):
+    def draft_levels(self, rule: levels.LevelRule, root: tuple[list, list], ends: np.ndarray, p: int, root_pos: int):
         """A draft's levels after its read in one compiled call (levels.py, `rule` from levels.level_rule) where its
         kept layers are the compiled ones, else None.  # -> tokens, parents, probs, slots, forwards, ms"""
         if not self.stack_checked or not isinstance(self.fused, CompiledDecoder):

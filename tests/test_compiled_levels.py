@@ -138,7 +138,7 @@ def test_the_compiled_levels_run_only_where_the_compiled_layers_are_kept(monkeyp
     engine = SpecEngine(pair)
     assert engine.draft.tree_forward == "fused+numpy"
     rule = levels_mod.level_rule(make_policy("chain"), TreeShape(depth=3, width=1, max_nodes=3))
-    assert engine.draft.draft_levels(rule, ([1.0], [1]), frozenset(), 1, 0) is None
+    assert engine.draft.draft_levels(rule, ([1.0], [1]), np.zeros(0, np.int64), 1, 0) is None
     assert levels_mod.level_rule(make_policy("eagle2"), TreeShape(3, 2, 8)) is None  # other policies: the loop
     assert levels_mod.level_rule(make_policy("sage:alpha_source=prev_path"), TreeShape(3, 2, 8)) is None
 

@@ -99,7 +99,7 @@ def test_the_buffer_survives_compaction_copies_and_growth(kind):
     cache = copy_cache(prompt)
     with torch.inference_mode():
         host(ids, pos, mask, cache)
-    assert cache.layers[0].keys.data_ptr() == host.buffer(0).data_ptr()
+    assert cache.layers[0].keys.data_ptr() == host.buffers.keys[0].data_ptr()
     before = cache.layers[0].keys.clone()
     twin = copy_cache(cache)
     with torch.inference_mode():
@@ -107,11 +107,11 @@ def test_the_buffer_survives_compaction_copies_and_growth(kind):
             host(ids, pos + n - start, additive_mask(TREE, n, runner.dtype, runner.device), twin)
     assert torch.equal(cache.layers[0].keys, before)
     # a sequence longer than the buffer: it grows, keeping what was there
-    capacity = host.buffer(0).shape[2]
+    capacity = host.buffers.keys[0].shape[2]
     long = torch.arange(capacity).view(1, -1) % 50 + 3
     with torch.inference_mode():
         host(long, torch.arange(capacity).view(1, -1) + twin.get_seq_length(), None, twin)
-    assert host.buffer(0).shape[2] > capacity and twin.get_seq_length() == start + 21 + capacity
+    assert host.buffers.keys[0].shape[2] > capacity and twin.get_seq_length() == start + 21 + capacity
     assert torch.equal(twin.layers[0].keys[:, :, : start], prompt.layers[0].keys)
 
 
