@@ -233,7 +233,8 @@ class CompiledDecoder(HostDecoder):
         """HostDecoder.run in one compiled call.  # -> logits [q, V]"""
         cos, sin = self._rope(max(positions))
         layers = [cache.layers[f.index] for f in self.layers]
-        keys, values, n = self.buffers.reserve(layers, len(tokens))
+        n = self.buffers.reserve(layers, len(tokens))
+        keys, values = self.buffers.arrays
         logits = _forward_jit(
             np.array(tokens, dtype=np.int64), np.array(positions, dtype=np.int64),
             self._no_mask if blocked is None else np.ascontiguousarray(blocked, dtype=bool), n, self.embed, cos, sin,
@@ -244,7 +245,7 @@ class CompiledDecoder(HostDecoder):
 
 def compiled_decoder(host: HostDecoder | None) -> CompiledDecoder | None:
     """`host`'s layers compiled, where Numba is there and every layer has the same query heads and scaling (one
-    stacked set of weights; the key heads and head size are already one, `host.KVBuffers`)."""
+    stacked set of weights; the key heads and head size are already one, `cache.KVBuffers`)."""
     if host is None or _forward_jit is None or len({(f.heads, f.scaling) for f in host.layers}) != 1:
         return None
     return CompiledDecoder(host)

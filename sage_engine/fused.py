@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from .cache import KVBuffers
 from .stack import DecoderStack
 
 MAX_FUSED_PARAMS = 16_000_000  # fused weight copies above this (64 MB in fp32) are not worth their memory
@@ -194,6 +195,9 @@ class FusedDecoder:
     embed_weight: torch.Tensor | None  # a plain Embedding's weight (else the stack's module is called)
     head: Product | None  # a plain Linear head, likewise
     rope: dict = field(default_factory=dict)  # "table": [n, 2 hd], (cos, signed sin) of positions 0..n-1
+    # on the CPU, where every layer has the same key heads and head size: the cached steps' keys and values, written
+    # in place (a concatenation per layer copied the cache each step) and compacted in one move (cache.KVBuffers)
+    buffers: KVBuffers | None = None
 
     @property
     def packed(self) -> bool:
@@ -239,13 +243,21 @@ class FusedDecoder:
                 prompt: bool = False) -> torch.Tensor:
         """The decoder layers over h [1, q, D], appending keys and values to `cache`; `prompt`: the cache is empty and
         the rows attend causally (no mask).  # -> [1, q, D]"""
-        q = h.shape[1]
-        for f in self.layers:
+        q, buffers = h.shape[1], None if prompt else self.buffers
+        if buffers is not None:
+            cached = [cache.layers[f.index] for f in self.layers]
+            n = buffers.reserve(cached, q)
+        for i, f in enumerate(self.layers):
             H, KV, hd = f.heads, f.kv_heads, f.head_dim
             qkv = f.qkv(f.norm1(h)).view(1, q, H + 2 * KV, hd).transpose(1, 2)
             qk = _rotate(qkv[:, : H + KV], cos, sin)  # q and k heads in one rotation: [1, H + KV, q, hd]
             if prompt:  # the cache layer's first keys and values (DynamicLayer initialises itself)
                 keys, values = cache.update(qk[:, H:], qkv[:, H + KV :], f.index)
+            elif buffers is not None:  # written into the layer's slice of the buffers, attended through a view
+                k_buf, v_buf = buffers.views[i]
+                k_buf.narrow(2, n, q).copy_(qk[:, H:])
+                v_buf.narrow(2, n, q).copy_(qkv[:, H + KV :])
+                keys, values = cached[i].keys, cached[i].values = k_buf.narrow(2, 0, n + q), v_buf.narrow(2, 0, n + q)
             else:
                 layer = cache.layers[f.index]
                 keys = layer.keys = torch.cat([layer.keys, qk[:, H:]], dim=-2)  # what DynamicLayer.update does
@@ -255,6 +267,8 @@ class FusedDecoder:
             h = h + f.out(a.transpose(1, 2).reshape(1, q, H * hd))
             gate, up = f.gate_up(f.norm2(h)).chunk(2, dim=-1)
             h = h + f.down(F.silu(gate) * up)
+        if buffers is not None:
+            buffers.published(cached)
         return h
 
     def _head(self, h: torch.Tensor) -> torch.Tensor:
@@ -351,8 +365,10 @@ def fused_decoder(stack: DecoderStack, pack: bool = False, row_invariant: bool =
     sign = torch.cat([-torch.ones(hd // 2), torch.ones(hd // 2)]).to(device=weight.device, dtype=weight.dtype)
     embed = stack.embed
     plain_embed = type(embed) is torch.nn.Embedding and embed.max_norm is None  # else its own forward (e.g. scaled)
+    same_kv = len({(f.kv_heads, f.head_dim) for f in layers}) == 1
+    buffers = KVBuffers(len(layers), layers[0].kv_heads, hd, weight.dtype) if same_kv and weight.is_cpu else None
     fused = FusedDecoder(stack, layers, norm, sign, embed.weight if plain_embed else None,
-                         product(_folded(head.weight, factor), head.bias) if plain_head else None)
+                         product(_folded(head.weight, factor), head.bias) if plain_head else None, buffers=buffers)
     if pack:
         _warm(fused.products, WARM_ROWS)
     return fused

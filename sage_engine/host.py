@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from threadpoolctl import ThreadpoolController
 
+from .cache import KVBuffers
 from .fused import FusedDecoder, FusedLayer
 
 _BLAS_LIMITED: dict = {}  # library path -> its threadpoolctl limit, held for the process
@@ -97,55 +98,6 @@ def _norm(h: np.ndarray, floor_sq: float) -> np.ndarray:
     return h / np.sqrt(np.vecdot(h, h)[:, None] + floor_sq)
 
 
-class KVBuffers:
-    """Keys and values of a decoder's layers in two preallocated buffers [L, 1, KV, cap, hd]: a forward writes its
-    rows in place (`reserve`, then `publish`) and points each cache layer at the rows in use of its slice, so that the
-    cache's own operations (length, compaction, copies) work on it unchanged, where growing it by concatenation would
-    copy the whole cache every forward. A cache whose layers are not such views (after a prefill, or a copy) is copied
-    in once."""
-
-    def __init__(self, layers: int, kv_heads: int, head_dim: int):
-        self.shape = (layers, 1, kv_heads, 0, head_dim)
-        self.keys = self.values = torch.empty(self.shape)
-        self._views: list[tuple[torch.Tensor, torch.Tensor]] = []
-        # the keys the last publish gave the cache's layers: while every layer still holds exactly that tensor, nothing
-        # else has touched the cache since
-        self._keys_out: list[torch.Tensor] = []
-
-    def reserve(self, layers: list, q: int) -> tuple[np.ndarray, np.ndarray, int]:
-        """Room for q more columns in each of the cache's `layers`; the buffers as arrays and the columns in use.
-        # -> 2 x [L, KV, cap, hd], n"""
-        out = self._keys_out
-        if out and out[0].shape[2] + q <= self.keys.shape[3] and all(layer.keys is k for layer, k in zip(layers, out)):
-            return *self._arrays, out[0].shape[2]  # the layers hold what the last forward published: nothing to check
-        for layer, (k, v) in zip(layers, self._views or [(self.keys[0], self.values[0])] * len(layers)):
-            if not layer.is_initialized:  # a layer no forward has written yet (DynamicLayer's own first step)
-                layer.lazy_initialization(k, v)
-        first = layers[0].keys
-        n = first.shape[2] if first.dim() == 4 else 0  # a freshly initialised layer holds an empty 1D tensor
-        if not all(layer.keys.data_ptr() == k.data_ptr() and layer.keys.stride() == k.stride()
-                   for layer, (k, _) in zip(layers, self._views)) or len(self._views) != len(layers) \
-                or self.keys.shape[3] < n + q:
-            L, _, KV, _, hd = self.shape
-            cap = max(512, 1 << (2 * (n + q) - 1).bit_length())
-            keys, values = torch.empty(L, 1, KV, cap, hd), torch.empty(L, 1, KV, cap, hd)
-            for i, layer in enumerate(layers):
-                if n:
-                    keys[i, :, :, :n], values[i, :, :, :n] = layer.keys, layer.values
-            self.keys, self.values = keys, values
-            self._views = [(keys[i], values[i]) for i in range(L)]
-            self._arrays = keys[:, 0].numpy(), values[:, 0].numpy()
-        return *self._arrays, n
-
-    def publish(self, layers: list, n: int) -> None:
-        """Point each cache layer at its first n columns."""
-        out = []
-        for layer, (k, v) in zip(layers, self._views):
-            layer.keys, layer.values = k.narrow(2, 0, n), v.narrow(2, 0, n)
-            out.append(layer.keys)
-        self._keys_out = out
-
-
 class HostDecoder:
     """FusedDecoder's computation in NumPy (see the module's note); same call contract as FusedDecoder, plus `run`,
     which takes the runner's lists and attention pattern directly (no tensors to build)."""
@@ -185,7 +137,8 @@ class HostDecoder:
         cos, sin = cos[positions][:, None], sin[positions][:, None]  # [q, 1, hd]
         h = self.embed.take(tokens, axis=0)  # [q, D]
         layers = [cache.layers[f.index] for f in self.layers]
-        keys, values, n = self.buffers.reserve(layers, q)  # [L, KV, cap, hd] each
+        n = self.buffers.reserve(layers, q)
+        keys, values = self.buffers.arrays  # [L, KV, cap, hd] each
         for i, f in enumerate(self.layers):
             H, KV, hd = f.heads, f.kv_heads, f.head_dim
             rot = (H + KV) * hd

@@ -155,7 +155,8 @@ def draft_levels(decoder: CompiledDecoder, rule: LevelRule, root: tuple[list[flo
     root_pos the root's (shifted) rotary position. # -> the nodes' tokens, parents, probs, draft slots, forwards"""
     cos, sin = decoder._rope(root_pos + rule.depth)
     layers = [cache.layers[f.index] for f in decoder.layers]
-    keys, values, n = decoder.buffers.reserve(layers, max(rule.max_nodes, rule.depth))
+    n = decoder.buffers.reserve(layers, max(rule.max_nodes, rule.depth))
+    keys, values = decoder.buffers.arrays
     tok, parent, prob, slot, forwards = _levels_jit(
         rule.kind, rule.numbers, np.array(root[0], np.float32), np.array(root[1], np.int64), ends, p, root_pos, n,
         decoder.head.shape[1] if vocab is None else vocab, decoder.embed, cos, sin, *decoder.weights, keys, values)

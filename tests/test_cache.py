@@ -1,4 +1,7 @@
-"""KV-cache compaction: moved columns are exact, and a compacted cache continues like sequential decoding."""
+"""KV-cache compaction: moved columns are exact, and a compacted cache continues like sequential decoding; the fused
+layers' preallocated buffers compact in one move to the same columns."""
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -6,7 +9,7 @@ import torch
 from tiny_models import image, qwen25_pair
 from transformers import DynamicCache
 
-from sage_engine.cache import compact
+from sage_engine.cache import KVBuffers, compact, copy_cache
 from sage_engine.runner import ModelRunner
 from sage_engine.tree import DraftTree, verify_allowed
 
@@ -92,3 +95,77 @@ def test_tree_logits_equal_sequential_logits_for_every_node():
         for tok in [root] + [tree.tokens[n] for n in tree.path_to(node)]:
             last = s.forward([tok], [s.seq_len], np.ones((1, 1), dtype=bool)).logits
         assert torch.allclose(logits[1 + node], last[0], atol=1e-5)
+
+
+def _buffered_cache(buffers: KVBuffers, n: int, seed: int = 0) -> DynamicCache:
+    """A cache of buffers.shape[0] layers whose first n columns are random and whose layers view `buffers`."""
+    L, _, KV, _, hd = buffers.shape
+    cache = DynamicCache()
+    for i in range(L):
+        cache.update(torch.zeros(1, KV, 0, hd, dtype=buffers.keys.dtype), torch.zeros(1, KV, 0, hd,
+                                                                                       dtype=buffers.keys.dtype), i)
+    g = torch.Generator().manual_seed(seed)
+    assert buffers.reserve(cache.layers, n) == 0
+    for k, v in buffers.views:
+        k[:, :, :n] = torch.randn(k[:, :, :n].shape, generator=g).to(k.dtype)
+        v[:, :, :n] = torch.randn(v[:, :, :n].shape, generator=g).to(v.dtype)
+    buffers.publish(cache.layers, n)
+    return cache
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # NumPy's move, and torch's (no NumPy bf16)
+@pytest.mark.parametrize("keep", [[0, 3, 5], [2], [], [0, 1, 2, 4]])
+def test_a_buffered_cache_compacts_in_one_move_to_what_the_layer_by_layer_compaction_gives(dtype, keep):
+    buffers = KVBuffers(3, 2, 4, dtype)
+    cache = _buffered_cache(buffers, 12)
+    assert (buffers.arrays is not None) == (dtype == torch.float32)
+    twin = copy_cache(cache)  # independent tensors: compacted layer by layer
+    compact(cache, 5, keep, buffers)
+    compact(twin, 5, keep)
+    assert cache.get_seq_length() == twin.get_seq_length() == 5 + len(keep)
+    for got, want, (k, _) in zip(cache.layers, twin.layers, buffers.views):
+        assert torch.equal(got.keys, want.keys) and torch.equal(got.values, want.values)
+        assert got.keys.data_ptr() == k.data_ptr()  # still the buffers' own columns: the next forward writes after them
+    assert buffers.owns(cache.layers)
+
+
+def test_buffers_leave_a_cache_they_do_not_hold_to_the_layer_by_layer_compaction():
+    buffers = KVBuffers(2, 1, 4)
+    cache = _buffered_cache(buffers, 9)
+    other = copy_cache(cache)
+    assert not buffers.owns(other.layers) and not buffers.move(other.layers, 3, [1])
+    before = buffers.keys.clone()
+    compact(other, 3, [1, 4], buffers)
+    assert torch.equal(buffers.keys, before) and other.get_seq_length() == 5 and cache.get_seq_length() == 9
+    cache.layers[0].keys = cache.layers[0].keys[:, :, :8]  # changed behind the buffers' back: not theirs any more
+    assert not buffers.owns(cache.layers)
+
+
+@torch.inference_mode()
+def test_the_fused_target_writes_its_steps_into_its_buffers_and_keeps_the_accepted_path_in_one_move():
+    pair = qwen25_pair("noisy", seed=4)
+    from sage_engine import prepare_input
+
+    prep = prepare_input(pair, "describe the picture", images=[image(4)])
+    tree = DraftTree()
+    for tok, parent in [(40, -1), (41, -1), (42, 0), (43, 1), (44, 1)]:
+        tree.add(tok, parent, 0.5)
+    runs = {}
+    for name in ("buffers", "concatenation"):
+        r = ModelRunner(pair.target, fused=True)
+        r.prefill(prep.target_inputs)
+        r.forward([9], [r.seq_len], np.ones((1, 1), dtype=bool))  # the layers' check, on a plain step
+        assert r.tree_forward == "fused" and r.fused.buffers is not None
+        if name == "concatenation":
+            r.fused = dataclasses.replace(r.fused, buffers=None)
+        L = r.seq_len
+        verify = r.forward([17] + tree.tokens, [L] + [L + d for d in tree.depths], verify_allowed(tree.parents))
+        r.keep(L, [0, 2, 4])  # the root, node 1, node 3: moved
+        if name == "buffers":
+            assert r.fused.buffers.owns(r.cache.layers)
+            assert r.cache.layers[0].keys.data_ptr() == r.fused.buffers.views[0][0].data_ptr()
+        after = r.forward([55], [r.seq_len], np.ones((1, 1), dtype=bool))
+        runs[name] = verify.logits, after.logits, [layer.keys.clone() for layer in r.cache.layers]
+    (v1, a1, k1), (v2, a2, k2) = runs.values()
+    assert torch.allclose(v1, v2, atol=1e-5) and torch.allclose(a1, a2, atol=1e-5)
+    assert all(torch.allclose(x, y, atol=1e-6) for x, y in zip(k1, k2))
