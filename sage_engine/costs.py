@@ -67,6 +67,7 @@ class BreakEven:
 
 
 SPIKE = 3.0  # a step that took over SPIKE x the median step's time was slowed by something else
+STALL_RUN = 32  # more stalled steps in a row than this: the machine's speed has changed, and the meter follows it
 
 
 def robust_rate(steps: list[tuple[int, float]]) -> float | None:
@@ -168,9 +169,22 @@ class CostMeter:
         self._plain_rate: tuple[int, float | None] | None = None  # (plain count, value) of the last computation
         self._prices: tuple[int, tuple[float, float] | None] | None = None  # (drafted count, value) of the last fit
         self._plain_estimate: tuple[int, float | None] | None = None  # (drafted count, value) of the last fit
+        self._line: tuple[int, tuple[float, float] | None] | None = None  # (drafted count, drafted_line) for `stalled`
+        self._stalled_run = 0  # stalled steps in a row, the last recorded
+        self.stalls = 0  # stalled steps left out of the windows
 
-    def record(self, timing: StepTiming) -> None:
+    def record(self, timing: StepTiming) -> bool:
+        """Add a step to every window, unless something else slowed it (`stalled`): such steps are left out of the
+        rates and prices, up to STALL_RUN of them in a row (after that, they are the machine's speed now). Whether
+        it was left out (then its time says nothing of the policy's choices either)."""
         self.steps.append(timing)
+        if self.stalled(timing):
+            self._stalled_run += 1
+            if self._stalled_run <= STALL_RUN:
+                self.stalls += 1
+                return True
+        else:
+            self._stalled_run = 0
         self.by_policy.setdefault(timing.policy, deque(maxlen=self.policy_window)).append(timing)
         self._counts[not timing.plain] += 1
         if timing.plain:
@@ -178,6 +192,20 @@ class CostMeter:
         else:
             self.drafted.setdefault(timing.policy, deque(maxlen=self.recent)).append(timing)
             self._moments.add((timing.nodes, timing.draft_forwards, timing.wall_ms, timing.verify_ms))
+        return False
+
+    def stalled(self, timing: StepTiming) -> bool:
+        """Did something other than the step's own work slow it: did it take over SPIKE x a typical step of its
+        kind (a plain step: the measured plain rate; a drafted one: `drafted_line` at its nodes and draft forwards)?
+        A stall that slows a whole run (another process takes the cores for a tenth of a second) leaves no step
+        above that run's own median: in the windows it would make the prices and rates of the next runs too (a draft
+        that looks beaten on the next inputs, or trees priced too dear to grow)."""
+        if timing.plain:
+            rate = self.plain_rate() if len(self.plain) >= self.min_steps else None
+            return rate is not None and timing.wall_ms * rate > SPIKE
+        line = self._fitted("_line", self.drafted_line)
+        units = timing.nodes + timing.draft_forwards
+        return line is not None and timing.wall_ms > SPIKE * (line[0] + line[1] * units)
 
     @staticmethod
     def _rate(steps) -> float | None:

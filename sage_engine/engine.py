@@ -275,9 +275,10 @@ class SpecEngine:
         # one-off check of their layers (a first drafted step ~10 ms slower would turn a fresh engine's policy
         # to plain steps), both still in the event's times
         wall_ms = (time.perf_counter() - t0) * 1e3 - draft.prefill_ms - (self._check_ms() - checked_ms)
-        self.costs.record(StepTiming(key, len(verdict.accepted) + 1, len(tree), wall_ms, verify.ms, draft.ms,
-                                     draft.forwards, sum(tree.cum_probs)))
-        policy.observe(StepOutcome(tree, verdict.accepted, len(verdict.accepted) + 1, wall_ms, draft.forwards > 0))
+        stalled = self.costs.record(StepTiming(key, len(verdict.accepted) + 1, len(tree), wall_ms, verify.ms,
+                                               draft.ms, draft.forwards, sum(tree.cum_probs)))
+        policy.observe(StepOutcome(tree, verdict.accepted, len(verdict.accepted) + 1, wall_ms, draft.forwards > 0,
+                                   stalled))
         ids, *text = out.extend(verdict.accepted_tokens + [verdict.bonus], len(verdict.accepted_tokens))
         view = self._tree_view(root, tree, draft.drafted, verdict, accept.name)
         return self._event(step, policy, out, ids, text, t0, target_ms=verify.ms, draft=draft, view=view,

@@ -72,6 +72,7 @@ class StepOutcome:
     tokens_this_step: int  # accepted + bonus (before truncation at EOS / budget)
     wall_ms: float = 0.0  # what the whole step cost
     drafted: bool = True  # False: a plain step (one target forward, no draft), which says nothing of the draft
+    stalled: bool = False  # the engine's meter found something else slowed the step (costs.py): its time says nothing
 
 
 def confidence(top_probs: Sequence[Sequence[float]]) -> list[float]:
@@ -345,7 +346,8 @@ class SagePolicy(Policy):
         if not outcome.drafted or self._declined:  # a plain step (or a turned-down try) says nothing of the draft
             self._declined = False
             return
-        self._drafted.append((outcome.tokens_this_step, outcome.wall_ms))
+        if not outcome.stalled:  # judged against the meter's plain rate, which leaves such steps out too
+            self._drafted.append((outcome.tokens_this_step, outcome.wall_ms))
         tree, path = outcome.tree, outcome.accepted
         if cfg.alpha_source == "prev_root" and tree.root_alpha is not None:
             self.alpha = tree.root_alpha

@@ -47,17 +47,22 @@ def test_compact_refuses_sliding_window_layers_even_where_nothing_moves():
         compact(cache, start=3, keep=[0])
 
 
-@torch.inference_mode()
-def test_compacted_cache_gives_the_same_next_logits_as_sequential_decoding():
+def _prompt_and_tree():
+    """A tiny Qwen2.5-VL pair, a picture prompt, and a five-node tree with two branches at the root."""
     pair = qwen25_pair("noisy", seed=4)
     from sage_engine import prepare_input
 
     prep = prepare_input(pair, "describe the picture", images=[image(4)])
-    # A tree whose accepted path is node 1 -> node 3 (a non-prefix set of columns).
     tree = DraftTree()
     for tok, parent in [(40, -1), (41, -1), (42, 0), (43, 1), (44, 1)]:
         tree.add(tok, parent, 0.5)
-    root, path, nxt = 17, [1, 3], 55
+    return pair, prep, tree
+
+
+@torch.inference_mode()
+def test_compacted_cache_gives_the_same_next_logits_as_sequential_decoding():
+    pair, prep, tree = _prompt_and_tree()
+    root, path, nxt = 17, [1, 3], 55  # the accepted path node 1 -> node 3: a non-prefix set of columns
 
     spec = ModelRunner(pair.target)
     spec.prefill(prep.target_inputs)
@@ -143,13 +148,7 @@ def test_buffers_leave_a_cache_they_do_not_hold_to_the_layer_by_layer_compaction
 
 @torch.inference_mode()
 def test_the_fused_target_writes_its_steps_into_its_buffers_and_keeps_the_accepted_path_in_one_move():
-    pair = qwen25_pair("noisy", seed=4)
-    from sage_engine import prepare_input
-
-    prep = prepare_input(pair, "describe the picture", images=[image(4)])
-    tree = DraftTree()
-    for tok, parent in [(40, -1), (41, -1), (42, 0), (43, 1), (44, 1)]:
-        tree.add(tok, parent, 0.5)
+    pair, prep, tree = _prompt_and_tree()
     runs = {}
     for name in ("buffers", "concatenation"):
         r = ModelRunner(pair.target, fused=True)

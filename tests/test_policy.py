@@ -481,3 +481,42 @@ def test_threshold_grows_with_the_level_theta_l_is_0_1_l_over_d():
         parent = tree.add(7, -1, 0.9)
         pol.expand(shape, level, tree, frontier([parent], cand))
         assert tree.cum_probs[1:] == pytest.approx(kept), level
+
+
+def test_a_stall_over_the_last_run_does_not_make_the_next_run_start_plain():
+    from sage_engine.costs import STALL_RUN, StepTiming
+    meter = plain_meter(1.0)
+    key = SagePolicy(SageConfig()).key
+    sizes = [(8, 6), (4, 3), (10, 8), (6, 5)]
+
+    def run(n, tokens=6, slower=1.0):  # n drafted steps of the sizes above, each `slower` x its usual 1.5-3.7 ms
+        for nodes, forwards in (sizes * n)[:n]:
+            wall = slower * (1.0 + 0.15 * (nodes + forwards))
+            meter.record(StepTiming(key, tokens, nodes, wall, slower, 0.1 * slower * forwards, forwards, 5.0))
+
+    run(40)  # earlier runs
+    run(8, slower=4.0)  # the last run: the same steps, all 4x as long: as measured they would lose to plain steps
+    assert meter.stalls == 8 and len(meter.steps) == 5 + 48 and meter.drafted_rate(key) > 1.0  # 5 plain steps first
+    assert SagePolicy(SageConfig()).skip_draft(meter.quote(key)) is False  # the next run drafts from its first step
+    before = meter.prices_ms()
+    run(4, slower=4.0)
+    assert meter.prices_ms() == pytest.approx(before)  # nor are the prices the policy shapes trees with moved
+    meter.record(StepTiming("ar", 1, 0, 5.0, 4.5, 0.0, 0))  # a plain step 5x the plain steps' time: left out too
+    assert meter.stalls == 13 and meter.plain_rate() == pytest.approx(1.0)
+    run(STALL_RUN)
+    run(STALL_RUN + 8, slower=4.0)  # a longer slowdown is the machine's speed now: taken in after STALL_RUN steps
+    assert meter.drafted_rate(key) < 1.0 and SagePolicy(SageConfig()).skip_draft(meter.quote(key)) is True
+    run(8, tokens=1)  # and a draft that really loses (1 token a step at the usual speed) starts the next run plain
+    assert meter.drafted_rate(key) < 1.0 and SagePolicy(SageConfig()).skip_draft(meter.quote(key)) is True
+
+
+def test_a_step_the_meter_found_stalled_does_not_judge_the_draft():
+    pol = SagePolicy(SageConfig(threshold="cost", fallback_steps=2, fallback_window=4))
+    q = plain_meter(1.0).quote(pol.key)  # plain steps make 1 token per ms
+    for _ in range(4):  # 0.05 tokens per ms, each slowed by something else (the engine passes the meter's verdict)
+        assert pol.skip_draft(q) is False
+        pol.observe(StepOutcome(DraftTree(), [], 2, 40.0, stalled=True))
+    assert pol._drafted == [] and pol.skip_draft(q) is False
+    pol.observe(StepOutcome(DraftTree(), [], 2, 40.0))
+    drafted(pol, q, 2, 40.0)  # the same steps, not stalled: the draft loses
+    assert pol.skip_draft(q) is True
