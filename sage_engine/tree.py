@@ -152,11 +152,10 @@ def accept_greedy(tree: DraftTree, target_next: list[int]) -> tuple[list[int], i
     target_next[0] is the target's argmax after the root, target_next[1 + i] after node i.
     Returns (accepted node indices from the root down, bonus token).
     """
-    children = tree.children_by_token()
     path: list[int] = []
     node, want = -1, target_next[0]
-    while want in children.get(node, {}):
-        node = children[node][want]
-        path.append(node)
-        want = target_next[1 + node]
+    for i, (parent, token) in enumerate(zip(tree.parents, tree.tokens)):  # one pass: a child follows its parent
+        if parent == node and token == want:  # the first such sibling, as `children_by_token` picks
+            path.append(i)
+            node, want = i, target_next[1 + i]
     return path, want
