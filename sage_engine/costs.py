@@ -198,8 +198,8 @@ class CostMeter:
         """Did something other than the step's own work slow it: did it take over SPIKE x a typical step of its
         kind (a plain step: the measured plain rate; a drafted one: `drafted_line` at its nodes and draft forwards)?
         A stall that slows a whole run (another process takes the cores for a tenth of a second) leaves no step
-        above that run's own median: in the windows it would make the prices and rates of the next runs too (a draft
-        that looks beaten on the next inputs, or trees priced too dear to grow)."""
+        above that run's own median; kept in the windows, its steps would set the rates and prices of the next runs
+        (a draft that looks beaten on the next inputs, trees priced too dear to grow)."""
         if timing.plain:
             rate = self.plain_rate() if len(self.plain) >= self.min_steps else None
             return rate is not None and timing.wall_ms * rate > SPIKE

@@ -72,7 +72,7 @@ class StepOutcome:
     tokens_this_step: int  # accepted + bonus (before truncation at EOS / budget)
     wall_ms: float = 0.0  # what the whole step cost
     drafted: bool = True  # False: a plain step (one target forward, no draft), which says nothing of the draft
-    stalled: bool = False  # the engine's meter found something else slowed the step (costs.py): its time says nothing
+    stalled: bool = False  # the engine's meter found something else slowed the step (costs.py): not the draft's cost
 
 
 def confidence(top_probs: Sequence[Sequence[float]]) -> list[float]:
