@@ -107,8 +107,10 @@ class Drafter:
         shape = policy.shape(tree.root_alpha, quote, self._probe(read.logits))
         if max_depth is not None and shape.depth > max_depth:
             shape = replace(shape, depth=max_depth)
-        # greedy chain and SAGE: every level in one compiled call where the draft's layers are compiled (levels.py)
-        rule = levels.level_rule(policy, shape) if self.sampler is None and shape.depth > 0 else None
+        # a chain's or SAGE's levels (greedy, or a sampled draft that ranks its candidates) in one compiled call where
+        # the draft's layers are compiled (levels.py)
+        sampling = None if self.sampler is None else self.sampler.sampling
+        rule = levels.level_rule(policy, shape, sampling) if shape.depth > 0 else None
         done = None if rule is None else runner.draft_levels(
             rule, (frontier.top_probs[0], frontier.top_tokens[0]), self._end_ids, p, root_pos)
         if done is None:

@@ -7,8 +7,10 @@ the pending tokens, the nodes fed so far and these nodes, the forward and the to
 SagePolicy's `expand` (policy.py, the reference) computed in the same float64 arithmetic as Python's, without
 fast-math, so the compiled levels draw the same trees number for number (tests/test_compiled_levels.py checks the
 rule on random frontiers and the trees in whole runs). `level_rule` says which policies and steps it serves: any
-other policy, a subclass, SAGE reading its nodes' alphas, or a sampled run takes the level loop. The whole call
-counts as the step's draft time: its expansions are a few microseconds.
+other policy, a subclass, SAGE reading its nodes' alphas, or a sampled run whose draft samples its tokens takes the
+level loop; a sampled run whose draft ranks them (SAGE's default `draw=top`) reads each level's candidates from the
+warped distribution (`_warped_top`, sampling.warped's float64 steps). The whole call counts as the step's draft
+time: its expansions are a few microseconds.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 
 from .compiled import CompiledDecoder, _forward_jit, _top_jit, numba
 from .policy import ChainPolicy, Policy, SagePolicy, TreeShape
+from .sampling import Sampling
 
 CHAIN, SAGE = 0, 1  # LevelRule.kind: ChainPolicy.expand, SagePolicy.expand
 
@@ -64,11 +67,55 @@ def _expand(kind, level, rule, rows, top_p, top_t, t_tok, t_parent, t_prob, t_cu
     return count, level < depth and not (not math.isnan(level_price) and total < level_price)
 
 
-def _draft_levels(kind, rule, root_p, root_t, ends, p, root_pos, n, vocab, embed, cos, sin, floor1, qkv, qkv_b, heads,
-                  scaling, out_w, out_b, floor2, gate_up, down, down_b, floor, head, head_b, keys, values):
+def _warped_top(logits, k, temperature, top_p):
+    """Each row's k most probable tokens under a sampled run's warp, best first (ties: the lower token first), with
+    their probabilities: sampling.warped's softmax(logits / T) cut to the top-p nucleus and renormalised, in the
+    same float64 steps (tokens outside the nucleus have probability 0).
+    # logits [F, V] -> probs [F, k], tokens [F, k]"""
+    F, V = logits.shape
+    probs, tokens = np.zeros((F, k), np.float64), np.zeros((F, k), np.int64)
+    q = np.empty(V, np.float64)
+    for i in range(F):
+        m = -np.inf
+        for j in range(V):
+            q[j] = np.float64(logits[i, j]) / temperature
+            m = max(m, q[j])
+        z = 0.0
+        for j in range(V):
+            q[j] = math.exp(q[j] - m)
+            z += q[j]
+        q /= z
+        if top_p < 1.0:  # keep a token while the mass of the more probable ones is short of top_p
+            order = np.argsort(-q, kind="mergesort")  # descending, ties in token order
+            total = 0.0
+            for j in order:
+                total += q[j]  # the cumulative sum, and what comes before this token as warped computes it
+                if total - q[j] >= top_p:
+                    q[j] = 0.0
+            q /= q.sum()
+            for s in range(k):  # the nucleus is a prefix of the order
+                probs[i, s], tokens[i, s] = q[order[s]], order[s]
+            continue
+        for s in range(k):  # the k largest by insertion (no sort of the whole row), ties: the lower token first
+            probs[i, s] = -1.0
+        for j in range(V):
+            v = q[j]
+            if v > probs[i, k - 1]:
+                s = k - 1
+                while s > 0 and probs[i, s - 1] < v:
+                    probs[i, s], tokens[i, s] = probs[i, s - 1], tokens[i, s - 1]
+                    s -= 1
+                probs[i, s], tokens[i, s] = v, j
+    return probs, tokens
+
+
+def _draft_levels(kind, rule, temperature, nucleus, root_p, root_t, ends, p, root_pos, n, vocab, embed, cos, sin,
+                  floor1, qkv, qkv_b, heads, scaling, out_w, out_b, floor2, gate_up, down, down_b, floor, head, head_b,
+                  keys, values):
     """Drafter.grow's levels after the draft's read, in one call: each level the policy's expansion (`_expand`), then
     one forward over the nodes to grow (end tokens are not grown) under their tree mask, after n cached columns of
-    which the newest p are the pending tokens, and their softmax top-k. root_p, root_t [K]: the root's candidates.
+    which the newest p are the pending tokens, and their softmax top-k (temperature > 0: a sampled run's warped
+    distribution with top-p `nucleus`, `_warped_top`). root_p, root_t [K]: the root's candidates.
     # -> the nodes' tokens, parents, probs, draft slots (-1: never fed), forwards"""
     max_nodes, depth = rule[5], rule[6]
     size = max(max_nodes, depth) + 1
@@ -103,13 +150,18 @@ def _draft_levels(kind, rule, root_p, root_t, ends, p, root_pos, n, vocab, embed
                               out_w, out_b, floor2, gate_up, down, down_b, floor, head, head_b, keys, values)
         fed += g
         forwards += 1
-        top_p, top_t = _top_jit(np.ascontiguousarray(logits[:, :vocab]), root_p.shape[0])
+        if temperature > 0:
+            top_p, top_t = _warped_top_jit(logits[:, :vocab], root_p.shape[0], temperature, nucleus)
+        else:
+            probs, top_t = _top_jit(np.ascontiguousarray(logits[:, :vocab]), root_p.shape[0])
+            top_p = probs.astype(np.float64)  # exact: the level loop reads the same float32 numbers
         rows = grow[:g]
     return t_tok[:count], t_parent[:count], t_prob[:count], t_slot[:count], forwards
 
 
 # the policies' arithmetic exactly as Python does it: no fast-math, Python's errors
 _expand_jit = numba.njit(cache=True, nogil=True)(_expand) if numba is not None else None
+_warped_top_jit = numba.njit(cache=True, nogil=True)(_warped_top) if numba is not None else None
 _levels_jit = numba.njit(cache=True, nogil=True)(_draft_levels) if numba is not None else None
 
 
@@ -125,6 +177,8 @@ class LevelRule:
     level_price: float  # ... and the least a level's nodes need together for another level (nan: no price)
     max_nodes: int
     depth: int
+    temperature: float = 0.0  # a sampled run's warp of the draft's distribution (0: greedy, the plain softmax)
+    nucleus: float = 1.0  # ... and its top-p
 
     @property
     def numbers(self) -> tuple:
@@ -132,18 +186,20 @@ class LevelRule:
                 self.depth)
 
 
-def level_rule(policy: Policy, shape: TreeShape) -> LevelRule | None:
+def level_rule(policy: Policy, shape: TreeShape, sampling: Sampling | None = None) -> LevelRule | None:
     """The compiled form of `policy`'s expansion for this step, where there is one: ChainPolicy and SagePolicy
-    themselves (not a subclass, which may expand otherwise), greedy, SAGE not reading its nodes' alphas."""
-    if _levels_jit is None:
+    themselves (not a subclass, which may expand otherwise), SAGE not reading its nodes' alphas; greedy, or under
+    `sampling` a draft that ranks its candidates (not one that samples them, `Policy.samples_draft`)."""
+    warp = (0.0, 1.0) if sampling is None or sampling.greedy else (sampling.temperature, sampling.top_p)
+    if _levels_jit is None or (warp[0] > 0 and policy.samples_draft):
         return None
     if type(policy) is ChainPolicy:
-        return LevelRule(CHAIN, 1, 0.0, 0.0, math.nan, math.nan, shape.max_nodes, shape.depth)
+        return LevelRule(CHAIN, 1, 0.0, 0.0, math.nan, math.nan, shape.max_nodes, shape.depth, *warp)
     if type(policy) is SagePolicy and not policy.node_alphas:
         price, cfg = shape.price, policy.cfg
         return LevelRule(SAGE, shape.width, cfg.width_parent_bias, cfg.theta_scale,
                          math.nan if price is None else price.node, math.nan if price is None else price.level,
-                         shape.max_nodes, shape.depth)
+                         shape.max_nodes, shape.depth, *warp)
     return None
 
 
@@ -158,7 +214,8 @@ def draft_levels(decoder: CompiledDecoder, rule: LevelRule, root: tuple[list[flo
     n = decoder.buffers.reserve(layers, max(rule.max_nodes, rule.depth))
     keys, values = decoder.buffers.arrays
     tok, parent, prob, slot, forwards = _levels_jit(
-        rule.kind, rule.numbers, np.array(root[0], np.float32), np.array(root[1], np.int64), ends, p, root_pos, n,
+        rule.kind, rule.numbers, rule.temperature, rule.nucleus, np.array(root[0], np.float64),
+        np.array(root[1], np.int64), ends, p, root_pos, n,
         decoder.head.shape[1] if vocab is None else vocab, decoder.embed, cos, sin, *decoder.weights, keys, values)
     decoder.buffers.publish(layers, n + int((slot >= 0).sum()))
     return tok.tolist(), parent.tolist(), prob.tolist(), slot.tolist(), forwards
@@ -174,5 +231,5 @@ def warm() -> None:
     weights = (f32((V, D)), f32((4, hd)), f32((4, hd)), np.ones(1), f32((1, D, 3 * hd)), f32((1, 3 * hd)), 1, 1.0,
                f32((1, hd, D)), f32((1, D)), np.ones(1), f32((1, D, 4)), f32((1, 2, D)), f32((1, D)), 1.0, f32((D, V)),
                f32(V), f32((1, 1, 4, hd)), f32((1, 1, 4, hd)))
-    _levels_jit(CHAIN, (1, 0.0, 0.0, math.nan, math.nan, 1, 1), f32(2), np.zeros(2, np.int64), np.zeros(0, np.int64),
-                1, 1, 1, V, *weights)
+    _levels_jit(CHAIN, (1, 0.0, 0.0, math.nan, math.nan, 1, 1), 0.0, 1.0, np.zeros(2), np.zeros(2, np.int64),
+                np.zeros(0, np.int64), 1, 1, 1, V, *weights)

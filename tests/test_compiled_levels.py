@@ -7,6 +7,7 @@ import random
 
 import numpy as np
 import pytest
+import torch
 from test_equivalence import MAX_NEW, sharp_case
 from test_host import _prefer
 from test_stack import pair_for
@@ -17,6 +18,7 @@ from sage_engine.config import SageConfig
 from sage_engine.costs import BreakEven
 from sage_engine.policy import ChainPolicy, Frontier, SagePolicy, TreeShape
 from sage_engine.runner import ModelRunner
+from sage_engine.sampling import Sampling, warped
 from sage_engine.tree import DraftTree
 
 K = 10  # candidates per row (SAGE's and the chain's: max(top_k, entropy_k))
@@ -55,7 +57,7 @@ def _compiled_expand(policy, shape, level, tree: DraftTree, frontier: Frontier):
     for a, values in zip(arrays, (tree.tokens, tree.parents, tree.probs, tree.cum_probs)):
         a[: len(tree)] = values
     count, go = levels_mod._expand_jit(rule.kind, level, rule.numbers, np.array(frontier.nodes, np.int64),
-                                         np.array(frontier.top_probs, np.float32),
+                                         np.array(frontier.top_probs, np.float64),
                                          np.array(frontier.top_tokens, np.int64), *arrays, len(tree))
     return [tuple(a[len(tree) : count].tolist()) for a in arrays], go, count
 
@@ -81,7 +83,7 @@ def test_the_compiled_expansion_is_the_policys_own(chain):
 
 
 def _levels_off(monkeypatch):
-    monkeypatch.setattr(levels_mod, "level_rule", lambda policy, shape: None)
+    monkeypatch.setattr(levels_mod, "level_rule", lambda policy, shape, sampling=None: None)
 
 
 def _count_compiled(monkeypatch) -> list:
@@ -130,6 +132,53 @@ def test_compiled_levels_draw_the_level_loops_trees_and_stay_lossless(monkeypatc
     for spec in ("chain", "sage:threshold=paper", "sage:threshold=paper:d_min=1:w_min=3:theta_scale=0.02"):
         assert _trees(runs[True, spec]) == _trees(runs[False, spec]), spec  # shapes fixed by the draft's numbers
     assert max(len(t[0]) for t in _trees(runs[True, "sage:threshold=paper:d_min=1:w_min=3:theta_scale=0.02"])) > 4
+
+
+@pytest.mark.parametrize("temperature,top_p", [(0.7, 1.0), (1.0, 0.8)])
+def test_a_sampled_draft_that_ranks_its_candidates_draws_the_level_loops_trees_and_the_targets_own_draws(
+        monkeypatch, temperature, top_p):
+    pair, prep = sharp_case("qwen2.5-vl", "image", "noisy")
+    _prefer(monkeypatch, "numba")
+    engine = SpecEngine(pair)
+    sampling = Sampling(temperature=temperature, top_p=top_p, seed=3)
+    assert levels_mod.level_rule(make_policy("sage:draw=sample"), TreeShape(3, 2, 8), sampling) is None  # the loop
+    assert levels_mod.level_rule(make_policy("sage:draw=sample"), TreeShape(3, 2, 8)) is not None  # greedy: ranked
+    reference = engine.generate(prep, "ar", max_new_tokens=MAX_NEW, sampling=sampling).token_ids  # the target alone
+    calls = _count_compiled(monkeypatch)
+    runs = {}
+    specs = ("sage:threshold=paper", "sage:threshold=paper:d_min=1:w_min=3:theta_scale=0.02", "sage")
+    for compiled in (True, False):
+        if not compiled:
+            _levels_off(monkeypatch)
+        for spec in specs:
+            res = engine.generate(prep, make_policy(spec), max_new_tokens=MAX_NEW, sampling=sampling)
+            assert res.token_ids == reference, (compiled, spec)  # the tree rule: the very draws of the target alone
+            runs[compiled, spec] = res
+        assert bool(calls) == compiled
+        calls.clear()
+    for spec in specs[:2]:  # the same trees, their probabilities from the same float64 warp
+        got, want = _trees(runs[True, spec]), _trees(runs[False, spec])
+        assert [t[:2] for t in got] == [t[:2] for t in want], spec
+        assert np.allclose(np.concatenate([t[2] for t in got]), np.concatenate([t[2] for t in want]), rtol=1e-12)
+
+
+def test_the_warped_top_k_is_the_samplers_distribution():
+    rng = np.random.default_rng(5)
+    logits = (rng.standard_normal((4, 640)) * 3).astype(np.float32)
+    logits[1, 10] = logits[1, 11] = logits[1].max() + 1  # a tie: the lower token first
+    for temperature, top_p in [(0.7, 1.0), (1.0, 0.9), (1.3, 0.5), (0.5, 0.05)]:
+        sampling = Sampling(temperature=temperature, top_p=top_p, seed=0)
+        want = warped(torch.from_numpy(logits), sampling).numpy()
+        probs, tokens = levels_mod._warped_top_jit(logits, 12, temperature, top_p)
+        for row in range(4):
+            assert np.allclose(probs[row], want[row, tokens[row]], rtol=1e-12, atol=0)
+            kept = want[row] > 0
+            assert tokens[row, 0] == want[row].argmax() and (probs[row] > 0).sum() == min(12, kept.sum())
+            assert list(probs[row]) == sorted(probs[row], reverse=True)
+        if (want[1] > 0).sum() >= 2:  # both tied tokens in the nucleus
+            assert list(tokens[1, :2]) == [10, 11]
+        else:  # the nucleus of the tightest top-p holds the first of them alone
+            assert top_p == 0.05 and tokens[1, 0] == 10 and probs[1, 0] == 1.0
 
 
 def test_the_compiled_levels_run_only_where_the_compiled_layers_are_kept(monkeypatch):
