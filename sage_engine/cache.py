@@ -68,11 +68,9 @@ class KVBuffers:
 
     def publish(self, layers: list, n: int) -> None:
         """Point each cache layer at its first n columns."""
-        out = []
         for layer, (k, v) in zip(layers, self.views):
             layer.keys, layer.values = k.narrow(2, 0, n), v.narrow(2, 0, n)
-            out.append(layer.keys)
-        self._keys_out = out
+        self.published(layers)
 
     def published(self, layers: list) -> None:
         """The caller has pointed each of the cache's `layers` at the first columns of its `views` slice itself."""
@@ -107,7 +105,7 @@ def compact(cache: DynamicCache, start: int, keep: list[int], buffers: KVBuffers
     moved = keep != list(range(m))
     if not layers or (not moved and layers[0].keys.shape[2] == start + m):
         return  # every column of the region is kept where it is (a plain step, a fully accepted tree): nothing to do
-    if buffers is not None and len(layers) == len(cache.layers) and buffers.move(layers, start, keep):
+    if buffers is not None and buffers.move(layers, start, keep):  # False unless the layers view them
         return
     idx = None
     for layer in layers:

@@ -107,7 +107,8 @@ class HostDecoder:
         blas_one_thread()
         self.fused = fused
         self.layers = layers or tuple(_host_layer(f) for f in fused.layers)
-        self.buffers = KVBuffers(len(self.layers), self.layers[0].kv_heads, self.layers[0].head_dim)
+        # the fused layers' own buffers (same layout): the runner can move between the two without copying the cache
+        self.buffers = fused.buffers or KVBuffers(len(self.layers), self.layers[0].kv_heads, self.layers[0].head_dim)
         self.embed = _np(fused.embed_weight)
         self.floor = float(fused.norm.floor) ** 2
         self.head, self.head_bias = _np(fused.head.transposed), _np(fused.head.bias)
