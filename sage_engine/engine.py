@@ -17,11 +17,14 @@ target alone makes with the same seed).
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from PIL import Image
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
 from .costs import CostMeter, StepTiming
 from .draft import Draft, Drafter
@@ -38,18 +41,29 @@ from .tree import DraftTree
 from .verify import GreedyAcceptance, Verdict, verify_tree
 
 
+def text_decoder(tokenizer) -> Callable[[list[int]], str]:
+    """ids -> text as `tokenizer.decode(ids, skip_special_tokens=True)` gives it. Where that call is only the Rust
+    tokenizer's own decode (a `tokenizers`-backed tokenizer with transformers' own decode, no clean-up of spaces), the
+    Rust decode is called directly: a third of the time (~2 against ~5.5 us a call on this CPU), and the transcript
+    decodes up to four short windows a step."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    cls = type(tokenizer)
+    plain = cls.decode is PreTrainedTokenizerBase.decode and getattr(cls, "_decode", None) is TokenizersBackend._decode
+    if plain and backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return functools.partial(backend.decode, skip_special_tokens=True)
+    return functools.partial(tokenizer.decode, skip_special_tokens=True)
+
+
 class Transcript:
     """The output so far, with the stopping rules: EOS, token budget, stop strings."""
 
     def __init__(self, tokenizer, eos: set[int], budget: int, stop: tuple[str, ...]):
         self.tokenizer, self.eos, self.budget, self.stop = tokenizer, eos, budget, tuple(s for s in stop if s)
+        self.decode = text_decoder(tokenizer)
         self.ids: list[int] = []
         self.text = ""
         self.finish_reason: str | None = None
         self._prefix = self._read = 0  # incremental detokenisation window: ids[_prefix:] is re-decoded
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def extend(self, tokens: list[int], drafted: int = 0) -> tuple[list[int], str, str]:
         """Append what a step produced (its first `drafted` tokens from the draft, the rest the target's own),

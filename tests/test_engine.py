@@ -203,3 +203,27 @@ def test_the_draft_gives_each_fed_node_an_alpha_only_for_a_policy_that_reads_the
         logits = runner.forward(tokens, list(range(n, n + len(tokens))), np.tril(np.ones((len(tokens),) * 2, bool)))
         top = torch.softmax(logits.logits[-1], -1).topk(policy.entropy_k).values.tolist()
         assert tree.alphas[node] == pytest.approx(confidence([top])[0], abs=1e-4)
+
+
+def test_the_transcript_decodes_as_the_tokenizer_does(setup):
+    """The transcript calls the Rust tokenizer's decode directly where transformers' decode is only that call, and
+    transformers' decode where it does more (here: a clean-up of spaces); both give tokenizer.decode's text."""
+    from sage_engine.engine import text_decoder
+
+    pair, _, _ = setup
+    tok = pair.tokenizer
+    fast = text_decoder(tok)
+    assert fast.func == tok.backend_tokenizer.decode  # the direct call is taken for this tokenizer
+    rng = np.random.default_rng(0)
+    specials = sorted(set(tok.all_special_ids))
+    for n in (1, 3, 9, 40):
+        ids = [int(i) for i in rng.integers(0, len(tok), n)] + specials[: n % 4]
+        assert fast(ids) == tok.decode(ids, skip_special_tokens=True)
+    tok.clean_up_tokenization_spaces = True
+    try:
+        slow = text_decoder(tok)
+        assert slow.func == tok.decode  # transformers' own decode, which then cleans up
+        ids = tok.encode("a , b .", add_special_tokens=False)
+        assert slow(ids) == tok.decode(ids, skip_special_tokens=True)
+    finally:
+        tok.clean_up_tokenization_spaces = False
