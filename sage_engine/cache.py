@@ -66,10 +66,15 @@ class KVBuffers:
             self.arrays = (keys[:, 0].numpy(), values[:, 0].numpy()) if numpy else None
         return n
 
+    def at(self, n: int) -> zip:
+        """Each layer's first n columns: (keys, values) views [1, KV, n, hd] of `views`, made by one narrow and one
+        unbind per buffer (a narrow per layer and buffer is a dozen calls for a six-layer model, ~1.8 us each)."""
+        return zip(self.keys.narrow(3, 0, n).unbind(0), self.values.narrow(3, 0, n).unbind(0))
+
     def publish(self, layers: list, n: int) -> None:
         """Point each cache layer at its first n columns."""
-        for layer, (k, v) in zip(layers, self.views):
-            layer.keys, layer.values = k.narrow(2, 0, n), v.narrow(2, 0, n)
+        for layer, (k, v) in zip(layers, self.at(n)):
+            layer.keys, layer.values = k, v
         self.published(layers)
 
     def published(self, layers: list) -> None:

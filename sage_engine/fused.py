@@ -247,6 +247,7 @@ class FusedDecoder:
         if buffers is not None:
             cached = [cache.layers[f.index] for f in self.layers]
             n = buffers.reserve(cached, q)
+            grown = list(buffers.at(n + q))
         for i, f in enumerate(self.layers):
             H, KV, hd = f.heads, f.kv_heads, f.head_dim
             qkv = f.qkv(f.norm1(h)).view(1, q, H + 2 * KV, hd).transpose(1, 2)
@@ -257,7 +258,7 @@ class FusedDecoder:
                 k_buf, v_buf = buffers.views[i]
                 k_buf.narrow(2, n, q).copy_(qk[:, H:])
                 v_buf.narrow(2, n, q).copy_(qkv[:, H + KV :])
-                keys, values = cached[i].keys, cached[i].values = k_buf.narrow(2, 0, n + q), v_buf.narrow(2, 0, n + q)
+                keys, values = cached[i].keys, cached[i].values = grown[i]
             else:
                 layer = cache.layers[f.index]
                 keys = layer.keys = torch.cat([layer.keys, qk[:, H:]], dim=-2)  # what DynamicLayer.update does
