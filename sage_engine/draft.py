@@ -23,7 +23,7 @@ from itertools import takewhile
 import numpy as np
 import torch
 
-from . import compiled, levels
+from . import cache, compiled, levels
 from .costs import Quote
 from .policy import Frontier, Policy, Probe, TreeShape, confidence
 from .pruning import VisualPruning
@@ -57,8 +57,9 @@ class Drafter:
         self.sampler: DraftSampler | None = None  # a sampled run's draft distribution and draws; None: greedy
         self.ends: frozenset[int] = frozenset()  # tokens that end the run: no node is drafted below one
         self._end_ids = np.zeros(0, np.int64)
-        compiled.warm()  # the compiled top-k and levels loaded now, not in a run's first drafted step
+        compiled.warm()  # the compiled top-k, levels and compaction loaded now, not in a run's first drafted step
         levels.warm()
+        cache.warm()
 
     def start(self, prompt: dict[str, torch.Tensor], first: int, sampling: Sampling | None = None,
               ends: Iterable[int] = ()) -> None:

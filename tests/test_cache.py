@@ -9,6 +9,7 @@ import torch
 from tiny_models import image, qwen25_pair
 from transformers import DynamicCache
 
+import sage_engine.cache as cache_module
 from sage_engine.cache import KVBuffers, compact, copy_cache
 from sage_engine.runner import ModelRunner
 from sage_engine.tree import DraftTree, verify_allowed
@@ -118,9 +119,15 @@ def _buffered_cache(buffers: KVBuffers, n: int, seed: int = 0) -> DynamicCache:
     return cache
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # NumPy's move, and torch's (no NumPy bf16)
-@pytest.mark.parametrize("keep", [[0, 3, 5], [2], [], [0, 1, 2, 4]])
-def test_a_buffered_cache_compacts_in_one_move_to_what_the_layer_by_layer_compaction_gives(dtype, keep):
+@pytest.mark.parametrize("dtype", ["float32 compiled", "float32 numpy", torch.bfloat16])  # the compiled move,
+# NumPy's (no Numba) and torch's (no NumPy bf16)
+@pytest.mark.parametrize("keep", [[0, 3, 5], [2], [], [0, 1, 2, 4], [4, 1, 6]])  # the last not in order
+def test_a_buffered_cache_compacts_in_one_move_to_what_the_layer_by_layer_compaction_gives(dtype, keep, monkeypatch):
+    if dtype == "float32 numpy":
+        monkeypatch.setattr(cache_module, "_move_jit", None)
+    elif dtype == "float32 compiled" and cache_module._move_jit is None:
+        pytest.skip("Numba is not installed")
+    dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
     buffers = KVBuffers(3, 2, 4, dtype)
     cache = _buffered_cache(buffers, 12)
     assert (buffers.arrays is not None) == (dtype == torch.float32)
