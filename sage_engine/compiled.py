@@ -18,6 +18,7 @@ Numba the NumPy layers are used. levels.py drafts a whole step's levels in one c
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -179,9 +180,17 @@ def _top_candidates(logits, k):
     return probs, tokens
 
 
+def _read(vocab, k, *forward_args):
+    """`_forward`, then its last row's softmax top-k over the first `vocab` tokens, in the same call (a draft's read:
+    the root's candidates without a second call from Python).  # -> logits [q, V], probs [1, k], tokens [1, k]"""
+    logits = _forward_jit(*forward_args)
+    probs, tokens = _top_jit(np.ascontiguousarray(logits[logits.shape[0] - 1 :, :vocab]), k)
+    return logits, probs, tokens
+
+
 _exp = _jit(_exp, inline=True) or _exp
 _rms, _attend, _swiglu = (_jit(f) or f for f in (_rms, _attend, _swiglu))
-_forward_jit, _top_jit = _jit(_forward), _jit(_top_candidates)
+_forward_jit, _top_jit, _read_jit = _jit(_forward), _jit(_top_candidates), _jit(_read)
 
 
 def top_candidates(logits: torch.Tensor, k: int) -> tuple[list[list[float]], list[list[int]]] | None:
@@ -193,12 +202,25 @@ def top_candidates(logits: torch.Tensor, k: int) -> tuple[list[list[float]], lis
     return probs.tolist(), tokens.tolist()
 
 
+def toy_weights() -> tuple:
+    """`_forward`'s arguments from `embed` on (after tokens, positions, the mask and n) for a one-layer toy decoder
+    (hidden 4, head size 2, one head of each kind, 3 tokens, 4 positions), of the real argument types: warm-up
+    calls load each compiled function's real specialisation."""
+    f32 = functools.partial(np.zeros, dtype=np.float32)
+    D, hd, V = 4, 2, 3
+    return (f32((V, D)), f32((4, hd)), f32((4, hd)), np.ones(1), f32((1, D, 3 * hd)), f32((1, 3 * hd)), 1, 1.0,
+            f32((1, hd, D)), f32((1, D)), np.ones(1), f32((1, D, 4)), f32((1, 2, D)), f32((1, D)), 1.0, f32((D, V)),
+            f32(V), f32((1, 1, 4, hd)), f32((1, 1, 4, hd)))
+
+
 def warm() -> None:
-    """Load the compiled top-k now (compiled on the first call in a process, else read from Numba's cache: ~0.4 s
-    even then), so that it does not land in a run's first drafted step, where the cost meter would take it for the
-    price of drafting."""
+    """Load the compiled top-k and read now (compiled on the first call in a process, else read from Numba's cache:
+    ~0.4 s even then), so that they do not land in a run's first drafted step, where the cost meter would take them
+    for the price of drafting."""
     if _top_jit is not None:
         _top_jit(np.zeros((1, 2), np.float32), 1)
+        one = np.zeros(1, np.int64)
+        _read_jit(3, 1, one, one, np.zeros((1, 0), dtype=bool), 0, *toy_weights())
 
 
 def _stack(arrays: list[np.ndarray | None], size: int) -> np.ndarray:
@@ -229,16 +251,22 @@ class CompiledDecoder(HostDecoder):
         )
         self._no_mask = np.zeros((1, 0), dtype=bool)
 
-    def run(self, tokens: list[int], positions: list[int], blocked: np.ndarray | None, cache) -> torch.Tensor:
-        """HostDecoder.run in one compiled call.  # -> logits [q, V]"""
+    def run(self, tokens: list[int], positions: list[int], blocked: np.ndarray | None, cache, top_k: int = 0,
+            vocab: int | None = None) -> torch.Tensor:
+        """HostDecoder.run in one compiled call; with `top_k`, the last row's softmax top-k over the first `vocab`
+        tokens in the same call (`top`).  # -> logits [q, V]"""
         cos, sin = self._rope(max(positions))
         layers = [cache.layers[f.index] for f in self.layers]
         n = self.buffers.reserve(layers, len(tokens))
         keys, values = self.buffers.arrays
-        logits = _forward_jit(
-            np.array(tokens, dtype=np.int64), np.array(positions, dtype=np.int64),
-            self._no_mask if blocked is None else np.ascontiguousarray(blocked, dtype=bool), n, self.embed, cos, sin,
-            *self.weights, keys, values)
+        mask = self._no_mask if blocked is None else np.ascontiguousarray(blocked, dtype=bool)
+        args = (np.array(tokens, dtype=np.int64), np.array(positions, dtype=np.int64), mask, n, self.embed, cos, sin,
+                *self.weights, keys, values)
+        if top_k:
+            logits, probs, top = _read_jit(vocab or self.head.shape[1], top_k, *args)
+            self.top = probs.tolist(), top.tolist()
+        else:
+            logits, self.top = _forward_jit(*args), None
         self.buffers.publish(layers, n + len(tokens))
         return torch.from_numpy(logits)
 

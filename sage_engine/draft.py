@@ -71,13 +71,14 @@ class Drafter:
         self.sampler = None if sampling is None or sampling.greedy else DraftSampler(sampling)
 
     def _top(self, logits: torch.Tensor, policy: Policy, rows: list[int], qs: dict[int, torch.Tensor],
-             alphas: bool = True) -> tuple[Frontier, list[float] | None]:
+             alphas: bool = True, top: tuple | None = None) -> tuple[Frontier, list[float] | None]:
         """The frontier `rows`' top max(k, entropy_k) candidates, and (with `alphas`) each row's confidence alpha over
         its top `entropy_k`. A draft that samples also draws as many tokens per row without replacement from the row's
         q (in draw order) and keeps q in `qs[row node]`.  # [F, V] -> Frontier [F][K], alpha [F] or None"""
         sampler = self.sampler
         k = max(policy.top_k, policy.entropy_k)
-        top = compiled.top_candidates(logits, k) if sampler is None else None  # one compiled call, or None
+        if top is None and sampler is None:  # `top`: the forward's own (Pass.top), else one compiled call, or None
+            top = compiled.top_candidates(logits, k)
         if top is not None:
             frontier = Frontier(rows, top[1], top[0])
         else:
@@ -101,9 +102,10 @@ class Drafter:
         pending, p = self.pending, len(self.pending)
         self._region = (runner.seq_len, p)
         root_pos = runner.seq_len + p - 1  # sequence index of the root
-        read = runner.forward(pending, list(range(root_pos - p + 1, root_pos + 1)), chain_allowed(p))
+        k = 0 if self.sampler is not None else max(policy.top_k, policy.entropy_k)  # the root's candidates, greedy
+        read = runner.forward(pending, list(range(root_pos - p + 1, root_pos + 1)), chain_allowed(p), top=k)
         qs: dict[int, torch.Tensor] = {}  # a sampled draft's q per expanded node (-1: the root)
-        frontier, alpha = self._top(read.logits[-1:], policy, [-1], qs)
+        frontier, alpha = self._top(read.logits[-1:], policy, [-1], qs, top=read.top)
         tree = DraftTree(root_alpha=float(alpha[0]))
         shape = policy.shape(tree.root_alpha, quote, self._probe(read.logits))
         if max_depth is not None and shape.depth > max_depth:

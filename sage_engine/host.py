@@ -113,6 +113,7 @@ class HostDecoder:
         self.floor = float(fused.norm.floor) ** 2
         self.head, self.head_bias = _np(fused.head.transposed), _np(fused.head.bias)
         self._cos = self._sin = np.zeros((0, 0), np.float32)
+        self.top: tuple[list[list[float]], list[list[int]]] | None = None  # the last run's top-k (CompiledDecoder)
 
     def _rope(self, top: int) -> tuple[np.ndarray, np.ndarray]:
         """(cos, signed sin) tables covering positions 0..top (fused.FusedDecoder.rotary's table).  # 2 x [n, hd]"""
@@ -130,10 +131,12 @@ class HostDecoder:
         blocked = None if mask is None else mask[0, 0].numpy() < 0  # masked: finfo.min (tree.additive_mask)
         return self.run(ids[0].tolist(), positions[0].tolist(), blocked, cache)[None]
 
-    def run(self, tokens: list[int], positions: list[int], blocked: np.ndarray | None, cache) -> torch.Tensor:
+    def run(self, tokens: list[int], positions: list[int], blocked: np.ndarray | None, cache, top_k: int = 0,
+            vocab: int | None = None) -> torch.Tensor:
         """Append `tokens` at (shifted) rotary `positions`; `blocked` [q, r]: which of the newest r key columns each
-        token may not see (None: it sees them all).  # -> logits [q, V]"""
-        q = len(tokens)
+        token may not see (None: it sees them all). `top_k`, `vocab`: the compiled layers' top-k (`top`); here none.
+        # -> logits [q, V]"""
+        q, self.top = len(tokens), None
         cos, sin = self._rope(max(positions))
         cos, sin = cos[positions][:, None], sin[positions][:, None]  # [q, 1, hd]
         h = self.embed.take(tokens, axis=0)  # [q, D]

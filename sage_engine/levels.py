@@ -15,13 +15,12 @@ time: its expansions are a few microseconds.
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from .compiled import CompiledDecoder, _forward_jit, _top_jit, numba
+from .compiled import CompiledDecoder, _forward_jit, _top_jit, numba, toy_weights
 from .policy import ChainPolicy, Policy, SagePolicy, TreeShape
 from .sampling import Sampling
 
@@ -226,10 +225,5 @@ def warm() -> None:
     toy decoder of the real argument types, so that they do not land in a run's first drafted step."""
     if _levels_jit is None:
         return
-    f32 = functools.partial(np.zeros, dtype=np.float32)
-    D, hd, V = 4, 2, 3
-    weights = (f32((V, D)), f32((4, hd)), f32((4, hd)), np.ones(1), f32((1, D, 3 * hd)), f32((1, 3 * hd)), 1, 1.0,
-               f32((1, hd, D)), f32((1, D)), np.ones(1), f32((1, D, 4)), f32((1, 2, D)), f32((1, D)), 1.0, f32((D, V)),
-               f32(V), f32((1, 1, 4, hd)), f32((1, 1, 4, hd)))
     _levels_jit(CHAIN, (1, 0.0, 0.0, math.nan, math.nan, 1, 1), 0.0, 1.0, np.zeros(2), np.zeros(2, np.int64),
-                np.zeros(0, np.int64), 1, 1, 1, V, *weights)
+                np.zeros(0, np.int64), 1, 1, 1, 3, *toy_weights())

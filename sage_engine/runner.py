@@ -1,23 +1,20 @@
 """One model behind three verbs: prefill a prompt, forward tokens under a tree mask, keep cache columns.
 
-The runner owns the model's KV cache and applies its family's position rule (families.py), so the rest
-of the engine speaks only in sequence positions, token ids and boolean attention patterns: a token at
-sequence position p is fed at position_ids [1, q] = p + rope_delta, where rope_delta is the text shift
-the family's rule reads after prefill (M-RoPE: the model's rope_deltas; 1D: 0; after a pruned draft
-prefill: what keeps the text at its unpruned positions).
+The runner owns the model's KV cache and applies its family's position rule (families.py), so the rest of the engine
+speaks only in sequence positions, token ids and boolean attention patterns: a token at sequence position p is fed at
+position_ids [1, q] = p + rope_delta, where rope_delta is the text shift the family's rule reads after prefill (M-RoPE:
+the model's rope_deltas; 1D: 0; after a pruned draft prefill: what keeps the text at its unpruned positions).
 Cached forwards (decode steps, tree levels, verify passes) go through the model's own decoder layers called in turn
 (stack.py) once the first one has given bit-identical logits to forward(), else through forward(). With `fused`, the
 runner computes those layers with fused products instead (fused.py), kept once its first forward came out close to
 forward() with the same argmax on every row (their last bits may differ: see fused.py on exactness); where several
-ways of computing them pass (oneDNN-packed or transposed weights, and for a draft the same layers in NumPy,
-host.py), the check times them and keeps the fastest. The check runs once per model: on a short text prompt when the
-engine is built (`check_layers`), else on its first cached forward. A prompt goes through the model's public
-forward() until the fused layers are kept; from then on through the model's own forward only up to its text model
-(vision tower, merged visual features, positions: stack.prompt_inputs) and then the fused layers
-(fused.FusedDecoder.prefill), once the first such prefill has come out close to forward()'s, logits and keys and
-values (`_check_prompt`): the text model's own forward spends more on mask building, wrappers and per-layer calls
-than on its products. On that path a Qwen2.5-VL-style vision tower is computed in fewer calls too (vision.py), its
-features handed to the model's forward (`mm_encoder_outputs`), unless the check fails with it and passes without.
+ways of computing them pass (oneDNN-packed or transposed weights, and for a draft the same layers in NumPy, host.py,
+or compiled, compiled.py), the check times them and keeps the fastest. The check runs once per model: on a short text
+prompt when the engine is built (`check_layers`), else on its first cached forward. A prompt goes through forward()
+until the fused layers are kept; then through the model's own forward only up to its text model (vision tower,
+merged visual features, positions: stack.prompt_inputs) and the fused layers (fused.FusedDecoder.prefill), once the
+first such prefill has come out close to forward()'s in logits, keys and values (`_check_prompt`). On that path a
+Qwen2.5-VL-style vision tower runs in fewer calls (vision.py), unless the check fails with it and passes without.
 """
 
 from __future__ import annotations
@@ -51,6 +48,8 @@ class Pass:
 
     logits: torch.Tensor  # prefill: [V] after the prompt's last token; forward: [q, V]
     ms: float  # wall time of the model call
+    # forward(top=k) on the compiled layers: the last row's softmax top-k over the shared vocabulary, same call
+    top: tuple[list[list[float]], list[list[int]]] | None = None  # ([1][k] probs, [1][k] tokens); else None
 
 
 @dataclass(frozen=True)
@@ -230,17 +229,18 @@ class ModelRunner:
             return False
 
     @inference
-    def forward(self, tokens: list[int], positions: list[int], allowed: np.ndarray) -> Pass:
+    def forward(self, tokens: list[int], positions: list[int], allowed: np.ndarray, top: int = 0) -> Pass:
         """Append `tokens` at sequence `positions`; `allowed` [q, r] is their attention pattern over the
         newest r key columns (the last q of which are these tokens); older columns are always visible.
-        The logits after each token (ids and positions made in NumPy: a third of torch.tensor's time).  # [q, V]"""
+        The logits after each token (ids and positions made in NumPy: a third of torch.tensor's time), and with `top`
+        the compiled layers' top-k of the last row (`Pass.top`).  # [q, V]"""
         q, r = allowed.shape
         shifted = [p + self.rope_delta for p in positions]
         sees_all = q == 1 and allowed.all()  # one token that sees every column: no mask
         if self.stack_checked and isinstance(self.fused, HostDecoder):  # NumPy takes the lists and pattern as they are
             t0 = time.perf_counter()
-            logits = self.fused.run(tokens, shifted, None if sees_all else ~allowed, self.cache)
-            return Pass(self._logits(logits), (time.perf_counter() - t0) * 1e3)
+            logits = self.fused.run(tokens, shifted, None if sees_all else ~allowed, self.cache, top, self.vocab_limit)
+            return Pass(self._logits(logits), (time.perf_counter() - t0) * 1e3, self.fused.top)
         past = self.seq_len + q - r
         ids, pos = torch.from_numpy(np.array(tokens + shifted, dtype=np.int64)).view(2, 1, q).to(self.device).unbind()
         # [1, 1, q, past + r]; none for one token that sees every column (a plain step, a chain level)

@@ -257,3 +257,38 @@ def test_the_engine_loads_the_compiled_top_k_when_it_is_built(monkeypatch):
     monkeypatch.setattr(compiled_mod, "_top_jit", lambda logits, k: calls.append(k) or jit(logits, k))
     SpecEngine(pair_for("qwen2.5-vl"))
     assert calls
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_read_on_the_compiled_layers_gives_its_last_rows_top_k_from_the_same_call(kind):
+    """forward(top=k): the compiled layers rank the last row's candidates (over the shared vocabulary) in the call that
+    computes the logits, the same candidates the separate compiled top-k gives; the NumPy layers leave it to it."""
+    pair = pair_for("qwen2.5-vl")
+    prep = prepare_input(pair, "describe what you see", images=[image(4)])
+    runner = _draft_runner(pair.draft)
+    runner.fused, runner.stack_checked, runner.vocab_limit = _host(runner, kind), True, 250
+    runner.prefill(prep.for_draft())
+    n = runner.seq_len
+    read = runner.forward([5, 9, 11], [n, n + 1, n + 2], np.tril(np.ones((3, 3), bool)), top=10)
+    assert read.logits.shape[-1] == 250
+    if kind == "numpy":
+        assert read.top is None
+        return
+    assert read.top == compiled_mod.top_candidates(read.logits[-1:], 10)
+    assert runner.forward([7], [n + 3], np.ones((1, 1), bool)).top is None  # not asked for
+
+
+def test_the_engine_loads_the_compiled_read_when_it_is_built(monkeypatch):
+    """Built, the engine has loaded the compiled read in the specialisation a run calls (warm's toy arguments have the
+    real types): a run's first drafted step does not compile or load it."""
+    if compiled_mod._read_jit is None:
+        pytest.skip("Numba is not installed")
+    _prefer(monkeypatch, "numba")
+    pair = pair_for("qwen2.5-vl")
+    engine = SpecEngine(pair)
+    loaded = list(compiled_mod._read_jit.signatures)
+    assert loaded and engine.draft.tree_forward == "fused+numba"
+    prep = prepare_input(pair, "describe what you see", images=[image(4)])
+    res = engine.generate(prep, "sage", max_new_tokens=12, ignore_eos=True)
+    assert any(s.draft_forwards for s in res.steps)  # it drafted: the draft read with its top-k
+    assert list(compiled_mod._read_jit.signatures) == loaded
