@@ -57,7 +57,7 @@ class Drafter:
         self.sampler: DraftSampler | None = None  # a sampled run's draft distribution and draws; None: greedy
         self.ends: frozenset[int] = frozenset()  # tokens that end the run: no node is drafted below one
         self._end_ids = np.zeros(0, np.int64)
-        compiled.warm()  # the compiled top-k, levels and compaction loaded now, not in a run's first drafted step
+        compiled.warm()  # the compiled top-k, read, levels and compaction loaded now, not in a first drafted step
         levels.warm()
         cache.warm()
 
