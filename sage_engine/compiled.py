@@ -262,8 +262,9 @@ class CompiledDecoder(HostDecoder):
         mask = self._no_mask if blocked is None else np.ascontiguousarray(blocked, dtype=bool)
         args = (np.array(tokens, dtype=np.int64), np.array(positions, dtype=np.int64), mask, n, self.embed, cos, sin,
                 *self.weights, keys, values)
-        if top_k:
-            logits, probs, top = _read_jit(vocab or self.head.shape[1], top_k, *args)
+        vocab = min(vocab or self.head.shape[1], self.head.shape[1])
+        if 0 < top_k <= vocab:  # more candidates than tokens: left to the caller's own ranking (as top_candidates does)
+            logits, probs, top = _read_jit(vocab, top_k, *args)
             self.top = probs.tolist(), top.tolist()
         else:
             logits, self.top = _forward_jit(*args), None

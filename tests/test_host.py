@@ -275,7 +275,9 @@ def test_a_read_on_the_compiled_layers_gives_its_last_rows_top_k_from_the_same_c
         assert read.top is None
         return
     assert read.top == compiled_mod.top_candidates(read.logits[-1:], 10)
-    assert runner.forward([7], [n + 3], np.ones((1, 1), bool)).top is None  # not asked for
+    n += 3
+    assert runner.forward([7], [n], np.ones((1, 1), bool)).top is None  # not asked for
+    assert runner.forward([7], [n + 1], np.ones((1, 1), bool), top=251).top is None  # more than the shared tokens
 
 
 def test_the_engine_loads_the_compiled_read_when_it_is_built(monkeypatch):
