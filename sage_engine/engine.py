@@ -257,16 +257,17 @@ class SpecEngine:
             self.drafter.start(prepared.for_draft(), first, sampling, ends=eos)
         root, step = first, 0
         while not out.finished:
-            step += 1
-            event = self._step(step, root, policy, accept, out)
+            step += 1  # the step's clock starts here: entering it is part of its cost
+            event = self._step(step, root, policy, accept, out, time.perf_counter())
             root = event.bonus_token
             yield event
 
     @torch.inference_mode()  # one entry for the step's dozen runner calls (runner.inference)
-    def _step(self, step: int, root: int, policy: Policy, accept, out: Transcript) -> StepEvent:
-        """Decode step `step` after `root` (the last decided token): draft, verify, accept, compact, observe."""
+    def _step(self, step: int, root: int, policy: Policy, accept, out: Transcript, t0: float) -> StepEvent:
+        """Decode step `step` after `root` (the last decided token), its clock started at `t0`: draft, verify, accept,
+        compact, observe."""
         key, drafting = policy.key, policy.uses_draft
-        t0, checked_ms = time.perf_counter(), self._check_ms()
+        checked_ms = self._check_ms()
         quote = self.costs.quote(key)
         # 1. draft a tree shaped by the policy (ar, or a step the policy decodes plain: an empty tree).
         left = out.budget - len(out.ids)  # tokens the run may still emit: a tree deeper than left - 1 is waste
@@ -318,13 +319,13 @@ class SpecEngine:
     def _event(self, step: int, policy: Policy, out: Transcript, ids: list[int], text: list[str], t0: float, *,
                target_ms: float, draft: Draft | None = None, view: TreeView | None = None,
                verdict: Verdict | None = None) -> StepEvent:
-        """The StepEvent of step `step` (0: prefill; no draft), from what its stages measured."""
+        """The StepEvent of step `step` (0: prefill; no draft), from what its stages measured; its own making is part
+        of the step's other_ms (measured once it is made)."""
         shape = None if draft is None else draft.shape
         d_ms, d_fw, d_prefill = (0.0, 0, 0.0) if draft is None else (draft.ms, draft.forwards, draft.prefill_ms)
         alpha = shape.alpha if shape is not None else None
         price = shape.price if shape is not None else None
-        wall_ms = (time.perf_counter() - t0) * 1e3 - d_prefill
-        return StepEvent(
+        event = StepEvent(
             step=step,
             kind="prefill" if step == 0 else "decode",
             policy=policy.name,
@@ -345,7 +346,7 @@ class SpecEngine:
                         if verdict is not None and len(ids) > len(verdict.accepted_tokens) else None),
             target_ms=target_ms,
             draft_ms=d_ms,
-            other_ms=max(0.0, wall_ms - target_ms - d_ms),
+            other_ms=0.0,
             draft_forwards=d_fw,
             total_tokens=len(out.ids),
             finished=out.finished,
@@ -354,3 +355,5 @@ class SpecEngine:
             level_price=None if price is None else price.level,
             draft_prefill_ms=d_prefill,
         )
+        event.other_ms = max(0.0, (time.perf_counter() - t0) * 1e3 - d_prefill - target_ms - d_ms)
+        return event
