@@ -21,27 +21,13 @@ except ImportError:  # the compaction's NumPy gather instead
 
 
 def _move_columns(keys, values, start, keep):
-    """Columns start + keep[j] of both buffers [L, KV, cap, hd] moved to start + j. Where `keep` rises strictly (a
-    path's columns, what compaction keeps) each column moves down or stays, so copying in order overwrites no column
-    before it is read; otherwise through a copy of the kept columns."""
-    m = keep.shape[0]
-    rising = m == 0 or keep[0] >= 0
-    for j in range(1, m):
-        rising = rising and keep[j] > keep[j - 1]
+    """Columns start + keep[j] of both buffers [L, KV, cap, hd] moved to start + j (gathered first: overlap-safe)."""
     for a in (keys, values):
-        if rising:
-            for j in range(m):
-                if keep[j] != j:
-                    a[:, :, start + j] = a[:, :, start + keep[j]]
-        else:
-            kept = np.empty((a.shape[0], a.shape[1], m, a.shape[3]), a.dtype)
-            for j in range(m):
-                kept[:, :, j] = a[:, :, start + keep[j]]
-            a[:, :, start : start + m] = kept
+        a[:, :, start : start + keep.shape[0]] = a[:, :, keep + start]
 
 
 # one compiled call: right after a model forward, NumPy's index arithmetic and fancy-indexed copy took ~50 us there
-# (each NumPy call's first touch of its own code and data comes back from L3), the compiled loop ~15-25 us
+# (each NumPy call's first touch of its own code and data comes back from L3), the compiled gather ~15-25 us
 _move_jit = numba.njit(cache=True, nogil=True)(_move_columns) if numba is not None else None
 
 

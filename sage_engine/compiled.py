@@ -152,13 +152,27 @@ def _forward(tokens, positions, blocked, n, embed, cos, sin, floor1, qkv, qkv_b,
     return x @ head + head_b
 
 
+def _largest(row, best, order):
+    """The len(best) largest values of `row` into `best`, in descending order, and their indices into `order` (ties:
+    the lower index first), by insertion: no sort of the whole row. `best` must start below every value of `row`."""
+    k = best.shape[0]
+    for j in range(row.shape[0]):
+        v = row[j]
+        if v > best[k - 1]:
+            s = k - 1
+            while s > 0 and best[s - 1] < v:
+                best[s], order[s] = best[s - 1], order[s - 1]
+                s -= 1
+            best[s], order[s] = v, j
+
+
 def _top_candidates(logits, k):
     """Each row's softmax and its k most probable tokens, best first (ties: the lower token first).
     # logits [F, V] -> probs [F, k], tokens [F, k]"""
     F, V = logits.shape
     probs = np.empty((F, k), np.float32)
     tokens = np.zeros((F, k), np.int64)
-    best = np.empty(k, np.float32)  # a row's k largest logits so far, in order (their tokens in `tokens`)
+    best = np.empty(k, np.float32)  # a row's k largest logits (their tokens in `tokens`)
     for i in range(F):
         m = logits[i, 0]
         for j in range(V):
@@ -167,14 +181,7 @@ def _top_candidates(logits, k):
         for j in range(V):
             z += _exp(logits[i, j] - m)
         best[:] = -np.inf
-        for j in range(V):
-            v = logits[i, j]
-            if v > best[k - 1]:
-                s = k - 1
-                while s > 0 and best[s - 1] < v:
-                    best[s], tokens[i, s] = best[s - 1], tokens[i, s - 1]
-                    s -= 1
-                best[s], tokens[i, s] = v, j
+        _largest(logits[i], best, tokens[i])
         for s in range(k):
             probs[i, s] = _exp(best[s] - m) / z
     return probs, tokens
@@ -189,7 +196,7 @@ def _read(vocab, k, *forward_args):
 
 
 _exp = _jit(_exp, inline=True) or _exp
-_rms, _attend, _swiglu = (_jit(f) or f for f in (_rms, _attend, _swiglu))
+_rms, _attend, _swiglu, _largest = (_jit(f) or f for f in (_rms, _attend, _swiglu, _largest))
 _forward_jit, _top_jit, _read_jit = _jit(_forward), _jit(_top_candidates), _jit(_read)
 
 

@@ -58,7 +58,7 @@ class Transcript:
     """The output so far, with the stopping rules: EOS, token budget, stop strings."""
 
     def __init__(self, tokenizer, eos: set[int], budget: int, stop: tuple[str, ...]):
-        self.tokenizer, self.eos, self.budget, self.stop = tokenizer, eos, budget, tuple(s for s in stop if s)
+        self.eos, self.budget, self.stop = eos, budget, tuple(s for s in stop if s)
         self.decode = text_decoder(tokenizer)
         self.ids: list[int] = []
         self.text = ""

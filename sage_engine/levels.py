@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .compiled import CompiledDecoder, _forward_jit, _top_jit, numba, toy_weights
+from .compiled import CompiledDecoder, _forward_jit, _largest, _top_jit, numba, toy_weights
 from .policy import ChainPolicy, Policy, SagePolicy, TreeShape
 from .sampling import Sampling
 
@@ -95,16 +95,8 @@ def _warped_top(logits, k, temperature, top_p):
             for s in range(k):  # the nucleus is a prefix of the order
                 probs[i, s], tokens[i, s] = q[order[s]], order[s]
             continue
-        for s in range(k):  # the k largest by insertion (no sort of the whole row), ties: the lower token first
-            probs[i, s] = -1.0
-        for j in range(V):
-            v = q[j]
-            if v > probs[i, k - 1]:
-                s = k - 1
-                while s > 0 and probs[i, s - 1] < v:
-                    probs[i, s], tokens[i, s] = probs[i, s - 1], tokens[i, s - 1]
-                    s -= 1
-                probs[i, s], tokens[i, s] = v, j
+        probs[i] = -1.0  # below every probability: the k largest by insertion, ties: the lower token first
+        _largest(q, probs[i], tokens[i])
     return probs, tokens
 
 
