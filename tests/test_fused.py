@@ -314,6 +314,37 @@ def test_the_targets_one_row_products_take_the_kernel_of_several_and_the_drafts_
                 assert torch.equal(p(x), x @ p.transposed + (0 if p.bias is None else p.bias))
 
 
+def test_a_one_token_step_runs_its_products_on_twin_rows_with_the_padded_products_numbers(monkeypatch):
+    """The target's one-token step carries its row twice through the layers (`FusedDecoder._layers`, twin) instead
+    of padding each product's row: the same logits and the same cached keys and values, bit for bit, over a run of
+    steps, as through the padded products; and no product pads a row on that path (a product called with one row
+    would mean the twin rows were dropped on the way)."""
+    from sage_engine.models import load_pair
+
+    engine = SpecEngine(load_pair())
+    runner, decoder = engine.target, engine.target.fused
+    assert isinstance(decoder, fused_mod.FusedDecoder) and decoder.pads
+    runner.prefill(prepare_input(engine.pair, "Describe the image.", images=[image(3)]).target_inputs)
+    rows = []
+    real_call = fused_mod.Product.__call__
+    monkeypatch.setattr(fused_mod.Product, "__call__", lambda p, x: rows.append(x.shape[-2]) or real_call(p, x))
+    start = runner.seq_len
+    for step, token in enumerate([5, 9, 33, 7, 12]):
+        got = {}
+        for twin in (True, False):
+            decoder.__dict__["pads"] = twin   # False: the padded products' path
+            rows.clear()
+            logits = runner.forward([token], [start + step], np.ones((1, 1), bool)).logits
+            got[twin] = logits, [(layer.keys[:, :, -1:].clone(), layer.values[:, :, -1:].clone())
+                                 for layer in runner.cache.layers]
+            assert (1 in rows) is not twin and len(rows) == len(decoder.products)
+            runner.keep(start + step, [])
+        assert torch.equal(got[True][0], got[False][0])
+        assert all(torch.equal(a, b) for pair in zip(got[True][1], got[False][1]) for a, b in zip(*pair))
+        runner.forward([token], [start + step], np.ones((1, 1), bool))   # the prefix grows
+    decoder.__dict__["pads"] = True
+
+
 @pytest.mark.parametrize("name", ["qwen2.5-vl", "llava"])
 def test_the_fused_rotary_table_gives_the_rotary_modules_own_numbers_as_it_grows(name):
     model = pair_for(name).target
