@@ -17,23 +17,21 @@ builds both where both apply and the runner keeps the one its timing finds faste
 (`ModelRunner._fastest`, when it checks the layers). Narrower products (the draft's) are never packed: a packed call
 has a fixed cost of 13-27 us. oneDNN builds a kernel on the first call for each row count, so a packed decoder runs
 every row count up to WARM_ROWS once when it is built. For a draft, the same layers computed in NumPy from this
-decoder's weights (host.py) are one more candidate.
-Measured on the second CPU (median of interleaved blocks, ms per cached forward over 1 / 4 / 13 tokens): the
-embedded target through its own modules 2.66 / 3.44 / 4.38, fused and packed 2.37 / 2.62 / 3.39, fused on
-transposed copies 1.93 / 1.89 / 2.51; the draft through its own modules 0.42 / 0.86 / 0.65, fused 0.28 / 0.40 / 0.34
-(its one-token forward 0.26 against 0.33 ms once its one-row products kept the one-row path, `Product.pad`).
+decoder's weights (host.py) are one more candidate. On the second CPU a cached forward of the embedded target over 1
+/ 4 / 13 tokens took 2.66 / 3.44 / 4.38 ms through its own modules, 2.37 / 2.62 / 3.39 fused and packed, 1.93 / 1.89
+/ 2.51 on transposed copies; the draft's 0.42 / 0.86 / 0.65 through its modules, 0.28 / 0.40 / 0.34 fused (a one-
+token step on the one-row path, `Product.pad`).
 
 Exactness. A fused product (with a norm's weight folded into it) sums and rounds in another order than the model's
 modules do, so the logits differ from forward()'s in the last bits (the embedded target: up to ~2e-5 on logits of
-magnitude ~10-15). Differences of that size
-are already there without fusing: a verify pass over 13 tokens and a one-token step through the same modules take
-different BLAS paths and differ by as much. Every emitted token is the argmax of the target's logits as the engine
-computes them, in the `ar` lane and in verification alike; it equals transformers' own generate() wherever no two
-top logits are closer than that (every `bench` run checks `hf_generate` token for token against `ar`).
-`--tree-forward layers` keeps the target on its own modules (stack.py, bit-identical to forward() at the same
-shapes) and fuses only the draft. The runner checks the fused layers once per model (when the engine is built, on a
-short text prompt; else on its first cached forward): the same argmax on every row and logits within 1e-3 of their
-scale, or they are dropped.
+magnitude ~10-15). Differences of that size are already there without fusing: a verify pass over 13 tokens and a
+one-token step through the same modules take different BLAS paths and differ by as much. Every emitted token is the
+argmax of the target's logits as the engine computes them, in the `ar` lane and in verification alike; it equals
+transformers' own generate() wherever no two top logits are closer than that (every `bench` run checks `hf_generate`
+token for token against `ar`). `--tree-forward layers` keeps the target on its own modules (stack.py, bit-identical
+to forward() at the same shapes) and fuses only the draft. The runner checks the fused layers once per model (when
+the engine is built, on a short text prompt; else on its first cached forward): the same argmax on every row and
+logits within 1e-3 of their scale, or they are dropped.
 
 Used where a layer is exactly that block: its children are the two norms, an attention of q/k/v/o projections and
 an MLP of gate/up/down projections with SiLU (nothing else, e.g. no q/k norms), and the fused copies of the
@@ -53,9 +51,7 @@ from .stack import DecoderStack
 
 MAX_FUSED_PARAMS = 16_000_000  # fused weight copies above this (64 MB in fp32) are not worth their memory
 PACK_MIN_HIDDEN = 256  # narrower products are faster on a transposed copy than through oneDNN's fixed per-call cost
-# oneDNN builds a kernel for each new (rows, weight shape) on its first call, ~0.4 ms here (then ~0.03 ms): packed
-# products are run once at build time for every row count up to this, which covers a tree of up to 95 nodes
-WARM_ROWS = 96
+WARM_ROWS = 96  # oneDNN builds a kernel per new row count (~0.4 ms): packed products run 1..96 rows when built
 _LAYER_PARTS = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
 _ATTN_PARTS = {"q_proj", "k_proj", "v_proj", "o_proj"}
 _MLP_PARTS = {"gate_proj", "up_proj", "down_proj", "act_fn"}
@@ -205,8 +201,7 @@ class FusedDecoder:
         return self.layers[0].qkv.packed is not None
 
     @functools.cached_property
-    def pads(self) -> bool:
-        """Do the products compute a single row as two (`Product.pad`)?"""
+    def pads(self) -> bool:  # do the products compute a single row as two (`Product.pad`)?
         return self.layers[0].qkv.transposed is not None and self.layers[0].qkv.pad
 
     @property
@@ -232,9 +227,8 @@ class FusedDecoder:
                  top: int | None = None) -> torch.Tensor:
         """Same contract as DecoderStack: ids, positions [1, q], mask [1, 1, q, kv]; appends to `cache`.
         # -> [1, q, V]"""
-        twin = ids.shape[1] == 1 and self.pads  # one token: its rows of every product computed as two (`_layers`)
-        if twin:
-            ids = ids.expand(1, 2)
+        twin = ids.shape[1] == 1 and self.pads  # one token: its row twice through the products (`_layers`)
+        ids = ids.expand(1, 2) if twin else ids
         h = self.stack.embed(ids) if self.embed_weight is None else F.embedding(ids, self.embed_weight)  # [1, q, D]
         cos, sin = self.rotary(h, positions, int(positions.max()) if top is None else top)  # [1, 1, q, hd]
         logits = self._head(self._layers(h, cos, sin, mask, cache, twin=twin))
@@ -252,10 +246,8 @@ class FusedDecoder:
                 prompt: bool = False, twin: bool = False) -> torch.Tensor:
         """The decoder layers over h [1, q, D], appending keys and values to `cache`; `prompt`: the cache is empty and
         the rows attend causally (no mask). `twin`: h is one token's row twice ([1, 2, D]); the products take both
-        rows, the attention and the cache the first. A padded product (`Product.pad`) copies its one row into two on
-        each of its calls (25 a target step); the twin rows are made once by the embedding and once per layer after
-        the attention, with the same numbers (a one-token step of the embedded target: 1.70 against 1.84 ms, median
-        of interleaved calls on the 2-core CPU).  # -> [1, q, D]"""
+        rows, the attention and the cache the first: the same numbers as padded products (`Product.pad`), which copy
+        the row on each of 25 calls (the embedded target's one-token step: 1.70 against 1.84 ms).  # -> [1, q, D]"""
         q, buffers = 1 if twin else h.shape[1], None if prompt else self.buffers
         if buffers is not None:
             cached = [cache.layers[f.index] for f in self.layers]
