@@ -236,7 +236,7 @@ class ModelRunner:
         the compiled layers' top-k of the last row (`Pass.top`).  # [q, V]"""
         q, r = allowed.shape
         shifted = [p + self.rope_delta for p in positions]
-        sees_all = q == 1 and allowed.all()  # one token that sees every column: no mask
+        sees_all = q == 1 and (r == 1 or allowed.all())  # one token that sees every column (itself at least): no mask
         if self.stack_checked and isinstance(self.fused, HostDecoder):  # NumPy takes the lists and pattern as they are
             t0 = time.perf_counter()
             logits = self.fused.run(tokens, shifted, None if sees_all else ~allowed, self.cache, top, self.vocab_limit)
