@@ -80,18 +80,19 @@ def robust_rate(steps: list[tuple[int, float]]) -> float | None:
     return sum(t for t, _ in kept) / wall if wall > 0 else None
 
 
-NODES, FORWARDS, WALL, VERIFY = 1, 2, 3, 4  # a drafted step's columns in `Moments` (0: the constant 1)
+NODES, FORWARDS, WALL, VERIFY, DRAFT = 1, 2, 3, 4, 5  # a drafted step's columns in `Moments` (0: the constant 1)
+_COLUMNS = 6
 
 
 class Moments:
-    """Sums of the products of every two columns of (1, nodes, draft forwards, wall ms, verify ms) over the last
+    """Sums of the products of every two columns of (1, nodes, draft forwards, wall, verify and draft ms) over the last
     `window` drafted steps, kept as steps come and go: a least-squares fit of one column on others is then a small
     linear system. Plain Python, not numpy: the engine fits between model forwards, where the first numpy calls
     after a forward run from cold caches (measured: numpy's lstsq over 96 rows took ~0.2 ms there, 10 us alone)."""
 
     def __init__(self, window: int):
         self.rows: deque[tuple[float, ...]] = deque(maxlen=window)
-        self.sums = [[0.0] * 5 for _ in range(5)]
+        self.sums = [[0.0] * _COLUMNS for _ in range(_COLUMNS)]
 
     @property
     def n(self) -> int:
@@ -100,10 +101,10 @@ class Moments:
     def _accumulate(self, row: tuple[float, ...], sign: float) -> None:
         for i, a in enumerate(row):
             line = self.sums[i]
-            for j in range(i, 5):
+            for j in range(i, _COLUMNS):
                 line[j] += sign * a * row[j]
 
-    def add(self, step: tuple[float, float, float, float]) -> None:
+    def add(self, step: tuple[float, float, float, float, float]) -> None:
         row = (1.0, *map(float, step))
         if len(self.rows) == self.rows.maxlen:
             self._accumulate(self.rows[0], -1.0)
@@ -118,16 +119,20 @@ class Moments:
         a = [[s[min(i, j)][max(i, j)] for j in cols] + [s[min(i, y)][max(i, y)]] for i in cols]
         return _solve(a)
 
-    def line(self, y: int, x: tuple[int, ...]) -> tuple[float, float] | None:
-        """(intercept, slope) of column `y` on the sum of columns `x`, the slope kept >= 0 (the intercept then
-        refitted); None when that sum is the same for every step of the window."""
+    def line(self, y: int, x: tuple[int, ...], minus: int | None = None) -> tuple[float, float] | None:
+        """(intercept, slope) of column `y` (less column `minus`) on the sum of columns `x`, the slope kept >= 0 (the
+        intercept then refitted); None when that sum is the same for every step of the window."""
         s = self.sums
-        n, u, w = s[0][0], sum(s[0][i] for i in x), s[0][y]
+
+        def cross(i: int) -> float:  # sum over the window of column i times y (less minus)
+            return s[min(i, y)][max(i, y)] - (0.0 if minus is None else s[min(i, minus)][max(i, minus)])
+
+        n, u, w = s[0][0], sum(s[0][i] for i in x), cross(0)
         uu = sum(s[min(i, j)][max(i, j)] for i in x for j in x)
         det = n * uu - u * u
         if det <= 1e-9 * n * uu:
             return None
-        slope = max(0.0, (n * sum(s[min(i, y)][max(i, y)] for i in x) - u * w) / det)
+        slope = max(0.0, (n * sum(cross(i) for i in x) - u * w) / det)
         return (w - slope * u) / n, slope
 
 
@@ -191,7 +196,7 @@ class CostMeter:
             self.plain.append(timing)
         else:
             self.drafted.setdefault(timing.policy, deque(maxlen=self.recent)).append(timing)
-            self._moments.add((timing.nodes, timing.draft_forwards, timing.wall_ms, timing.verify_ms))
+            self._moments.add((timing.nodes, timing.draft_forwards, timing.wall_ms, timing.verify_ms, timing.draft_ms))
         return False
 
     def stalled(self, timing: StepTiming) -> bool:
@@ -258,10 +263,14 @@ class CostMeter:
         return min(1.5, max(0.05, sum(s.tokens - 1 for s in mine) / forecast))
 
     def prices_ms(self) -> tuple[float, float] | None:
-        """(ms per verified node, ms per draft level): least squares of a drafted step's wall time on its node count
-        and draft forwards, over recent drafted steps of every policy (their trees differ in size and depth, which
-        is what makes both slopes measurable). Everything a step costs is charged to one or the other: a node
-        also costs its share of the draft forward that feeds it and of the bookkeeping; never negative."""
+        """(ms per verified node, ms per draft level), over recent drafted steps of every policy (their trees differ
+        in size and depth, which is what makes the slopes measurable), each a line through the part of a step's time
+        that the engine measured apart: a node's price is the slope of the step's time less its draft forwards on its
+        node count (the verification, and the bookkeeping that grows with the tree), a level's the slope of the draft
+        forwards' time on their number; never negative. Not one least-squares fit of the wall time on both counts:
+        nodes and draft forwards grow together (a chain has one of each per level), and over a window of chain and
+        SAGE steps their correlation reached 0.98, where such a fit swung within one run from (0.25, 0) to (0, 0.43)
+        ms and SAGE drafted chains under those prices."""
         return self._fitted("_prices", self._fit)
 
     def _fitted(self, slot: str, fit):
@@ -276,8 +285,9 @@ class CostMeter:
     def _fit(self) -> tuple[float, float] | None:
         if self._moments.n < self.min_steps:
             return None
-        fit = self._moments.fit(y=WALL, x=(NODES, FORWARDS))
-        return None if fit is None else (max(0.0, fit[1]), max(0.0, fit[2]))
+        node = self._moments.line(y=WALL, x=(NODES,), minus=DRAFT)
+        level = self._moments.line(y=DRAFT, x=(FORWARDS,))
+        return None if node is None or level is None else (node[1], level[1])
 
     def drafted_line(self) -> tuple[float, float] | None:
         """(ms of a drafted step with no node and no draft forward, ms per node or draft forward): a line through

@@ -201,7 +201,7 @@ def primed_meter(key="sage"):
     for name, nodes, forwards in [("ar", 0, 0), ("chain", 5, 6), ("eagle2", 64, 7), ("static", 25, 6),
                                   ("other", 8, 3), (key, 25, 10), (key, 25, 10), (key, 25, 10)]:
         wall = 4 + 0.2 * nodes + 1.1 * forwards
-        meter.record(StepTiming(name, 5 if name == key else 2, nodes, wall, 3 + 0.1 * nodes, 1.0 * forwards, forwards))
+        meter.record(StepTiming(name, 5 if name == key else 2, nodes, wall, 3 + 0.1 * nodes, 1.1 * forwards, forwards))
     return meter
 
 
@@ -222,10 +222,13 @@ def test_cost_meter_measures_rate_node_and_level_prices():
 def test_moments_fit_equals_least_squares_over_the_last_window_of_steps():
     """The meter's running sums give numpy's least-squares fit over exactly the last `window` drafted steps: steps
     that left the window are subtracted out, and a window whose regressors are collinear has no fit."""
-    from sage_engine.costs import FORWARDS, NODES, VERIFY, WALL, Moments
+    from sage_engine.costs import DRAFT, FORWARDS, NODES, VERIFY, WALL, Moments
     rng = np.random.default_rng(0)
-    steps = [(int(rng.integers(1, 30)), int(rng.integers(1, 9)), float(rng.uniform(2, 20)), float(rng.uniform(1, 5)))
-             for _ in range(50)]
+    steps = []
+    for _ in range(50):  # nodes, forwards, wall, verify, draft ms (0.1 a forward and noise)
+        nodes, forwards = int(rng.integers(1, 30)), int(rng.integers(1, 9))
+        steps.append((nodes, forwards, float(rng.uniform(2, 20)), float(rng.uniform(1, 5)),
+                      0.1 * forwards + float(rng.uniform(0, 0.5))))
     moments = Moments(window=16)
     for step in steps:
         moments.add(step)
@@ -235,11 +238,47 @@ def test_moments_fit_equals_least_squares_over_the_last_window_of_steps():
     assert moments.n == 16 and moments.fit(y=WALL, x=(NODES, FORWARDS)) == pytest.approx(want, rel=1e-9)
     want = np.linalg.lstsq(np.column_stack([ones, last[:, 0]]), last[:, 3], rcond=None)[0]
     assert moments.fit(y=VERIFY, x=(NODES,)) == pytest.approx(want, rel=1e-9)
+
+    def line(x, y):  # a least-squares line, its slope kept >= 0 (the intercept then the mean)
+        slope, intercept = np.polyfit(x, y, 1)
+        return (intercept, slope) if slope >= 0 else (y.mean(), 0.0)
+
+    node = line(last[:, 0], last[:, 2] - last[:, 4])  # the node price's line: wall less draft on nodes
+    level = line(last[:, 1], last[:, 4])  # the level price's: draft on forwards
+    assert node[1] == 0 and level[1] > 0  # one of each kind in this window: a slope kept at 0, one fitted
+    assert moments.line(y=WALL, x=(NODES,), minus=DRAFT) == pytest.approx(node, rel=1e-9)
+    assert moments.line(y=DRAFT, x=(FORWARDS,)) == pytest.approx(level, rel=1e-9)
     same = Moments(window=4)
     for nodes in (3, 3, 3, 3, 9, 9):  # a window of 4: the first two steps have left it, (3, 3, 9, 9) remain
-        same.add((nodes, 2 * nodes, 1.0 + nodes, 1.0))
+        same.add((nodes, 2 * nodes, 1.0 + nodes, 1.0, 0.5))
     assert same.fit(y=WALL, x=(NODES,)) == pytest.approx([1.0, 1.0])
     assert same.fit(y=WALL, x=(NODES, FORWARDS)) is None  # forwards = 2 x nodes: collinear
+
+
+def test_node_and_level_prices_hold_where_tree_size_and_depth_grow_together():
+    """Chain steps (5 nodes, 6 draft forwards) and SAGE steps whose nodes and forwards rise together (correlation
+    ~0.97) at 0.1 ms a node and 0.07 ms a draft forward, plus up to ~1 ms of the machine's noise: the meter's prices
+    (each a line through the part of the step measured apart, `CostMeter.prices_ms`) stay within 0.03 ms of both in
+    every one of 20 windows, where one least-squares fit of the wall time on both counts is off by over 0.05 ms
+    (half or more) in several."""
+    from sage_engine.costs import CostMeter, StepTiming
+    joint_off = 0
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        meter, rows = CostMeter(), []
+        for i in range(96):
+            nodes = int(rng.integers(8, 13)) if i % 2 else 5
+            forwards = nodes + int(rng.integers(-1, 2)) if i % 2 else 6
+            draft = 0.07 * forwards + float(rng.normal(0, 0.01))
+            wall = 2.0 + 0.1 * nodes + draft + abs(float(rng.normal(0, 0.5)))
+            meter.record(StepTiming("sage" if i % 2 else "chain", 5, nodes, wall, 1.8 + 0.08 * nodes, draft, forwards))
+            rows.append((1.0, nodes, forwards, wall))
+        node_ms, level_ms = meter.prices_ms()
+        assert node_ms == pytest.approx(0.1, abs=0.03) and level_ms == pytest.approx(0.07, abs=0.03), seed
+        rows = np.array(rows)
+        joint = np.linalg.lstsq(rows[:, :3], rows[:, 3], rcond=None)[0][1:]
+        joint_off += bool(abs(joint[0] - 0.1) > 0.05 or abs(joint[1] - 0.07) > 0.05)
+    assert joint_off >= 5
 
 
 def test_cost_threshold_prices_nodes_and_levels():
