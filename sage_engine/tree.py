@@ -115,8 +115,11 @@ def ancestor_matrix(parents: list[int]) -> np.ndarray:
 def verify_allowed(parents: list[int]) -> np.ndarray:
     """Attention pattern of a verify pass over [root, node_0, ..., node_{n-1}].  # [n+1, n+1] bool
 
-    The root sees itself; every node sees the root, its ancestors and itself.
+    The root sees itself; every node sees the root, its ancestors and itself. An empty tree (a plain step) gets the
+    cached, read-only one-token pattern: nothing to build.
     """
+    if not parents:
+        return chain_allowed(1)
     n = len(parents)
     allowed = np.zeros((n + 1, n + 1), dtype=bool)
     allowed[:, 0] = True

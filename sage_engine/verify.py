@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .runner import ModelRunner, Pass
-from .tree import DraftTree, accept_greedy, chain_allowed, verify_allowed
+from .tree import DraftTree, accept_greedy, verify_allowed
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ def verify_tree(runner: ModelRunner, root: int, tree: DraftTree) -> Pass:
     L = runner.seq_len
     tokens = [root] + tree.tokens
     positions = [L] + [L + d for d in tree.depths]
-    return runner.forward(tokens, positions, verify_allowed(tree.parents) if tree.parents else chain_allowed(1))
+    return runner.forward(tokens, positions, verify_allowed(tree.parents))
 
 
 class GreedyAcceptance:
