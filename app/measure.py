@@ -5,8 +5,10 @@
 1. start time: `python app.py` launched as a subprocess until its page answers (imports, model load, launch);
 2. Run -> first streamed token: a /compare request (gradio_client, the API the Run button uses) until the
    first update whose autoregressive text is non-empty;
-3. speculative tokens/s in the app (the run's own stats) versus `python -m sage_engine generate` on the same
-   input, policy and budget, rounds interleaved (app, CLI, app, CLI, ...) so both see the same machine load:
+3. speculative tokens/s in the app (the run's own stats) versus `python -m sage_engine generate --warmup 1` on the
+   same input, policy and budget (warm against warm: the app's engine has decoded before, the measurement's own
+   warm-up race at least, and a fresh process's first run is slower), rounds interleaved (app, CLI, app, CLI, ...)
+   so both see the same machine load:
    the ratio of the medians, and the median of each round's ratio (`app_over_cli_paired`, which a machine whose
    speed drifts between rounds disturbs less). Without --threads each runs at its own default (the app one
    thread per core but one, the CLI one per core), and where those differ the CLI also runs at the app's thread
@@ -78,7 +80,7 @@ def app_run(client, image: str, prompt: str, n: int, policy: str) -> dict:
 
 def cli_tokens_per_s(image: str, prompt: str, n: int, policy: str, threads: int | None) -> tuple[float, int]:
     cmd = [sys.executable, "-m", "sage_engine", "generate", "--image", image, "--prompt", prompt, "--policy", policy,
-           "--max-new-tokens", str(n), "--json"] + (["--threads", str(threads)] if threads else [])
+           "--max-new-tokens", str(n), "--warmup", "1", "--json"] + (["--threads", str(threads)] if threads else [])
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True,
                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
     stats = json.loads(out.stdout)["stats"]

@@ -99,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="print one JSON object with text, ids, stats, steps")
     gen.add_argument("--num-samples", type=int, default=1,
                      help="samples with seeds --seed, --seed + 1, ... (with --temperature); --json: one line each")
+    gen.add_argument("--warmup", type=int, default=0,
+                     help="decode the input this many times first, untimed and not shown: a fresh process's first "
+                          "run is slower (~5-10%% on the embedded pair), and the engine's cost meter starts empty")
     _model_args(gen)
     _sampling_args(gen)
 
@@ -170,11 +173,16 @@ def cmd_generate(args) -> int:
     if args.num_samples < 1 or (args.num_samples > 1 and sampling.greedy):
         raise SageError(f"--num-samples must be at least 1, and above 1 only with --temperature > 0 "
                         f"(got {args.num_samples})")
+    if args.warmup < 0:
+        raise SageError(f"--warmup must be at least 0 (got {args.warmup})")
     images = [load_image(p) for p in args.image]  # bad files fail before the models load
     pair = _load(args)
     prepared = prepare_input(pair, args.prompt, images=images, video=args.video, num_frames=args.frames)
     engine = SpecEngine(pair, draft_pruning=args.draft_prune, tree_forward=args.tree_forward,
                         keep_prompt=args.num_samples > 1)  # the samples share one prefilled prompt
+    for _ in range(args.warmup):  # the same decode, its result dropped: what follows runs on a warm process
+        engine.generate(prepared, make_policy(args.policy), args.max_new_tokens, tuple(args.stop),
+                        sampling=Sampling(sampling.temperature, sampling.top_p, args.seed))
     for seed in range(args.seed, args.seed + args.num_samples):  # one loaded pair, one sample per seed
         sample = Sampling(sampling.temperature, sampling.top_p, seed)
         policy = make_policy(args.policy)  # a fresh policy per sample: its adaptive state is per run

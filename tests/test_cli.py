@@ -57,6 +57,33 @@ def test_generate_json_matches_ar_and_reports_stats(saved_qwen_pair, media, caps
     assert sage["steps"][0]["kind"] == "prefill" and sage["steps"][1]["tree"]["tokens"]
 
 
+def test_generate_warmup_decodes_first_and_reports_only_the_last_run(saved_qwen_pair, media, capsys, monkeypatch):
+    """--warmup N: the engine decodes the input N times before the reported run (same policy, a fresh one each
+    time), and only that run is printed, with the target's own tokens."""
+    from sage_engine.engine import SpecEngine
+
+    target, draft = saved_qwen_pair
+    calls = []
+    real = SpecEngine.generate
+
+    def counted(self, prepared, policy, *args, **kwargs):
+        calls.append(policy)
+        return real(self, prepared, policy, *args, **kwargs)
+
+    monkeypatch.setattr(SpecEngine, "generate", counted)
+    common = ["generate", "--prompt", "describe", "--image", str(media / "a.png"), "--max-new-tokens", "16",
+              "--target", target, "--draft", draft, "--json"]
+    code, out, _ = run_main(capsys, *common, "--policy", "ar")
+    ar = json.loads(out)
+    calls.clear()
+    code, out, _ = run_main(capsys, *common, "--policy", "sage", "--warmup", "2")
+    assert code == 0 and len(calls) == 3 and len({id(p) for p in calls}) == 3  # two warm-ups, then the run
+    lines = out.strip().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["token_ids"] == ar["token_ids"]
+    code, _, err = run_main(capsys, *common, "--warmup", "-1")
+    assert code == 2 and err.strip() == "error: --warmup must be at least 0 (got -1)"
+
+
 def test_generate_streams_text_for_a_video(saved_qwen_pair, media, capsys):
     target, draft = saved_qwen_pair
     code, out, err = run_main(capsys, "generate", "--prompt", "what happens?", "--video", str(media / "b.mp4"),
