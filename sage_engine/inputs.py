@@ -53,6 +53,17 @@ def _messages(prompt: str, n_images: int, has_video: bool) -> list[dict]:
     return [{"role": "user", "content": content}]
 
 
+def _uncapped(video_processor) -> dict:
+    """`cap_pixels_per_frame=False` for a video processor that takes it and leaves it unset (transformers 5.23's
+    Qwen2-VL and Qwen2.5-VL ones): unset, it keeps the same uncapped frame sizes and logs, on each process's first
+    video, that a later version will cap them; said explicitly, a video's visual tokens stay what they are here
+    whichever default a transformers version has, until the option is gone."""
+    valid = getattr(getattr(video_processor, "valid_kwargs", None), "__annotations__", {})
+    if "cap_pixels_per_frame" in valid and getattr(video_processor, "cap_pixels_per_frame", None) is None:
+        return {"cap_pixels_per_frame": False}
+    return {}
+
+
 def process(processor, prompt: str, images: list[Image.Image], video: VideoClip | None,
             family: Family | None = None) -> dict[str, torch.Tensor]:
     """Chat template + processor call for one model of `family` (families.py; default: the generic one)."""
@@ -63,6 +74,8 @@ def process(processor, prompt: str, images: list[Image.Image], video: VideoClip 
         raise InputError("this model does not take image input")
     text = processor.apply_chat_template(_messages(prompt, len(images), video is not None), add_generation_prompt=True)
     kwargs = dict(family.processor_kwargs(video))  # videos with the metadata / sampling kwargs it takes
+    if video is not None:
+        kwargs.update(_uncapped(processor.video_processor))
     if images:
         kwargs["images"] = images
     try:

@@ -77,3 +77,39 @@ def test_layout_and_padding_differences_are_what_the_pairs_claim():
     ov = get_pair("llava-onevision", "independent")
     rows = lambda m: m.get_output_embeddings().out_features  # noqa: E731
     assert rows(ov.draft) == rows(ov.target) + 64 and len(ov.tokenizer) == rows(ov.target)
+
+
+def test_qwen_video_frames_stay_uncapped_without_the_deprecation_warning():
+    """transformers 5.23's Qwen2-VL video processor, left to its default, keeps frames uncapped and warns (once a
+    process) that a later version will cap them; prepare_input asks for the uncapped frames explicitly: the same
+    pixels and grid as the default's, and no warning."""
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    from sage_engine.families import adapter_for
+    from sage_engine.inputs import _messages
+
+    pair = get_pair("qwen2-vl", "noisy")
+    video = clip(3)
+    said: list[str] = []
+    listener = logging.Handler()
+    listener.emit = lambda record: said.append(record.getMessage())
+    hf_logging.get_logger("transformers").addHandler(listener)
+    before = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_warning()  # the suite runs with transformers' warnings off (conftest.py)
+    try:
+        logging.Logger.warning_once.cache_clear()  # transformers' once-a-process warnings may warn again
+        ours = prepare_input(pair, "describe what you see", video=video).target_inputs
+        assert not any("cap_pixels_per_frame" in m for m in said)
+        logging.Logger.warning_once.cache_clear()
+        text = pair.processor.apply_chat_template(_messages("describe what you see", 0, True),
+                                                  add_generation_prompt=True)
+        default = pair.processor(text=[text], return_tensors="pt", **adapter_for(pair.target).processor_kwargs(video))
+        assert any("cap_pixels_per_frame" in m for m in said)  # the default path warns: the check above can fail
+    finally:
+        hf_logging.set_verbosity(before)
+        hf_logging.get_logger("transformers").removeHandler(listener)
+    assert torch.equal(ours["pixel_values_videos"], default["pixel_values_videos"])
+    assert torch.equal(ours["video_grid_thw"], default["video_grid_thw"])
+    assert torch.equal(ours["input_ids"], default["input_ids"])
