@@ -74,6 +74,14 @@ plain-only run never pays for the draft's prefill. The note under the scoreboard
 run were plain, and how well α predicted the accepted length (*α → accepted*: the correlation of each step's α with the
 tokens it accepted; SAGE's premise is that confident steps accept more).
 
+**When does a tree beat a chain?** A tree spends verification on alternatives: it pays where checking one more
+token costs the target almost nothing (large models on GPUs, the paper's setting) and where the draft's
+confidence tells its likely misses from its likely hits. On this CPU every extra token the target checks costs
+time, and the embedded draft is right about nine tokens in ten, so depth is what pays: type `chain:k=14` in the
+policy box and race it against `sage` on the same picture: they come out close. A chain that stopped exactly
+where the draft first goes wrong would beat the default chain (`chain`, five guesses) by about a third on fresh
+scenes; SAGE gets about half of that from the draft's probabilities.
+
 **Sampling (temperature above 0).** The target then draws each token from its own distribution p (tempered,
 cut to the top-p nucleus) and the draft proposes from its distribution q, tempered the same way, so hotter
 sampling lowers α and SAGE plans wider, shallower trees. The output keeps exactly the target's distribution
