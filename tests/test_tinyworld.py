@@ -543,7 +543,8 @@ def test_retrieval_loss_rewards_attention_on_the_target_tokens():
                                       "--content-weight", "4", "--kind-weight", "describe=0.4",
                                       "--kind-weight", "motion=1.5", "--draft-kind-weight", "describe=2"],
                                      ["--retrieval-weight", "0.3", "--interleaved-rope", "--mirror", "0.5",
-                                      "--hard-weight", "position=3", "--prompt-targets", "shape,motion"]])
+                                      "--hard-weight", "position=3", "--prompt-targets", "shape,motion"],
+                                     ["--draft-layers", "2", "--draft-retrieval-weight", "0.3", "--draft-lr", "1e-3"]])
 def test_training_script_runs_a_few_steps(tmp_path, options):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
@@ -569,12 +570,18 @@ def test_training_script_runs_a_few_steps(tmp_path, options):
     final = summary["target"]["final"]
     place_weight = float(options[options.index("--place-weight") + 1]) if "--place-weight" in options else 0.1
     assert {"loss", "aux"} <= set(final) and ("place" in final) == (place_weight > 0)
-    assert {"kl", "top1_agree", "aux"} == set(summary["draft"]["final"])
+    # the draft's retrieval loss, where asked for, on a draft of the layers asked for
+    draft_retrieval = "--draft-retrieval-weight" in options
+    assert {"kl", "top1_agree", "aux"} | ({"retrieval"} if draft_retrieval else set()) == set(summary["draft"]["final"])
+    assert config["draft_lr"] == (1e-3 if "--draft-lr" in options else TrainConfig().draft_lr)
+    draft_layers = 2 if "--draft-layers" in options else TrainConfig().draft.layers
     for role in ("target", "draft"):
         path = tmp_path / "m" / f"tinyworld-{role}"
         model = AutoModelForImageTextToText.from_pretrained(path)
         processor = AutoProcessor.from_pretrained(path)
         assert model.config.model_type == "qwen2_5_vl" and processor.video_processor.num_frames == W.MODEL_FRAMES
+        if role == "draft":
+            assert model.config.text_config.num_hidden_layers == draft_layers
         sections = model.config.text_config.rope_parameters["mrope_section"]
         assert (len(sections) > 3) == ("--no-interleaved-rope" not in options)   # interleaved by default
 

@@ -22,17 +22,23 @@ def cmd_train(a) -> None:
                "retrieval_weight": a.retrieval_weight, "interleaved_rope": a.interleaved_rope, "mirror": a.mirror,
                "occlusion": a.occlusion,
                "kind_weights": tuple(a.kind_weight) or None, "draft_kind_weights": tuple(a.draft_kind_weight) or None,
-               "hard_weights": tuple(a.hard_weight) or None}
+               "hard_weights": tuple(a.hard_weight) or None, "draft_lr": a.draft_lr,
+               "draft_retrieval_weight": a.draft_retrieval_weight}
     cfg = TrainConfig(seed=a.seed, **{k: v for k, v in options.items() if v is not None})   # unset: TrainConfig's
     if a.tiny:   # smoke test: a few steps of the real script on a tiny config
         cfg = dataclasses.replace(cfg, n_images=32, n_videos=8, batch_size=4, target_steps=a.steps or 3,
                                   draft_steps=a.steps or 3, warmup=1, eval_every=0,
                                   vision_steps=a.steps or 3, draft_vision_steps=a.steps or 3, vision_batch=4,
-                                  vision_video_batch=2, target=M.TINY, draft=M.TINY)
+                                  vision_video_batch=2, target=M.TINY, draft=dataclasses.replace(M.TINY,
+                                                                                                 layers=cfg.draft.layers))
     elif a.steps:
         cfg = dataclasses.replace(cfg, target_steps=a.steps, draft_steps=a.steps // 2)
     if a.draft_steps:
         cfg = dataclasses.replace(cfg, draft_steps=a.draft_steps)
+    if a.draft_layers or a.draft_ffn:
+        draft = cfg.draft
+        cfg = dataclasses.replace(cfg, draft=dataclasses.replace(draft, layers=a.draft_layers or draft.layers,
+                                                                 ffn=a.draft_ffn or draft.ffn))
     cache = Path(a.cache) if a.cache else Path(tempfile.gettempdir()) / (
         f"tinyworld-cache-s{cfg.seed}-{cfg.n_images}-{cfg.n_videos}-text{TEXT_VERSION}-labels{LABELS_VERSION}"
         + ("" if cfg.occlusion == OCCLUSION else f"-occ{cfg.occlusion:g}"))
@@ -99,6 +105,12 @@ def _train_parser(t: argparse.ArgumentParser, assets: Path) -> None:
     t.add_argument("--steps", type=int, default=0, help="override the number of target steps (draft: half)")
     t.add_argument("--draft-steps", type=int, default=0, help="override the number of draft distillation steps")
     t.add_argument("--only-draft", action="store_true", help="distil the draft from the target already in --out")
+    t.add_argument("--draft-layers", type=int, default=0, help="the draft's text layers (default: TrainConfig's)")
+    t.add_argument("--draft-ffn", type=int, default=0, help="the draft's MLP width (default: TrainConfig's)")
+    t.add_argument("--draft-lr", type=float, default=None, help="the draft's learning rate (default: TrainConfig's)")
+    t.add_argument("--draft-retrieval-weight", type=float, default=None,
+                   help="weight of the retrieval loss on the draft's attention while it is distilled (its heads: "
+                        "TrainConfig.draft_retrieval_heads; default: TrainConfig's)")
     t.add_argument("--tiny", action="store_true", help="tiny models and data: a smoke test of the script")
     t.add_argument("--place-weight", type=float, default=None,
                    help="weight of the target's PlaceAux loss (default: TrainConfig's; 0 = off)")

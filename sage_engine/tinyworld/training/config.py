@@ -60,6 +60,10 @@ class TrainConfig:
     draft_kind_weights: tuple[tuple[str, float], ...] = ()
     retrieval_weight: float = 0.3  # weight of the retrieval loss (retrieval.py) on retrieval_heads (0 = off)
     retrieval_heads: tuple[tuple[int, int], ...] = ((2, 0), (4, 0))   # the (decoder layer, head) pairs it supervises
+    # the same loss on the draft's heads while it is distilled (0 = off): a draft of two or more layers can then
+    # learn to find the object the sentence is about, as the target's heads do
+    draft_retrieval_weight: float = 0.0
+    draft_retrieval_heads: tuple[tuple[int, int], ...] = ((1, 0),)
     # kinds whose question tokens the retrieval loss also supervises once the question has named its object
     # (retrieval.prompt_targets)
     prompt_targets: tuple[str, ...] = PROMPT_KINDS   # every kind that has question targets

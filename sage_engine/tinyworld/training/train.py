@@ -145,12 +145,16 @@ def _language_heads(model, data: TrainSet, cfg: TrainConfig):
     place = PlaceAux(model, layer, data.image_token, data.video_token) if cfg.place_weight > 0 else None
     retrieval = None
     if cfg.retrieval_weight > 0 and data.retrieval is not None:
-        tc = model.config.text_config   # a smaller config (tests) gets the nearest layer / head
-        heads = tuple(sorted({(min(layer, tc.num_hidden_layers - 1), h % tc.num_attention_heads)
-                              for layer, h in cfg.retrieval_heads}))
-        retrieval = RetrievalAux(heads, data.image_token, data.video_token)
-        model.set_attn_implementation("eager")   # the loss reads attention weights
+        retrieval = _retrieval_heads(model, cfg.retrieval_heads, data)
     return place, retrieval
+
+
+def _retrieval_heads(model, heads: tuple[tuple[int, int], ...], data: TrainSet) -> RetrievalAux:
+    """RetrievalAux on `heads` of `model` (switched to eager attention: the loss reads attention weights)."""
+    tc = model.config.text_config   # a smaller config (tests) gets the nearest layer / head
+    heads = tuple(sorted({(min(layer, tc.num_hidden_layers - 1), h % tc.num_attention_heads) for layer, h in heads}))
+    model.set_attn_implementation("eager")
+    return RetrievalAux(heads, data.image_token, data.video_token)
 
 
 def _target_step(model, batch: dict, aux, place, retrieval, content, cfg: TrainConfig) -> dict:
@@ -225,6 +229,9 @@ def distil_draft(draft, target, data: TrainSet, processor, cfg: TrainConfig, log
     -> {"vision": pretrain_vision's report, "steps", "final": smoothed kl, top-1 agreement and aux loss}."""
     aux = make_aux(draft, data, cfg)
     vision = pretrain_vision(draft, aux, data, cfg, "draft", log, steps=cfg.draft_vision_steps)
+    retrieval = None
+    if cfg.draft_retrieval_weight > 0 and data.retrieval is not None:
+        retrieval = _retrieval_heads(draft, cfg.draft_retrieval_heads, data)
     params = list(draft.parameters()) + (list(aux.parameters()) if aux else [])
     opt = torch.optim.AdamW(params, lr=cfg.draft_lr, betas=(0.9, 0.98), weight_decay=0.01)
     batches = data.batches(cfg.batch_size, random.Random(cfg.seed + 2), kind_weights=dict(cfg.draft_kind_weights),
@@ -238,22 +245,24 @@ def distil_draft(draft, target, data: TrainSet, processor, cfg: TrainConfig, log
         batch = next(batches)
         labels = batch.pop("labels")
         vis_labels = batch.pop("vision_targets", None)
-        batch.pop("retrieval_targets", None)
+        ret_targets = batch.pop("retrieval_targets", None)
         mask = labels[:, 1:] != -100                                    # (B, L-1): positions predicting an answer token
         with torch.no_grad():
             p_logits = target(**batch).logits[:, :-1][mask]                     # (N, V)
         if aux:
             aux.clear()
-        q_logits = draft(**batch).logits[:, :-1][mask]                          # (N, V)
+        out = draft(**batch, output_attentions=retrieval is not None)
+        q_logits = out.logits[:, :-1][mask]                                     # (N, V)
         loss = F.kl_div(F.log_softmax(q_logits, -1), F.log_softmax(p_logits, -1), log_target=True,
                         reduction="batchmean")
         a_loss = aux_loss(aux, vis_labels)
+        r_loss, _ = retrieval.loss(out.attentions, batch["input_ids"], ret_targets) if retrieval else (0.0, 0.0)
         opt.zero_grad(set_to_none=True)
-        (loss + cfg.aux_weight * a_loss).backward()
+        (loss + cfg.aux_weight * a_loss + cfg.draft_retrieval_weight * r_loss).backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         smooth.add(kl=loss.item(), top1_agree=(q_logits.argmax(-1) == p_logits.argmax(-1)).float().mean().item(),
-                   aux=a_loss.item())
+                   aux=a_loss.item(), **({"retrieval": r_loss.item()} if retrieval else {}))
         _progress(log, "draft", step, cfg.draft_steps, smooth, t0)
         if items and cfg.eval_every and (step + 1) % cfg.eval_every == 0:
             _quick_eval(draft, processor, items, "draft", log)
