@@ -1,8 +1,9 @@
 """A small draft's layers compiled with Numba: one call per drafted level instead of ~40 NumPy operations.
 
-host.py computes a draft's fused layers in NumPy. For the embedded draft (one layer, hidden size 128, 640 tokens) the
-arithmetic of a level is ~30 us, nearly all of it five products, while the ~40 NumPy calls around them (norms, the
-rotary, the cache's writes, the attention's softmax, SiLU) each cost ~1-3 us of NumPy's own overhead on a few rows,
+host.py computes a draft's fused layers in NumPy. For a one-layer draft of hidden size 128 and 640 tokens (the
+embedded draft before it took a second layer) the arithmetic of a level is ~30 us, nearly all of it five products,
+while the ~40 NumPy calls around them (norms, the rotary, the cache's writes, the attention's softmax, SiLU) each
+cost ~1-3 us of NumPy's own overhead on a few rows,
 and the softmax and top-k that the drafter reads after each level cost ~40 us more through torch. Here one compiled
 function computes a whole forward (`_forward`): the products through BLAS (Numba calls SciPy's BLAS for `@`), every
 step between them as plain loops; and `top_candidates` gives each row's softmax top-k in one more call.

@@ -1,6 +1,6 @@
 """A small draft's fused layers computed in NumPy: fewer microseconds per operation than torch's dispatcher.
 
-A drafted level of the embedded draft (one layer, hidden size 128) is ~25 tensor operations on a few rows; through
+A drafted level of a one-layer draft of hidden size 128 is ~25 tensor operations on a few rows; through
 torch each costs ~5-7 us of dispatch on this CPU, through NumPy ~1-2 us (the arithmetic itself is a few
 microseconds). `HostDecoder` computes what `FusedDecoder` (fused.py) computes, from the same folded,
 transposed float32 weights (shared, not copied): embedding, per layer norm -> q/k/v product -> rotary -> attention

@@ -544,7 +544,7 @@ def test_retrieval_loss_rewards_attention_on_the_target_tokens():
                                       "--kind-weight", "motion=1.5", "--draft-kind-weight", "describe=2"],
                                      ["--retrieval-weight", "0.3", "--interleaved-rope", "--mirror", "0.5",
                                       "--hard-weight", "position=3", "--prompt-targets", "shape,motion"],
-                                     ["--draft-layers", "2", "--draft-retrieval-weight", "0.3", "--draft-lr", "1e-3"]])
+                                     ["--draft-layers", "1", "--draft-retrieval-weight", "0", "--draft-lr", "3e-3"]])
 def test_training_script_runs_a_few_steps(tmp_path, options):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
@@ -571,10 +571,12 @@ def test_training_script_runs_a_few_steps(tmp_path, options):
     place_weight = float(options[options.index("--place-weight") + 1]) if "--place-weight" in options else 0.1
     assert {"loss", "aux"} <= set(final) and ("place" in final) == (place_weight > 0)
     # the draft's retrieval loss, where asked for, on a draft of the layers asked for
-    draft_retrieval = "--draft-retrieval-weight" in options
+    draft_retrieval = config["draft_retrieval_weight"] > 0
+    assert draft_retrieval == ("--draft-retrieval-weight" not in options)   # on by default
     assert {"kl", "top1_agree", "aux"} | ({"retrieval"} if draft_retrieval else set()) == set(summary["draft"]["final"])
-    assert config["draft_lr"] == (1e-3 if "--draft-lr" in options else TrainConfig().draft_lr)
-    draft_layers = 2 if "--draft-layers" in options else TrainConfig().draft.layers
+    assert config["draft_lr"] == (3e-3 if "--draft-lr" in options else TrainConfig().draft_lr)
+    draft_layers = 1 if "--draft-layers" in options else TrainConfig().draft.layers
+    assert draft_layers == (1 if "--draft-layers" in options else 2)
     for role in ("target", "draft"):
         path = tmp_path / "m" / f"tinyworld-{role}"
         model = AutoModelForImageTextToText.from_pretrained(path)
@@ -749,7 +751,7 @@ def test_card_writes_the_shipped_training_section_from_a_summary():
     section = card[card.index("## Training"):card.index("## Evaluation")].rstrip("\n")
     note = re.search(r"2 thread\(s\), (.*): cache reused", section).group(1)
     summary = {"config": dataclasses.asdict(TrainConfig()), "labels_version": 3, "threads": 2, "only_draft": True,
-               "seconds": {"cache": None, "target": 64.1 * 60, "draft": 25.0 * 60, "total": 25.0 * 60}}
+               "seconds": {"cache": None, "target": 64.1 * 60, "draft": 18.3 * 60, "total": 18.3 * 60}}
     assert _training_text(json.loads(json.dumps(summary)), 2, note) == section
     # the shipped run drew more occluding pairs than the world and says so; a run at the world's share does not
     assert "; 50% of the training scenes of 3 or 4 objects have an occluding pair" in section

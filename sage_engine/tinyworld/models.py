@@ -31,7 +31,7 @@ class PairMember:
 
 
 TARGET = PairMember(hidden=256, layers=6, heads=4, kv_heads=2, ffn=768, vis_hidden=128, vis_depth=2, vis_heads=4)
-DRAFT = PairMember(hidden=128, layers=1, heads=2, kv_heads=1, ffn=384, vis_hidden=64, vis_depth=1, vis_heads=2)
+DRAFT = PairMember(hidden=128, layers=2, heads=2, kv_heads=1, ffn=192, vis_hidden=64, vis_depth=1, vis_heads=2)
 TINY = PairMember(hidden=32, layers=1, heads=2, kv_heads=1, ffn=64, vis_hidden=32, vis_depth=1, vis_heads=2)  # tests
 
 

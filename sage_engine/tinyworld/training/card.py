@@ -81,6 +81,15 @@ def _draft_draw(tc: dict) -> str:
     return ", drawn in their natural mix (descriptions carry most answer tokens)"
 
 
+def _draft_retrieval(tc: dict) -> str:
+    """The retrieval loss on the draft's heads, where its distillation had one."""
+    w = tc.get("draft_retrieval_weight", 0.0)
+    if not w:
+        return ""
+    heads = ", ".join(f"layer {layer} head {h}" for layer, h in tc["draft_retrieval_heads"])
+    return f", plus the retrieval loss {w:g} on the attention of {heads}"
+
+
 def _seed_dips(eval_result: dict) -> list[str]:
     """The attributes a single seed of a pooled `eval --seeds` result has below SEED_BAR, as 'position 0.92 on seed 4
     (n 100)'; empty when every seed meets it (or the result is one seed's)."""
@@ -208,7 +217,7 @@ Each of the world's 3x3 cells is exactly one merged visual token, so these targe
 The target is trained with
 cross-entropy on the answers ({tc['target_steps']:,} steps of batch {tc['batch_size']}, AdamW, \
 cosine{_mix_text(tc)}); the draft is distilled from
-the target, teacher-forced KL(p_target || q_draft) on the same answers{_draft_draw(tc)} ({tc['draft_steps']:,} steps).
+the target, teacher-forced KL(p_target || q_draft) on the same answers{_draft_draw(tc)}{_draft_retrieval(tc)} ({tc['draft_steps']:,} steps, learning rate {tc['draft_lr']:g}).
 Measured on this 2-core CPU, {train_threads} thread(s), {train_note}: {_minutes_text(summary)}"""
 
 
