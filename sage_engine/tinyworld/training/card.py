@@ -217,7 +217,8 @@ Each of the world's 3x3 cells is exactly one merged visual token, so these targe
 The target is trained with
 cross-entropy on the answers ({tc['target_steps']:,} steps of batch {tc['batch_size']}, AdamW, \
 cosine{_mix_text(tc)}); the draft is distilled from
-the target, teacher-forced KL(p_target || q_draft) on the same answers{_draft_draw(tc)}{_draft_retrieval(tc)} ({tc['draft_steps']:,} steps, learning rate {tc['draft_lr']:g}).
+the target, teacher-forced KL(p_target || q_draft) on the same answers{_draft_draw(tc)}{_draft_retrieval(tc)} \
+({tc['draft_steps']:,} steps, learning rate {tc['draft_lr']:g}).
 Measured on this 2-core CPU, {train_threads} thread(s), {train_note}: {_minutes_text(summary)}"""
 
 
