@@ -77,7 +77,7 @@ tokens it accepted; SAGE's premise is that confident steps accept more).
 **When does a tree beat a chain?** A tree spends verification on alternatives: it pays where checking one more
 token costs the target almost nothing (large models on GPUs, the paper's setting) and where the draft's
 confidence tells its likely misses from its likely hits. On this CPU every extra token the target checks costs
-time, and the embedded draft is right about nine tokens in ten, so depth is what pays: type `chain:k=14` in the
+time, and the embedded draft is right more than nine tokens in ten, so depth is what pays: type `chain:k=14` in the
 policy box and race it against `sage` on the same picture: they come out close. A chain that stopped exactly
 where the draft first goes wrong would beat the default chain (`chain`, five guesses) by about a third on fresh
 scenes; SAGE gets about half of that from the draft's probabilities.
