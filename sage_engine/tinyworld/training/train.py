@@ -61,7 +61,7 @@ def prepare(cache: Path, cfg: TrainConfig, log=print):
         if cfg.retrieval_weight > 0 and cfg.prompt_targets and not (cache / PROMPT_TARGETS_FILE).exists():
             build_prompt_targets(cache, tok, **stream)
             log("[data] prompt retrieval targets replayed")
-        if cfg.retrieval_weight > 0 and not (cache / TARGETS_FILE).exists():
+        if max(cfg.retrieval_weight, cfg.draft_retrieval_weight) > 0 and not (cache / TARGETS_FILE).exists():
             t0 = time.time()
             build_retrieval_targets(cache, tok, **stream)
             log(f"[data] retrieval targets replayed in {time.time() - t0:.0f}s")
