@@ -157,7 +157,7 @@ def test_export_download(client, server, media):
         assert steps[0]["kind"] == "prefill" and all("arrival_s" in s for s in steps)
         assert [t for s in steps for t in s["new_token_ids"]] == final["summary"][lane]["token_ids"]
     assert run_json["speculative"]["steps"][1]["tree"]["tokens"]
-    assert run_json["policy_config"]["d_max"] == 12  # the default start (SageConfig; the paper: 8)
+    assert run_json["policy_config"]["d_max"] == 16  # the default start (SageConfig; the paper: 8)
 
 
 @pytest.fixture(scope="session")

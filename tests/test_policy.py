@@ -62,7 +62,7 @@ def test_current_root_source_uses_the_root_alpha():
     shape = SagePolicy(dataclasses.replace(PAPER, alpha_source="current_root")).shape(root_alpha=1.0)
     assert shape.depth == 8 and shape.width == 2
     default = SagePolicy(SageConfig()).shape(root_alpha=1.0)  # the default starts D_max at the controller's top
-    assert default.depth == default.d_max == SageConfig().d_max_bounds[1] == 12
+    assert default.depth == default.d_max == SageConfig().d_max_bounds[1] == 16
 
 
 def test_level_one_width_and_threshold():
