@@ -29,16 +29,14 @@ def cmd_train(a) -> None:
         cfg = dataclasses.replace(cfg, n_images=32, n_videos=8, batch_size=4, target_steps=a.steps or 3,
                                   draft_steps=a.steps or 3, warmup=1, eval_every=0,
                                   vision_steps=a.steps or 3, draft_vision_steps=a.steps or 3, vision_batch=4,
-                                  vision_video_batch=2, target=M.TINY, draft=dataclasses.replace(M.TINY,
-                                                                                                 layers=cfg.draft.layers))
+                                  vision_video_batch=2, target=M.TINY)
     elif a.steps:
         cfg = dataclasses.replace(cfg, target_steps=a.steps, draft_steps=a.steps // 2)
     if a.draft_steps:
         cfg = dataclasses.replace(cfg, draft_steps=a.draft_steps)
-    if a.draft_layers or a.draft_ffn:
-        draft = cfg.draft
-        cfg = dataclasses.replace(cfg, draft=dataclasses.replace(draft, layers=a.draft_layers or draft.layers,
-                                                                 ffn=a.draft_ffn or draft.ffn))
+    shape = M.TINY if a.tiny else cfg.draft   # the draft's widths; its layer count is the recipe's unless asked
+    cfg = dataclasses.replace(cfg, draft=dataclasses.replace(shape, layers=a.draft_layers or cfg.draft.layers,
+                                                             ffn=a.draft_ffn or shape.ffn))
     cache = Path(a.cache) if a.cache else Path(tempfile.gettempdir()) / (
         f"tinyworld-cache-s{cfg.seed}-{cfg.n_images}-{cfg.n_videos}-text{TEXT_VERSION}-labels{LABELS_VERSION}"
         + ("" if cfg.occlusion == OCCLUSION else f"-occ{cfg.occlusion:g}"))
