@@ -76,8 +76,9 @@ class SageConfig:
     # controller's bounds (the engine's depth cap); the paper starts at 8 (`sage:d_max=8`). A run's first tree is
     # the one the controller cannot have shaped yet, and an answer's opening is the draft's surest stretch: on fresh
     # tinyworld scenes a first tree cut at depth 8 accepted 8.4 of the 9 tokens it could give. With the two-layer
-    # draft, right 9 times in 10 on fresh scenes, 16 made `sage` 2-5% faster than 12 there (2-3% slower on real photos). Under the "cost"
-    # threshold every level beyond the first pays its own measured cost, so an unsure draft stops sooner.
+    # draft, right 9 times in 10 on fresh scenes, 16 made `sage` 2-5% faster than 12 there (2-3% slower on real
+    # photos). Under the "cost" threshold every level beyond the first pays its own measured cost, so an unsure
+    # draft stops sooner.
     d_max: int = 16
     w_min: int = 2  # W_min: root width at alpha = 1
     w_max: int = 10  # W_max: root width at alpha = 0
