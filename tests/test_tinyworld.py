@@ -538,13 +538,15 @@ def test_retrieval_loss_rewards_attention_on_the_target_tokens():
     assert aux.loss([focused], ids, torch.zeros_like(ids))[0] == 0
 
 
-@pytest.mark.parametrize("options", [["--place-weight", "0.3"], ["--place-weight", "0", "--no-interleaved-rope"],
+@pytest.mark.parametrize("options", [["--place-weight", "0.3", "--draft-place-weight", "0.2"],
+                                     ["--place-weight", "0", "--no-interleaved-rope"],
                                      ["--place-weight", "0.1", "--interleaved-rope",
                                       "--content-weight", "4", "--kind-weight", "describe=0.4",
                                       "--kind-weight", "motion=1.5", "--draft-kind-weight", "describe=2"],
                                      ["--retrieval-weight", "0.3", "--interleaved-rope", "--mirror", "0.5",
                                       "--hard-weight", "position=3", "--prompt-targets", "shape,motion"],
-                                     ["--draft-layers", "1", "--draft-retrieval-weight", "0", "--draft-lr", "3e-3"]])
+                                     ["--draft-layers", "1", "--draft-retrieval-weight", "0", "--draft-lr", "3e-3",
+                                      "--draft-place-weight", "0"]])
 def test_training_script_runs_a_few_steps(tmp_path, options):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
@@ -573,7 +575,13 @@ def test_training_script_runs_a_few_steps(tmp_path, options):
     # the draft's retrieval loss, where asked for, on a draft of the layers asked for
     draft_retrieval = config["draft_retrieval_weight"] > 0
     assert draft_retrieval == ("--draft-retrieval-weight" not in options)   # on by default
-    assert {"kl", "top1_agree", "aux"} | ({"retrieval"} if draft_retrieval else set()) == set(summary["draft"]["final"])
+    # and its PlaceAux: on by default, at the weight asked for (0: off)
+    asked = options[options.index("--draft-place-weight") + 1] if "--draft-place-weight" in options else None
+    draft_place = config["draft_place_weight"]
+    assert draft_place == (TrainConfig().draft_place_weight if asked is None else float(asked))
+    assert TrainConfig().draft_place_weight > 0
+    assert {"kl", "top1_agree", "aux"} | ({"retrieval"} if draft_retrieval else set()) | (
+        {"place"} if draft_place > 0 else set()) == set(summary["draft"]["final"])
     assert config["draft_lr"] == (3e-3 if "--draft-lr" in options else TrainConfig().draft_lr)
     draft_layers = 1 if "--draft-layers" in options else TrainConfig().draft.layers
     assert draft_layers == (1 if "--draft-layers" in options else 2)
@@ -751,7 +759,7 @@ def test_card_writes_the_shipped_training_section_from_a_summary():
     section = card[card.index("## Training"):card.index("## Evaluation")].rstrip("\n")
     note = re.search(r"2 thread\(s\), (.*): cache reused", section).group(1)
     summary = {"config": dataclasses.asdict(TrainConfig()), "labels_version": 3, "threads": 2, "only_draft": True,
-               "seconds": {"cache": None, "target": 64.1 * 60, "draft": 18.3 * 60, "total": 18.3 * 60}}
+               "seconds": {"cache": None, "target": 64.1 * 60, "draft": 18.8 * 60, "total": 18.8 * 60}}
     assert _training_text(json.loads(json.dumps(summary)), 2, note) == section
     # the shipped run drew more occluding pairs than the world and says so; a run at the world's share does not
     assert "; 50% of the training scenes of 3 or 4 objects have an occluding pair" in section

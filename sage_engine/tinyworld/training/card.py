@@ -90,6 +90,12 @@ def _draft_retrieval(tc: dict) -> str:
     return f", plus the retrieval loss {w:g} on the attention of {heads}"
 
 
+def _draft_place(tc: dict) -> str:
+    """PlaceAux on the draft's layer, where its distillation had it."""
+    w = tc.get("draft_place_weight", 0.0)
+    return f" and PlaceAux {w:g} on its layer-{tc['draft_place_layer']} state" if w else ""
+
+
 def _seed_dips(eval_result: dict) -> list[str]:
     """The attributes a single seed of a pooled `eval --seeds` result has below SEED_BAR, as 'position 0.92 on seed 4
     (n 100)'; empty when every seed meets it (or the result is one seed's)."""
@@ -202,6 +208,7 @@ def _minutes_text(summary: dict) -> str:
 def _training_text(summary: dict, train_threads: int, train_note: str) -> str:
     """The card's training section, from the run's summary.json (its TrainConfig and its seconds)."""
     tc = summary["config"]
+    distil = _draft_draw(tc) + _draft_retrieval(tc) + _draft_place(tc)  # what the draft's distillation added
     return f"""## Training
 
 `python -m sage_engine.tinyworld train --threads {train_threads}` (seeded; writes both models). \
@@ -217,7 +224,7 @@ Each of the world's 3x3 cells is exactly one merged visual token, so these targe
 The target is trained with
 cross-entropy on the answers ({tc['target_steps']:,} steps of batch {tc['batch_size']}, AdamW, \
 cosine{_mix_text(tc)}); the draft is distilled from
-the target, teacher-forced KL(p_target || q_draft) on the same answers{_draft_draw(tc)}{_draft_retrieval(tc)} \
+the target, teacher-forced KL(p_target || q_draft) on the same answers{distil} \
 ({tc['draft_steps']:,} steps, learning rate {tc['draft_lr']:g}).
 Measured on this 2-core CPU, {train_threads} thread(s), {train_note}: {_minutes_text(summary)}"""
 

@@ -23,7 +23,7 @@ def cmd_train(a) -> None:
                "occlusion": a.occlusion,
                "kind_weights": tuple(a.kind_weight) or None, "draft_kind_weights": tuple(a.draft_kind_weight) or None,
                "hard_weights": tuple(a.hard_weight) or None, "draft_lr": a.draft_lr,
-               "draft_retrieval_weight": a.draft_retrieval_weight}
+               "draft_retrieval_weight": a.draft_retrieval_weight, "draft_place_weight": a.draft_place_weight}
     cfg = TrainConfig(seed=a.seed, **{k: v for k, v in options.items() if v is not None})   # unset: TrainConfig's
     if a.tiny:   # smoke test: a few steps of the real script on a tiny config
         cfg = dataclasses.replace(cfg, n_images=32, n_videos=8, batch_size=4, target_steps=a.steps or 3,
@@ -109,6 +109,9 @@ def _train_parser(t: argparse.ArgumentParser, assets: Path) -> None:
     t.add_argument("--draft-retrieval-weight", type=float, default=None,
                    help="weight of the retrieval loss on the draft's attention while it is distilled (its heads: "
                         "TrainConfig.draft_retrieval_heads; default: TrainConfig's)")
+    t.add_argument("--draft-place-weight", type=float, default=None,
+                   help="weight of PlaceAux on the draft's layer TrainConfig.draft_place_layer while it is distilled "
+                        "(default: TrainConfig's; 0 = off)")
     t.add_argument("--tiny", action="store_true", help="tiny models and data: a smoke test of the script")
     t.add_argument("--place-weight", type=float, default=None,
                    help="weight of the target's PlaceAux loss (default: TrainConfig's; 0 = off)")

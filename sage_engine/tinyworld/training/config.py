@@ -65,6 +65,11 @@ class TrainConfig:
     # the object the sentence is about, as the target's heads do, and agrees with the target more on fresh scenes
     draft_retrieval_weight: float = 0.3
     draft_retrieval_heads: tuple[tuple[int, int], ...] = ((1, 0),)
+    # PlaceAux on the draft's decoder layer `draft_place_layer` while it is distilled (0 = off): its visual tokens
+    # then carry where they are, for its second layer to read as the target's later layers do (place_weight); the
+    # places the draft missed most (" right" for " left", " In the top" for " At the top") become its to read
+    draft_place_weight: float = 0.1
+    draft_place_layer: int = 0
     # kinds whose question tokens the retrieval loss also supervises once the question has named its object
     # (retrieval.prompt_targets)
     prompt_targets: tuple[str, ...] = PROMPT_KINDS   # every kind that has question targets

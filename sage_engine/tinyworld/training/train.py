@@ -141,12 +141,17 @@ def pretrain_vision(model, aux: VisionAux | None, data: TrainSet, cfg: TrainConf
 
 def _language_heads(model, data: TrainSet, cfg: TrainConfig):
     """The target's PlaceAux and RetrievalAux (None when their weight is 0 or the cache has no targets)."""
-    layer = min(cfg.place_layer, model.config.text_config.num_hidden_layers - 1)
-    place = PlaceAux(model, layer, data.image_token, data.video_token) if cfg.place_weight > 0 else None
+    place = _place_head(model, data, cfg.place_layer) if cfg.place_weight > 0 else None
     retrieval = None
     if cfg.retrieval_weight > 0 and data.retrieval is not None:
         retrieval = _retrieval_heads(model, cfg.retrieval_heads, data)
     return place, retrieval
+
+
+def _place_head(model, data: TrainSet, layer: int) -> PlaceAux:
+    """PlaceAux on the output of `model`'s decoder layer `layer` (a smaller model: its last)."""
+    layer = min(layer, model.config.text_config.num_hidden_layers - 1)
+    return PlaceAux(model, layer, data.image_token, data.video_token)
 
 
 def _retrieval_heads(model, heads: tuple[tuple[int, int], ...], data: TrainSet) -> RetrievalAux:
@@ -232,7 +237,8 @@ def distil_draft(draft, target, data: TrainSet, processor, cfg: TrainConfig, log
     retrieval = None
     if cfg.draft_retrieval_weight > 0 and data.retrieval is not None:
         retrieval = _retrieval_heads(draft, cfg.draft_retrieval_heads, data)
-    params = list(draft.parameters()) + (list(aux.parameters()) if aux else [])
+    place = _place_head(draft, data, cfg.draft_place_layer) if cfg.draft_place_weight > 0 else None
+    params = [p for m in (draft, aux, place) if m for p in m.parameters()]
     opt = torch.optim.AdamW(params, lr=cfg.draft_lr, betas=(0.9, 0.98), weight_decay=0.01)
     batches = data.batches(cfg.batch_size, random.Random(cfg.seed + 2), kind_weights=dict(cfg.draft_kind_weights),
                            mirror=cfg.mirror)
@@ -251,23 +257,29 @@ def distil_draft(draft, target, data: TrainSet, processor, cfg: TrainConfig, log
             p_logits = target(**batch).logits[:, :-1][mask]                     # (N, V)
         if aux:
             aux.clear()
+        if place:
+            place.input_ids = batch["input_ids"]
         out = draft(**batch, output_attentions=retrieval is not None)
         q_logits = out.logits[:, :-1][mask]                                     # (N, V)
         loss = F.kl_div(F.log_softmax(q_logits, -1), F.log_softmax(p_logits, -1), log_target=True,
                         reduction="batchmean")
         a_loss = aux_loss(aux, vis_labels)
         r_loss, _ = retrieval.loss(out.attentions, batch["input_ids"], ret_targets) if retrieval else (0.0, 0.0)
+        p_loss = place.loss(vis_labels["video"][0] if vis_labels and vis_labels["video"] else None) if place else 0.0
         opt.zero_grad(set_to_none=True)
-        (loss + cfg.aux_weight * a_loss + cfg.draft_retrieval_weight * r_loss).backward()
+        total = loss + cfg.aux_weight * a_loss + cfg.draft_retrieval_weight * r_loss + cfg.draft_place_weight * p_loss
+        total.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         smooth.add(kl=loss.item(), top1_agree=(q_logits.argmax(-1) == p_logits.argmax(-1)).float().mean().item(),
-                   aux=a_loss.item(), **({"retrieval": r_loss.item()} if retrieval else {}))
+                   aux=a_loss.item(), **({"retrieval": r_loss.item()} if retrieval else {}),
+                   **({"place": p_loss.item()} if place else {}))
         _progress(log, "draft", step, cfg.draft_steps, smooth, t0)
         if items and cfg.eval_every and (step + 1) % cfg.eval_every == 0:
             _quick_eval(draft, processor, items, "draft", log)
-    if aux:
-        aux.remove()
+    for head in (aux, place):
+        if head:
+            head.remove()
     return {"vision": vision, "steps": cfg.draft_steps, "final": smooth.values}
 
 
