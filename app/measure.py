@@ -5,9 +5,11 @@
 1. start time: `python app.py` launched as a subprocess until its page answers (imports, model load, launch);
 2. Run -> first streamed token: a /compare request (gradio_client, the API the Run button uses) until the
    first update whose autoregressive text is non-empty;
-3. speculative tokens/s in the app (the run's own stats) versus `python -m sage_engine generate --warmup 1` on the
+3. speculative tokens/s in the app (the run's own stats) versus `python -m sage_engine generate --warmup 3` on the
    same input, policy and budget (warm against warm: the app's engine has decoded before, the measurement's own
-   warm-up race at least, and a fresh process's first run is slower), rounds interleaved (app, CLI, app, CLI, ...)
+   warm-up race at least, and a fresh process's first run is slower; `sage`'s cost meter, which the app's engine
+   keeps across races, settles over a few runs: with the shipped pair a CLI run after one warm-up decode was ~10%
+   slower than after four), rounds interleaved (app, CLI, app, CLI, ...)
    so both see the same machine load:
    the ratio of the medians, and the median of each round's ratio (`app_over_cli_paired`, which a machine whose
    speed drifts between rounds disturbs less). Without --threads each runs at its own default (the app one
@@ -80,7 +82,7 @@ def app_run(client, image: str, prompt: str, n: int, policy: str) -> dict:
 
 def cli_tokens_per_s(image: str, prompt: str, n: int, policy: str, threads: int | None) -> tuple[float, int]:
     cmd = [sys.executable, "-m", "sage_engine", "generate", "--image", image, "--prompt", prompt, "--policy", policy,
-           "--max-new-tokens", str(n), "--warmup", "1", "--json"] + (["--threads", str(threads)] if threads else [])
+           "--max-new-tokens", str(n), "--warmup", "3", "--json"] + (["--threads", str(threads)] if threads else [])
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True,
                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
     stats = json.loads(out.stdout)["stats"]

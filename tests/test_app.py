@@ -416,6 +416,36 @@ def test_stop_switch_ends_the_race_early():
     assert not control.switch.is_set()
 
 
+def test_race_warms_up_untimed_before_its_lanes(monkeypatch):
+    """A race decodes WARM_TOKENS plain tokens of its input before the two timed lanes, and none of their events reach
+    the record: the autoregressive lane, which goes first, no longer pays for a machine that sat idle."""
+    from tiny_models import image, qwen25_pair
+
+    from app import race as race_module
+    from app.device import DeviceThread
+    from app.race import Race, Transcriber, consume
+    from app.record import Lane, RunRecord
+    from sage_engine import SpecEngine, make_policy, prepare_input
+
+    calls = []
+    real_stream = SpecEngine.stream
+
+    def spy(self, prepared, policy, max_new_tokens, *args, **kwargs):
+        calls.append((policy if isinstance(policy, str) else policy.name, max_new_tokens))
+        return real_stream(self, prepared, policy, max_new_tokens, *args, **kwargs)
+
+    monkeypatch.setattr(SpecEngine, "stream", spy)
+    pair = qwen25_pair("noisy")
+    prepared = prepare_input(pair, "describe the image", images=[image(0)])
+    race = Race(SpecEngine(pair), prepared, make_policy("sage"), 12, DeviceThread()).start()
+    record, transcriber = RunRecord("p", "q", 12, "sage", {}, {}, spec=Lane("spec", "sage")), Transcriber()
+    for batch in race.batches(every=lambda: 0.01):
+        consume(record, transcriber, batch)
+    assert calls == [("ar", race_module.WARM_TOKENS), ("ar", 12), ("sage", 12)]
+    assert record.ar.done and record.spec.done and len(record.ar.token_ids) == len(record.spec.token_ids) == 12
+    assert record.ar.token_ids == record.spec.token_ids
+
+
 def test_default_threads_follow_the_cpus_the_process_may_use(monkeypatch):
     """The app's decoding threads come from the CPUs a container lets it use, not from os.cpu_count(), which gives the
     host's (a CPU Space's count, 16, against its quota of 2): here a limit joblib's count honours as it does a cgroup
