@@ -12,7 +12,8 @@ The recipe, in the order train.py runs it:
   its object, is about); examples drawn with kind_weights and hard_weights, a share `mirror` of them shown
   left-right mirrored; the tower learns at tower_lr_scale x the language model's rate;
 - the draft: distilled from the target, teacher-forced KL(p_target || q_draft) on the same answers, plus the
-  retrieval loss on one head of its second layer (draft_retrieval_weight).
+  retrieval loss on one head of its second layer (draft_retrieval_weight) and PlaceAux on its first layer's state
+  (draft_place_weight).
 """
 from __future__ import annotations
 
@@ -66,8 +67,8 @@ class TrainConfig:
     draft_retrieval_weight: float = 0.3
     draft_retrieval_heads: tuple[tuple[int, int], ...] = ((1, 0),)
     # PlaceAux on the draft's decoder layer `draft_place_layer` while it is distilled (0 = off): its visual tokens
-    # then carry where they are, for its second layer to read as the target's later layers do (place_weight); the
-    # places the draft missed most (" right" for " left", " In the top" for " At the top") become its to read
+    # then carry where they are, for its second layer to read as the target's later layers do (place_weight): the
+    # places are what the draft missed most without it (" right" for " left", " In the top" for " At the top")
     draft_place_weight: float = 0.1
     draft_place_layer: int = 0
     # kinds whose question tokens the retrieval loss also supervises once the question has named its object
