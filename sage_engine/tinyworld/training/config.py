@@ -34,7 +34,7 @@ class TrainConfig:
     batch_size: int = 24
     target_steps: int = 11_000
     target_lr: float = 1.5e-3
-    draft_steps: int = 6_000
+    draft_steps: int = 12_000
     draft_lr: float = 1e-3
     warmup: int = 200
     eval_every: int = 1_000       # quick QA eval (fresh scenes) every so many steps; 0 = never
