@@ -162,6 +162,24 @@ def _retrieval_heads(model, heads: tuple[tuple[int, int], ...], data: TrainSet) 
     return RetrievalAux(heads, data.image_token, data.video_token)
 
 
+def _place_loss(place: PlaceAux | None, vis_labels: dict | None):
+    """PlaceAux's loss on the last forward (a clip's former-cell labels from the batch's vision targets); 0.0 without
+    the head."""
+    if not place:
+        return 0.0
+    return place.loss(vis_labels["video"][0] if vis_labels and vis_labels["video"] else None)
+
+
+def _drop_heads(model, heads: tuple, retrieval: RetrievalAux | None) -> None:
+    """After training: remove the training-only heads' hooks (they are not part of the model) and give `model` back
+    its SDPA attention where the retrieval loss had switched it to eager."""
+    for head in heads:
+        if head:
+            head.remove()
+    if retrieval:
+        model.set_attn_implementation("sdpa")
+
+
 def _target_step(model, batch: dict, aux, place, retrieval, content, cfg: TrainConfig) -> dict:
     """One forward of the target on `batch` -> its losses: lm, aux, place, retrieval (tensors or 0.0) and the
     retrieval heads' share of visual attention on the targets (nan when no position was supervised)."""
@@ -174,7 +192,7 @@ def _target_step(model, batch: dict, aux, place, retrieval, content, cfg: TrainC
     out = model(**batch, output_attentions=retrieval is not None)
     lm = out.loss if content is None else weighted_lm_loss(out.logits, batch["labels"], content, cfg.content_weight)
     a_loss = aux_loss(aux, vis_labels)
-    p_loss = place.loss(vis_labels["video"][0] if vis_labels and vis_labels["video"] else None) if place else 0.0
+    p_loss = _place_loss(place, vis_labels)
     r_loss, share = retrieval.loss(out.attentions, batch["input_ids"], ret_targets) if retrieval else (0.0, 0.0)
     return {"lm": lm, "aux": a_loss, "place": p_loss, "retrieval": r_loss, "share": share}
 
@@ -213,11 +231,7 @@ def train_target(model, data: TrainSet, processor, cfg: TrainConfig, log=print, 
             _quick_eval(model, processor, items, "target", log)
             if ckpt is not None:   # resumable: `train --only-draft` can start from here
                 save(model, processor, ckpt)
-    for head in (aux, place):
-        if head:
-            head.remove()   # the heads are not part of the model
-    if retrieval:
-        model.set_attn_implementation("sdpa")
+    _drop_heads(model, (aux, place), retrieval)
     return {"vision": vision, "steps": cfg.target_steps, "final": smooth.values}
 
 
@@ -265,7 +279,7 @@ def distil_draft(draft, target, data: TrainSet, processor, cfg: TrainConfig, log
                         reduction="batchmean")
         a_loss = aux_loss(aux, vis_labels)
         r_loss, _ = retrieval.loss(out.attentions, batch["input_ids"], ret_targets) if retrieval else (0.0, 0.0)
-        p_loss = place.loss(vis_labels["video"][0] if vis_labels and vis_labels["video"] else None) if place else 0.0
+        p_loss = _place_loss(place, vis_labels)
         opt.zero_grad(set_to_none=True)
         total = loss + cfg.aux_weight * a_loss + cfg.draft_retrieval_weight * r_loss + cfg.draft_place_weight * p_loss
         total.backward()
@@ -277,9 +291,7 @@ def distil_draft(draft, target, data: TrainSet, processor, cfg: TrainConfig, log
         _progress(log, "draft", step, cfg.draft_steps, smooth, t0)
         if items and cfg.eval_every and (step + 1) % cfg.eval_every == 0:
             _quick_eval(draft, processor, items, "draft", log)
-    for head in (aux, place):
-        if head:
-            head.remove()
+    _drop_heads(draft, (aux, place), retrieval)
     return {"vision": vision, "steps": cfg.draft_steps, "final": smooth.values}
 
 
