@@ -22,7 +22,6 @@ target's own choice.
 
 from __future__ import annotations
 
-import statistics
 from collections import deque
 from dataclasses import dataclass
 
@@ -70,11 +69,19 @@ SPIKE = 3.0  # a step that took over SPIKE x the median step's time was slowed b
 STALL_RUN = 32  # more stalled steps in a row than this: the machine's speed has changed, and the meter follows it
 
 
+def _median(values: list[float]) -> float:
+    """statistics.median's value, without its type checks (a few values, every step, right after a model forward;
+    no numpy call either)."""
+    values = sorted(values)
+    m = len(values) // 2
+    return values[m] if len(values) % 2 else (values[m - 1] + values[m]) / 2
+
+
 def robust_rate(steps: list[tuple[int, float]]) -> float | None:
     """Tokens per ms over (tokens, ms) steps, leaving out the steps slower than SPIKE x the median step."""
     if not steps:
         return None
-    limit = SPIKE * statistics.median(ms for _, ms in steps)  # a few values, every step: no numpy call
+    limit = SPIKE * _median([ms for _, ms in steps])
     kept = [(t, ms) for t, ms in steps if ms <= limit]
     wall = sum(ms for _, ms in kept)
     return sum(t for t, _ in kept) / wall if wall > 0 else None
@@ -190,12 +197,19 @@ class CostMeter:
                 return True
         else:
             self._stalled_run = 0
-        self.by_policy.setdefault(timing.policy, deque(maxlen=self.policy_window)).append(timing)
-        self._counts[not timing.plain] += 1
-        if timing.plain:
+        mine = self.by_policy.get(timing.policy)
+        if mine is None:
+            mine = self.by_policy[timing.policy] = deque(maxlen=self.policy_window)
+        mine.append(timing)
+        plain = timing.plain
+        self._counts[not plain] += 1
+        if plain:
             self.plain.append(timing)
         else:
-            self.drafted.setdefault(timing.policy, deque(maxlen=self.recent)).append(timing)
+            drafted = self.drafted.get(timing.policy)
+            if drafted is None:
+                drafted = self.drafted[timing.policy] = deque(maxlen=self.recent)
+            drafted.append(timing)
             self._moments.add((timing.nodes, timing.draft_forwards, timing.wall_ms, timing.verify_ms, timing.draft_ms))
         return False
 

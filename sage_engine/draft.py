@@ -99,9 +99,17 @@ class Drafter:
         if self._prompt is not None:
             prefill_ms = runner.prefill(self._prompt, self.pruning).ms
             self._prompt = None
-        pending, p = self.pending, len(self.pending)
-        self._region = (runner.seq_len, p)
-        root_pos = runner.seq_len + p - 1  # sequence index of the root
+        pending, p, start = self.pending, len(self.pending), runner.seq_len
+        self._region = (start, p)
+        root_pos = start + p - 1  # sequence index of the root
+        # a greedy chain's or SAGE's read, shape and levels in one compiled call where the draft's layers are compiled
+        plan = levels.step_plan(policy, quote, None) if self.sampler is None and runner.compiled else None
+        if plan is not None:
+            depth_left = plan.reach if max_depth is None else max_depth
+            nodes, root_alpha, shape, forwards, ms = runner.draft_step(plan, pending, root_pos, depth_left,
+                                                                       self._end_ids)
+            tree = levels.tree_of(nodes, root_alpha)
+            return Draft(shape, policy.finalize(tree), len(tree), forwards, ms, prefill_ms)
         k = 0 if self.sampler is not None else max(policy.top_k, policy.entropy_k)  # the root's candidates, greedy
         read = runner.forward(pending, list(range(root_pos - p + 1, root_pos + 1)), chain_allowed(p), top=k)
         qs: dict[int, torch.Tensor] = {}  # a sampled draft's q per expanded node (-1: the root)
@@ -119,9 +127,8 @@ class Drafter:
         if done is None:
             forwards, ms = self._levels(policy, shape, tree, frontier, qs, p, root_pos)
         else:
-            *nodes, forwards, ms = done
-            for token, parent, prob, slot in zip(*nodes):
-                tree.draft_slots[tree.add(token, parent, prob)] = slot
+            nodes, forwards, ms = done
+            tree = levels.tree_of(nodes, tree.root_alpha)
         return Draft(shape, policy.finalize(tree), len(tree), 1 + forwards, read.ms + ms, prefill_ms)
 
     def _levels(self, policy: Policy, shape: TreeShape, tree: DraftTree, frontier: Frontier,

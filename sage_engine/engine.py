@@ -29,7 +29,7 @@ from transformers.tokenization_utils_tokenizers import TokenizersBackend
 from .costs import CostMeter, StepTiming
 from .draft import Draft, Drafter
 from .errors import InputError
-from .events import GenerationResult, StepEvent, TreeView, summarize
+from .events import Deferred, GenerationResult, StepEvent, TreeView, summarize
 from .families import shared_vocab
 from .inputs import PreparedInput, prepare_input
 from .models import ModelPair
@@ -38,6 +38,7 @@ from .pruning import VisualPruning
 from .runner import ModelRunner
 from .sampling import RatioAcceptance, SampledAcceptance, Sampling
 from .tree import DraftTree
+from .tree import warm as warm_verify_inputs
 from .verify import GreedyAcceptance, Verdict, verify_tree
 
 
@@ -55,20 +56,23 @@ def text_decoder(tokenizer) -> Callable[[list[int]], str]:
 
 
 class Transcript:
-    """The output so far, with the stopping rules: EOS, token budget, stop strings."""
+    """The output so far, with the stopping rules: EOS, token budget, stop strings. Its text is decoded when first
+    asked for (`texts`), step by step in order: a consumer that reads no step's text (the benchmark) never pays for it,
+    as transformers' generate() decodes only for a streamer."""
 
     def __init__(self, tokenizer, eos: set[int], budget: int, stop: tuple[str, ...]):
         self.eos, self.budget, self.stop = eos, budget, tuple(s for s in stop if s)
         self.decode = text_decoder(tokenizer)
         self.ids: list[int] = []
-        self.text = ""
+        self.text = ""  # the text of the steps decoded so far
         self.finish_reason: str | None = None
         self._prefix = self._read = 0  # incremental detokenisation window: ids[_prefix:] is re-decoded
+        self._marks: list[tuple[int, int, bool]] = []  # per step: ids after its drafted tokens, after it, drafted?
+        self._texts: list[tuple[str, str]] = []  # per decoded step: (text of its drafted tokens, of the rest)
 
-    def extend(self, tokens: list[int], drafted: int = 0) -> tuple[list[int], str, str]:
+    def extend(self, tokens: list[int], drafted: int = 0) -> tuple[list[int], int]:
         """Append what a step produced (its first `drafted` tokens from the draft, the rest the target's own),
-        truncated by the stopping rules; returns (ids added, text of the drafted ones, text of the rest). A
-        character whose bytes are split between tokens is given with the token that completes it."""
+        truncated by the stopping rules; returns (ids added, the step's index for `texts`)."""
         take = []
         for tok in tokens:
             if len(self.ids) + len(take) >= self.budget:
@@ -82,23 +86,34 @@ class Transcript:
             take = self._cut_at_stop(take)
         if len(self.ids) + len(take) >= self.budget and self.finish_reason is None:
             self.finish_reason = "length"
-        self.ids += take[:drafted]
-        from_draft = self._new_text() if drafted else ""
-        self.ids += take[drafted:]
-        return take, from_draft, self._new_text()
+        self._marks.append((len(self.ids) + min(drafted, len(take)), len(self.ids) + len(take), drafted > 0))
+        self.ids += take
+        return take, len(self._marks) - 1
 
-    def _new_text(self) -> str:
-        """Text of the newest ids, decoding only a short window (the previous chunk gives context)."""
-        before = self.decode(self.ids[self._prefix : self._read])
-        window = self.decode(self.ids[self._prefix :])
-        if window.endswith("\ufffd") and not self.finished:
+    def texts(self, step: int) -> tuple[str, str]:
+        """(text of step `step`'s drafted tokens, text of the rest of it), decoding the steps up to it in order. A
+        character whose bytes are split between tokens is given with the token that completes it."""
+        while len(self._texts) <= step:
+            drafted_end, end, drafted = self._marks[len(self._texts)]
+            last = self.finished and len(self._texts) == len(self._marks) - 1  # the run's final step
+            from_draft = self._new_text(drafted_end, last) if drafted else ""
+            self._texts.append((from_draft, self._new_text(end, last)))
+        return self._texts[step]
+
+    def _new_text(self, end: int, last: bool) -> str:
+        """Text of ids[_read:end], decoding only a short window (the previous chunk gives context); `last`: of the
+        run's final step (a split character is not waited for)."""
+        ids = self.ids
+        before = self.decode(ids[self._prefix : self._read])
+        window = self.decode(ids[self._prefix : end])
+        if window.endswith("\ufffd") and not last:
             return ""  # an unfinished multi-byte character: wait for the next tokens
-        self._prefix, self._read = self._read, len(self.ids)
+        self._prefix, self._read = self._read, end
         if window.startswith(before):
             added = window[len(before) :]
             self.text += added
             return added
-        full = self.decode(self.ids)  # bytes regrouped across the window edge: resynchronise
+        full = self.decode(ids[:end])  # bytes regrouped across the window edge: resynchronise
         added = full[len(self.text) :] if full.startswith(self.text) else ""
         self.text = full
         return added
@@ -144,6 +159,8 @@ class SpecEngine:
             self.draft = ModelRunner(pair.draft, vocab_limit=shared_vocab(pair.target, pair.draft),
                                      layer_stack=stack, fused=stack, row_invariant=False)
         self.drafter = Drafter(self.draft, draft_pruning) if self.draft is not None else None
+        if self.drafter is not None:
+            warm_verify_inputs()  # the compiled builder of a verify pass's inputs, loaded now, not in a first step
         words = (self.tokenizer.encode("A check of the layers.", add_special_tokens=False) * 8)[:8]
         for runner in (self.target, self.draft):  # each model's layers checked against forward() now, not in a run
             if runner is not None:
@@ -251,8 +268,8 @@ class SpecEngine:
         accept = self._acceptance(policy, sampling)
         prefill = self.target.prefill(prepared.target_inputs)
         first = accept.first(prefill.logits)
-        ids, _, text = out.extend([first])
-        yield self._event(0, policy, out, ids, ["", text], t0, target_ms=prefill.ms)
+        ids, index = out.extend([first])
+        yield self._event(0, policy, out, ids, index, t0, target_ms=prefill.ms)
         if drafting:
             self.drafter.start(prepared.for_draft(), first, sampling, ends=eos)
         root, step = first, 0
@@ -294,9 +311,10 @@ class SpecEngine:
                                                draft.ms, draft.forwards, sum(tree.cum_probs)))
         policy.observe(StepOutcome(tree, verdict.accepted, len(verdict.accepted) + 1, wall_ms, draft.forwards > 0,
                                    stalled))
-        ids, *text = out.extend(verdict.accepted_tokens + [verdict.bonus], len(verdict.accepted_tokens))
-        view = self._tree_view(root, tree, draft.drafted, verdict, accept.name)
-        return self._event(step, policy, out, ids, text, t0, target_ms=verify.ms, draft=draft, view=view,
+        ids, index = out.extend(verdict.accepted_tokens + [verdict.bonus], len(verdict.accepted_tokens))
+        # the tree's view is made when a consumer first reads it (the app draws it; the benchmark never looks)
+        view = Deferred(functools.partial(self._tree_view, root, tree, draft.drafted, verdict, accept.name))
+        return self._event(step, policy, out, ids, index, t0, target_ms=verify.ms, draft=draft, view=view,
                            verdict=verdict)
 
     def generate(self, prepared: PreparedInput, policy: Policy | str = "sage", max_new_tokens: int = 128,
@@ -316,8 +334,8 @@ class SpecEngine:
         return self.target.check_ms + (0.0 if self.draft is None else self.draft.check_ms)
 
     # ------------------------------------------------------------------ telemetry
-    def _event(self, step: int, policy: Policy, out: Transcript, ids: list[int], text: list[str], t0: float, *,
-               target_ms: float, draft: Draft | None = None, view: TreeView | None = None,
+    def _event(self, step: int, policy: Policy, out: Transcript, ids: list[int], index: int, t0: float, *,
+               target_ms: float, draft: Draft | None = None, view: Deferred | None = None,
                verdict: Verdict | None = None) -> StepEvent:
         """The StepEvent of step `step` (0: prefill; no draft), from what its stages measured; its own making is part
         of the step's other_ms (measured once it is made)."""
@@ -340,8 +358,8 @@ class SpecEngine:
             accepted_tokens=[] if verdict is None else list(verdict.accepted_tokens),
             bonus_token=None if verdict is None else verdict.bonus,
             new_token_ids=ids,
-            new_text=text[0] + text[1],
-            accepted_text=text[0],
+            new_text=Deferred(lambda: "".join(out.texts(index))),  # decoded when first read (Transcript.texts)
+            accepted_text=Deferred(lambda: out.texts(index)[0]),
             bonus_text=(self.token_text(verdict.bonus)
                         if verdict is not None and len(ids) > len(verdict.accepted_tokens) else None),
             target_ms=target_ms,

@@ -6,6 +6,7 @@ All of them serialise to plain JSON with `to_dict()`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -34,6 +35,37 @@ class TreeView:
     draw_u: list[float | None] = field(default_factory=list)
 
 
+class Deferred:
+    """A value made when first read: the engine hands a step's tree view and texts to its event this way, so that a
+    consumer that never looks at them (the benchmark) does not pay for them in the step (~25 us a step for the tree
+    view, ~30 us for the texts, right after a target forward)."""
+
+    def __init__(self, make: Callable[[], TreeView | None]):
+        self.make = make
+
+
+class _DeferredField:
+    """A dataclass field (a descriptor-typed field) holding a value or a `Deferred`, which it makes on first read and
+    keeps; `asdict()` and equality read the made value."""
+
+    def __init__(self, default=None):
+        self.default = default
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.slot = "_" + name
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self.default
+        value = obj.__dict__[self.slot]
+        if isinstance(value, Deferred):
+            value = obj.__dict__[self.slot] = value.make()
+        return value
+
+    def __set__(self, obj, value) -> None:
+        obj.__dict__[self.slot] = self.default if value is self else value  # `self`: the field at its default
+
+
 @dataclass
 class StepEvent:
     """One engine step. Step 0 is the prefill (no tree); every later step is one target forward."""
@@ -47,12 +79,14 @@ class StepEvent:
     depth: int  # chosen depth D (0 for ar / prefill)
     width: int  # chosen root width W
     d_max: int | None  # SAGE history controller state
-    tree: TreeView | None
+    # a TreeView, or a Deferred one (made when first read); keyword-only (it has a default, the fields after it none)
+    tree: TreeView | None = field(default=_DeferredField(), kw_only=True)
     accepted_nodes: list[int]  # indices into tree nodes, root side first
     accepted_tokens: list[int]  # draft tokens the target agreed with
     bonus_token: int | None  # the target's own token after the accepted path
     new_token_ids: list[int]  # tokens this step adds to the output (after EOS/budget truncation)
-    new_text: str  # decoded text this step adds
+    # decoded text this step adds (the engine hands it Deferred: decoded when first read); keyword-only, as `tree`
+    new_text: str = field(default=_DeferredField(""), kw_only=True)
     target_ms: float  # target forward time (prefill or verify)
     draft_ms: float  # draft forward time
     other_ms: float  # everything else in the step: policy, tree, masks, acceptance, cache compaction
@@ -67,7 +101,8 @@ class StepEvent:
     # the draft's prefill when this step is the run's first to draft (the draft reads the prompt only then);
     # not in target_ms / draft_ms / other_ms: run statistics count it as prefill
     draft_prefill_ms: float = 0.0
-    accepted_text: str = ""  # the start of new_text that the accepted draft tokens wrote (the rest: the target's)
+    # the start of new_text that the accepted draft tokens wrote (the rest: the target's); Deferred like new_text
+    accepted_text: str = field(default=_DeferredField(""), kw_only=True)
     bonus_text: str | None = None  # the bonus token alone, special tokens shown (e.g. an end of sequence)
 
     def to_dict(self) -> dict:

@@ -15,14 +15,17 @@ time: its expansions are a few microseconds.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from .compiled import CompiledDecoder, _forward_jit, _largest, _top_jit, numba, toy_weights
+from .costs import BreakEven, Quote
 from .policy import ChainPolicy, Policy, SagePolicy, TreeShape
 from .sampling import Sampling
+from .tree import DraftTree, chain_allowed
 
 CHAIN, SAGE = 0, 1  # LevelRule.kind: ChainPolicy.expand, SagePolicy.expand
 
@@ -107,17 +110,19 @@ def _draft_levels(kind, rule, temperature, nucleus, root_p, root_t, ends, p, roo
     one forward over the nodes to grow (end tokens are not grown) under their tree mask, after n cached columns of
     which the newest p are the pending tokens, and their softmax top-k (temperature > 0: a sampled run's warped
     distribution with top-p `nucleus`, `_warped_top`). root_p, root_t [K]: the root's candidates.
-    # -> the nodes' tokens, parents, probs, draft slots (-1: never fed), forwards"""
+    # -> the nodes' tokens, parents, depths, probs, cumulative probs (DraftTree.add's products), draft slots (-1: never
+    #    fed), forwards"""
     max_nodes, depth = rule[5], rule[6]
     size = max(max_nodes, depth) + 1
     t_tok, t_parent, t_slot = np.empty(size, np.int64), np.empty(size, np.int64), np.full(size, -1, np.int64)
-    t_prob, t_cum = np.empty(size, np.float64), np.empty(size, np.float64)
+    t_prob, t_cum, t_depth = np.empty(size, np.float64), np.empty(size, np.float64), np.empty(size, np.int64)
     rows = np.full(1, -1, np.int64)
     top_p, top_t = root_p.reshape(1, -1), root_t.reshape(1, -1)
     count, fed, forwards = 0, 0, 0
     for level in range(1, depth + 1):
         start = count
         count, go = _expand_jit(kind, level, rule, rows, top_p, top_t, t_tok, t_parent, t_prob, t_cum, count)
+        t_depth[start:count] = level
         grow = np.empty(count - start, np.int64)
         g = 0
         for node in range(start, count):
@@ -147,13 +152,55 @@ def _draft_levels(kind, rule, temperature, nucleus, root_p, root_t, ends, p, roo
             probs, top_t = _top_jit(np.ascontiguousarray(logits[:, :vocab]), root_p.shape[0])
             top_p = probs.astype(np.float64)  # exact: the level loop reads the same float32 numbers
         rows = grow[:g]
-    return t_tok[:count], t_parent[:count], t_prob[:count], t_slot[:count], forwards
+    return t_tok[:count], t_parent[:count], t_depth[:count], t_prob[:count], t_cum[:count], t_slot[:count], forwards
+
+
+def _confidence(row):
+    """policy.confidence of one row of top-k probabilities (float32, read as float64), in its order of operations.
+    # [k] -> alpha"""
+    s = t = 0.0
+    for j in range(row.shape[0]):
+        p = np.float64(row[j])
+        s += p
+        if p > 0:
+            t += p * math.log(p)
+    h = math.log(s) - t / s
+    return 1.0 - h / math.log(row.shape[0])
+
+
+def _draft_step(kind, plan, max_depth, vocab, tokens, positions, blocked, n, ends, root_pos, embed, cos, sin, floor1,
+                qkv, qkv_b, heads, scaling, out_w, out_b, floor2, gate_up, down, down_b, floor, head, head_b, keys,
+                values):
+    """A greedy drafted step in one call: the draft's read of the pending `tokens` (after n cached columns, `blocked`
+    their causal pattern), the root's top-k and alpha (`_confidence`), the tree's depth and width from alpha
+    (SagePolicy.depth_for and width_for: a chain's plan gives depth k and width 1 whatever alpha), then its levels
+    (`_draft_levels`). plan: (alpha planned before the read, nan: the root's; D_min, D_max, depth cap, W_min, W_max,
+    k, entropy k, width bias, theta scale, node price, level price (nan: none), max nodes); max_depth: the run's
+    budget. # -> root alpha, the alpha used, depth, width, then `_draft_levels`' outputs"""
+    fixed, d_min, d_max, cap, w_min, w_max, k, entropy_k, bias, theta_scale, node_price, level_price, max_nodes = plan
+    p = tokens.shape[0]
+    logits = _forward_jit(tokens, positions, blocked, n, embed, cos, sin, floor1, qkv, qkv_b, heads, scaling, out_w,
+                          out_b, floor2, gate_up, down, down_b, floor, head, head_b, keys, values)
+    probs, top = _top_jit(np.ascontiguousarray(logits[p - 1 :, :vocab]), k)
+    root_alpha = _confidence(probs[0, :entropy_k])
+    alpha = root_alpha if math.isnan(fixed) else fixed
+    depth = max(1, min(cap, int(math.floor(d_min + alpha * (d_max - d_min) + 0.5))))
+    width = max(1, int(math.floor(w_min + (1.0 - alpha) * (w_max - w_min) + 0.5)))
+    depth = min(depth, max_depth)
+    rule = (width, bias, theta_scale, node_price, level_price, max_nodes, depth)
+    tok, parent, depths, prob, cum, slot, forwards = _levels_jit(
+        kind, rule, 0.0, 1.0, probs[0].astype(np.float64), top[0].copy(), ends, p, root_pos, n + p, vocab, embed, cos,
+        sin, floor1, qkv, qkv_b, heads, scaling, out_w, out_b, floor2, gate_up, down, down_b, floor, head, head_b,
+        keys, values)
+    return root_alpha, alpha, depth, width, tok, parent, depths, prob, cum, slot, forwards
 
 
 # the policies' arithmetic exactly as Python does it: no fast-math, Python's errors
 _expand_jit = numba.njit(cache=True, nogil=True)(_expand) if numba is not None else None
 _warped_top_jit = numba.njit(cache=True, nogil=True)(_warped_top) if numba is not None else None
 _levels_jit = numba.njit(cache=True, nogil=True)(_draft_levels) if numba is not None else None
+_confidence = numba.njit(cache=True, nogil=True)(_confidence) if numba is not None else _confidence
+_step_jit = numba.njit(cache=True, nogil=True)(_draft_step) if numba is not None else None
 
 
 @dataclass(frozen=True)
@@ -196,20 +243,92 @@ def level_rule(policy: Policy, shape: TreeShape, sampling: Sampling | None = Non
 
 def draft_levels(decoder: CompiledDecoder, rule: LevelRule, root: tuple[list[float], list[int]], ends: np.ndarray,
                  p: int, root_pos: int, vocab: int | None,
-                 cache) -> tuple[list[int], list[int], list[float], list[int], int]:
+                 cache) -> tuple[tuple[np.ndarray, ...], int]:
     """The drafted levels after the draft's read, in one compiled call (`_draft_levels`): `root` the root's
     candidates (probabilities, tokens), `ends` the tokens not to grow [int64], p the pending tokens the read fed,
-    root_pos the root's (shifted) rotary position. # -> the nodes' tokens, parents, probs, draft slots, forwards"""
+    root_pos the root's (shifted) rotary position. # -> the nodes (`tree_of`), forwards"""
     cos, sin = decoder._rope(root_pos + rule.depth)
     layers = [cache.layers[f.index] for f in decoder.layers]
     n = decoder.buffers.reserve(layers, max(rule.max_nodes, rule.depth))
     keys, values = decoder.buffers.arrays
-    tok, parent, prob, slot, forwards = _levels_jit(
+    tok, parent, depth, prob, cum, slot, forwards = _levels_jit(
         rule.kind, rule.numbers, rule.temperature, rule.nucleus, np.array(root[0], np.float64),
         np.array(root[1], np.int64), ends, p, root_pos, n,
         decoder.head.shape[1] if vocab is None else vocab, decoder.embed, cos, sin, *decoder.weights, keys, values)
     decoder.buffers.publish(layers, n + int((slot >= 0).sum()))
-    return tok.tolist(), parent.tolist(), prob.tolist(), slot.tolist(), forwards
+    return (tok, parent, depth, prob, cum, slot), forwards
+
+
+def tree_of(nodes: tuple[np.ndarray, ...], root_alpha: float | None) -> DraftTree:
+    """The DraftTree of a compiled call's nodes: their tokens, parents, depths, probs, cumulative probs (the products
+    DraftTree.add forms, in the same order) and draft slots."""
+    tok, parent, depth, prob, cum, slot = nodes
+    n = len(tok)
+    return DraftTree(tok.tolist(), parent.tolist(), depth.tolist(), prob.tolist(), cum.tolist(), [None] * n,
+                     slot.tolist(), root_alpha, [None] * n)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What `_draft_step` needs to shape a greedy step's tree from its root's alpha and grow it: SagePolicy's
+    depth_for and width_for and its expansion's numbers, or the chain's (depth k and width 1 for any alpha)."""
+
+    kind: int  # SAGE or CHAIN
+    numbers: tuple  # `_draft_step`'s plan
+    d_max: int | None  # TreeShape.d_max (SAGE's history controller; the chain: None)
+    price: BreakEven | None  # TreeShape.price: this step's node and level prices (SAGE, threshold "cost")
+
+    @property
+    def reach(self) -> int:
+        """The most cache columns the tree's levels may feed."""
+        return max(self.numbers[3], self.numbers[12])
+
+
+def step_plan(policy: Policy, quote: Quote | None, sampling: Sampling | None) -> StepPlan | None:
+    """The plan of this step's one compiled call, where there is one: a greedy run, ChainPolicy or SagePolicy
+    themselves, SAGE not reading its nodes' alphas and not on a try after plain steps (whose shape depends on the
+    probe). SAGE's prices are asked for here, as its shape() does (`SagePolicy.prices`)."""
+    if _step_jit is None or not (sampling is None or sampling.greedy):
+        return None
+    k = int(max(policy.top_k, policy.entropy_k))
+    if type(policy) is ChainPolicy:
+        depth = int(policy.cfg.k)
+        return StepPlan(CHAIN, (math.nan, depth, depth, depth, 1, 1, k, int(policy.entropy_k), 0.0, 0.0, math.nan,
+                                math.nan, depth), None, None)
+    if type(policy) is SagePolicy and not policy.node_alphas and not policy.probing:
+        cfg, price = policy.cfg, policy.prices(quote)
+        fixed = math.nan if cfg.alpha_source == "current_root" else float(policy.alpha)
+        numbers = (fixed, int(cfg.d_min), int(policy.d_max), int(cfg.max_depth_cap), int(cfg.w_min), int(cfg.w_max), k,
+                   int(policy.entropy_k), float(cfg.width_parent_bias), float(cfg.theta_scale),
+                   math.nan if price is None else float(price.node), math.nan if price is None else float(price.level),
+                   int(cfg.n_max))  # one set of argument types: one compiled specialisation
+        return StepPlan(SAGE, numbers, policy.d_max, price)
+    return None
+
+
+def draft_step(decoder: CompiledDecoder, plan: StepPlan, pending: list[int], root_pos: int, max_depth: int,
+               ends: np.ndarray, vocab: int | None, cache) -> tuple[tuple[np.ndarray, ...], float, TreeShape, int]:
+    """A greedy drafted step in one compiled call (`_draft_step`): the read of the `pending` tokens (the last is the
+    root, at (shifted) rotary position root_pos), the shape, the levels.
+    # -> the nodes (`tree_of`), the root's alpha, the shape, draft forwards"""
+    p = len(pending)
+    cos, sin = decoder._rope(root_pos + plan.reach)
+    layers = [cache.layers[f.index] for f in decoder.layers]
+    n = decoder.buffers.reserve(layers, p + plan.reach)
+    keys, values = decoder.buffers.arrays
+    root_alpha, alpha, depth, width, tok, parent, depths, prob, cum, slot, forwards = _step_jit(
+        plan.kind, plan.numbers, max_depth, decoder.head.shape[1] if vocab is None else vocab,
+        np.array(pending, np.int64), np.arange(root_pos - p + 1, root_pos + 1, dtype=np.int64), _causal(p), n, ends,
+        root_pos, decoder.embed, cos, sin, *decoder.weights, keys, values)
+    decoder.buffers.publish(layers, n + p + int((slot >= 0).sum()))
+    nodes = (tok, parent, depths, prob, cum, slot)
+    return nodes, root_alpha, TreeShape(depth, width, plan.numbers[12], alpha, plan.d_max, plan.price), 1 + forwards
+
+
+@functools.lru_cache(maxsize=64)
+def _causal(p: int) -> np.ndarray:
+    """The read's pattern as `_forward` takes it: blocked[i, j] for p pending tokens (none for one token).  # [p, p]"""
+    return np.zeros((1, 0), np.bool_) if p == 1 else ~chain_allowed(p)
 
 
 def warm() -> None:
@@ -219,3 +338,6 @@ def warm() -> None:
         return
     _levels_jit(CHAIN, (1, 0.0, 0.0, math.nan, math.nan, 1, 1), 0.0, 1.0, np.zeros(2), np.zeros(2, np.int64),
                 np.zeros(0, np.int64), 1, 1, 1, 3, *toy_weights())
+    one = np.zeros(1, np.int64)
+    _step_jit(CHAIN, (math.nan, 1, 1, 1, 1, 1, 2, 2, 0.0, 0.0, math.nan, math.nan, 1), 1, 3, one, one, _causal(1), 0,
+              np.zeros(0, np.int64), 0, *toy_weights())

@@ -82,8 +82,12 @@ def confidence(top_probs: Sequence[Sequence[float]]) -> list[float]:
     a few rows of k numbers, once per draft level: cheaper there than numpy calls from cold caches."""
     out = []
     for row in top_probs:
-        s = sum(row)
-        h = math.log(s) - sum(p * math.log(p) for p in row if p > 0) / s
+        s = t = 0.0  # left-to-right sums, as levels._confidence adds them (Python 3.12's sum() compensates)
+        for p in row:
+            s += p
+            if p > 0:
+                t += p * math.log(p)
+        h = math.log(s) - t / s
         out.append(1.0 - h / math.log(len(row)))
     return out
 
@@ -316,8 +320,21 @@ class SagePolicy(Policy):
                 self._fall_back()
                 self._declined = True
                 return TreeShape(0, 0, 0, alpha, self.d_max)
+        return self.tree_shape(alpha, self.prices(quote))
+
+    @property
+    def probing(self) -> bool:
+        """Is this step a try after plain steps, whose shape depends on the probe (not only on alpha)?"""
+        return self._probing
+
+    def prices(self, quote: Quote | None) -> BreakEven | None:
+        """This step's node and level prices (threshold "cost", once measured; else None), kept in `price`."""
         self.price = quote.break_even() if self.cfg.threshold == "cost" and quote is not None else None
-        return TreeShape(self.depth_for(alpha), self.width_for(alpha), self.cfg.n_max, alpha, self.d_max, self.price)
+        return self.price
+
+    def tree_shape(self, alpha: float, price: BreakEven | None) -> TreeShape:
+        """The shape planned from confidence `alpha` (Eq. 10-11) under `price`."""
+        return TreeShape(self.depth_for(alpha), self.width_for(alpha), self.cfg.n_max, alpha, self.d_max, price)
 
     def expand(self, shape, level, tree, frontier):
         cfg = self.cfg

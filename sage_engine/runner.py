@@ -38,7 +38,7 @@ from .fused import WARM_ROWS, FusedDecoder, fused_decoders, near
 from .host import HostDecoder, host_decoder, pick
 from .pruning import VisualPruning, pruned_prefill_inputs
 from .stack import DecoderStack, decoder_stack, prompt_inputs
-from .tree import additive_mask, verify_allowed
+from .tree import additive_mask, verify_allowed, verify_inputs
 from .vision import FusedVision, fused_vision
 
 
@@ -116,7 +116,12 @@ class ModelRunner:
             self.device = torch.device(next(h.execution_device for h in hooks
                                             if getattr(h, "execution_device", None) is not None))
         self.dtype = emb.weight.dtype
+        # read once: right after a forward, asking the device's type and comparing dtypes took ~8 us a step
+        self._cpu, self._cuda = self.device.type == "cpu", self.device.type == "cuda"
+        self._float32 = self.dtype == torch.float32
+        self._cpu_float32 = self._cpu and self._float32
         self.vocab_limit = vocab_limit  # slice logits to the vocabulary both models share
+        self._blocked_value: float | None = None  # a masked column's additive value (finfo(dtype).min), once asked
         self.cache: DynamicCache | None = None
         self.rope_delta = 0  # text-position shift after the prompt (family rule; 0 for 1D families unpruned)
         # keep_prompt: a prefill of the very inputs (same dict object) of the last one copies its cache instead
@@ -242,7 +247,8 @@ class ModelRunner:
             logits = self.fused.run(tokens, shifted, None if sees_all else ~allowed, self.cache, top, self.vocab_limit)
             return Pass(self._logits(logits), (time.perf_counter() - t0) * 1e3, self.fused.top)
         past = self.seq_len + q - r
-        ids, pos = torch.from_numpy(np.array(tokens + shifted, dtype=np.int64)).view(2, 1, q).to(self.device).unbind()
+        ids_pos = torch.from_numpy(np.array(tokens + shifted, dtype=np.int64)).view(2, 1, q)
+        ids, pos = (ids_pos if self._cpu else ids_pos.to(self.device)).unbind()
         # [1, 1, q, past + r]; none for one token that sees every column (a plain step, a chain level)
         mask = None if sees_all else additive_mask(allowed, past, self.dtype, self.device)
         if self.stack is not None and not self.stack_checked:
@@ -255,13 +261,54 @@ class ModelRunner:
             logits = net(ids, pos, mask, self.cache, max(shifted))
         else:
             logits = self._forward(ids, pos, mask)
-        _sync(self.device)
+        if self._cuda:
+            torch.cuda.synchronize(self.device)
         return Pass(self._logits(logits[0]), (time.perf_counter() - t0) * 1e3)
+
+    @inference
+    def forward_tree(self, root: int, tokens: list[int], parents: list[int], depths: list[int]) -> Pass:
+        """A verify pass: `root` at the cache length L, tree nodes (`parents`, -1: the root) at L + their depth, each
+        seeing the past, the root, its ancestors and itself; the logits after the root and after each node.
+        Once the layers are checked, their ids, positions and mask are built in one compiled call (tree.verify_inputs).
+        # [1 + n, V]"""
+        L = self.seq_len
+        if not tokens or not self.stack_checked or isinstance(self.fused, HostDecoder):
+            return self.forward([root] + tokens, [L] + [L + d for d in depths], verify_allowed(parents))
+        blocked = self._blocked_value
+        if blocked is None:
+            blocked = self._blocked_value = float(torch.finfo(self.dtype).min)
+        ids, pos, mask = map(torch.from_numpy, verify_inputs(tokens, parents, root, L + self.rope_delta, L, blocked))
+        if not self._cpu_float32:
+            ids, pos, mask = ids.to(self.device), pos.to(self.device), mask.to(device=self.device, dtype=self.dtype)
+        t0 = time.perf_counter()
+        net = self.fused or self.stack
+        if net is not None:
+            logits = net(ids, pos, mask, self.cache, L + self.rope_delta + max(depths))
+        else:
+            logits = self._forward(ids, pos, mask)
+        if self._cuda:
+            torch.cuda.synchronize(self.device)
+        return Pass(self._logits(logits[0]), (time.perf_counter() - t0) * 1e3)
+
+    @property
+    def compiled(self) -> bool:
+        """Are the kept layers the compiled ones (compiled.py), which can run a drafted step in one call?"""
+        return self.stack_checked and isinstance(self.fused, CompiledDecoder)
+
+    @inference
+    def draft_step(self, plan: levels.StepPlan, pending: list[int], root_pos: int, max_depth: int, ends: np.ndarray):
+        """A draft's greedy step in one compiled call (levels.draft_step): the read of `pending` (the root last, at
+        sequence index root_pos), the tree's shape, its levels. # -> nodes (levels.tree_of), root alpha, shape,
+        forwards, ms"""
+        t0 = time.perf_counter()
+        done = levels.draft_step(self.fused, plan, pending, root_pos + self.rope_delta, max_depth, ends,
+                                 self.vocab_limit, self.cache)
+        return *done, (time.perf_counter() - t0) * 1e3
 
     @inference
     def draft_levels(self, rule: levels.LevelRule, root: tuple[list, list], ends: np.ndarray, p: int, root_pos: int):
         """A draft's levels after its read in one compiled call (levels.py, `rule` from levels.level_rule) where its
-        kept layers are the compiled ones, else None.  # -> tokens, parents, probs, slots, forwards, ms"""
+        kept layers are the compiled ones, else None.  # -> nodes (levels.tree_of), forwards, ms"""
         if not self.stack_checked or not isinstance(self.fused, CompiledDecoder):
             return None
         t0 = time.perf_counter()
@@ -394,7 +441,7 @@ class ModelRunner:
         compact(self.cache, start, cols, getattr(self.fused, "buffers", None))
 
     def _logits(self, logits: torch.Tensor) -> torch.Tensor:
-        if logits.dtype != torch.float32:
+        if not self._float32 and logits.dtype != torch.float32:  # a float32 model's logits are float32
             logits = logits.float()
         limit = self.vocab_limit
         return logits if limit is None or limit >= logits.shape[-1] else logits[..., :limit]

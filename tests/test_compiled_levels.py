@@ -16,7 +16,7 @@ from sage_engine import SpecEngine, make_policy
 from sage_engine import levels as levels_mod
 from sage_engine.config import SageConfig
 from sage_engine.costs import BreakEven
-from sage_engine.policy import ChainPolicy, Frontier, SagePolicy, TreeShape
+from sage_engine.policy import ChainPolicy, Frontier, SagePolicy, TreeShape, confidence
 from sage_engine.runner import ModelRunner
 from sage_engine.sampling import Sampling, warped
 from sage_engine.tree import DraftTree
@@ -84,24 +84,33 @@ def test_the_compiled_expansion_is_the_policys_own(chain):
 
 def _levels_off(monkeypatch):
     monkeypatch.setattr(levels_mod, "level_rule", lambda policy, shape, sampling=None: None)
+    monkeypatch.setattr(levels_mod, "step_plan", lambda policy, quote, sampling: None)
 
 
 def _count_compiled(monkeypatch) -> list:
-    """Steps whose levels the compiled call drafted."""
+    """Steps whose levels a compiled call drafted: "step" (read, shape and levels in one call, levels.draft_step) or
+    "levels" (the levels after the read, levels.draft_levels)."""
     calls = []
-    levels = ModelRunner.draft_levels
+    levels, step = ModelRunner.draft_levels, ModelRunner.draft_step
 
-    def counted(self, *args):
+    def counted_levels(self, *args):
         done = levels(self, *args)
-        calls.extend([1] if done is not None else [])
+        calls.extend(["levels"] if done is not None else [])
         return done
 
-    monkeypatch.setattr(ModelRunner, "draft_levels", counted)
+    def counted_step(self, *args):
+        calls.append("step")
+        return step(self, *args)
+
+    monkeypatch.setattr(ModelRunner, "draft_levels", counted_levels)
+    monkeypatch.setattr(ModelRunner, "draft_step", counted_step)
     return calls
 
 
 def _trees(res):
-    return [(s.tree.tokens, s.tree.parents, s.tree.probs) for s in res.steps[1:] if s.tree]
+    """Each step's tree, and the shape and confidences it was drawn from (the compiled step computes them itself)."""
+    return [(s.tree.tokens, s.tree.parents, s.tree.probs, s.tree.cum_probs, s.depth, s.width, s.alpha, s.root_alpha)
+            for s in res.steps[1:] if s.tree]
 
 
 @pytest.mark.parametrize("family,media,kind", [("qwen2.5-vl", "image", "copy"), ("qwen2.5-vl", "video", "noisy"),
@@ -126,7 +135,7 @@ def test_compiled_levels_draw_the_level_loops_trees_and_stay_lossless(monkeypatc
             assert all(t < engine.draft.vocab_limit for s in res.steps[1:] if s.tree for t in s.tree.tokens)
             runs[compiled, spec] = res
         if compiled:
-            assert calls, "the compiled levels were not used"
+            assert "step" in calls, "the compiled step was not used"
             calls.clear()
     assert not calls  # the level loop drafted the second time
     for spec in ("chain", "sage:threshold=paper", "sage:threshold=paper:d_min=1:w_min=3:theta_scale=0.02"):
@@ -195,7 +204,20 @@ def test_the_compiled_levels_run_only_where_the_compiled_layers_are_kept(monkeyp
 def test_the_engine_loads_the_compiled_levels_when_it_is_built(monkeypatch):
     """Loaded inside a run, their first call would fall in its first drafted step (~0.4 s from Numba's cache)."""
     calls = []
-    jit = levels_mod._levels_jit
-    monkeypatch.setattr(levels_mod, "_levels_jit", lambda *a: calls.append(1) or jit(*a))
+    for name in ("_levels_jit", "_step_jit"):
+        jit = getattr(levels_mod, name)
+        monkeypatch.setattr(levels_mod, name, lambda *a, jit=jit, name=name: calls.append(name) or jit(*a))
     SpecEngine(pair_for("qwen2.5-vl"))
-    assert calls
+    assert set(calls) == {"_levels_jit", "_step_jit"}
+
+
+def test_the_compiled_confidence_is_the_policys_number_for_number():
+    """The compiled step plans SAGE's depth and width from its own alpha: a last-bit difference from
+    policy.confidence could move a depth across a rounding edge."""
+    rng = np.random.default_rng(5)
+    rows = [rng.dirichlet(np.full(10, a)).astype(np.float32) for a in (0.05, 0.3, 1.0, 5.0) for _ in range(500)]
+    rows += [np.array([1.0] + [0.0] * 9, np.float32), np.array([0.3, 0.2, 0.0, 0.0, 0.1], np.float32)]
+    rows += [np.sort(rng.random(k, dtype=np.float32))[::-1] * 0.01 for k in (2, 3, 10) for _ in range(100)]
+    for row in rows:
+        want = confidence([row.tolist()])[0]
+        assert levels_mod._confidence(np.ascontiguousarray(row)) == want, row

@@ -9,12 +9,13 @@ show the test catches a wrong tree mask or wrong positions.
 import dataclasses
 import itertools
 
+import numpy as np
 import pytest
 import torch
 from tiny_models import clip, image, llava_pair, qwen25_pair
 
 from sage_engine import SageConfig, SpecEngine, make_policy, prepare_input
-from sage_engine import verify as verify_mod
+from sage_engine import runner as runner_mod
 from sage_engine.config import Eagle2Config
 from sage_engine.runner import ModelRunner
 
@@ -152,9 +153,24 @@ def test_negative_control_causal_mask_instead_of_tree_mask_is_caught(monkeypatch
     prep = prepare_input(pair, "describe what you see", images=[image(11)])
     reference = _run(pair, prep, "ar")
     assert _run(pair, prep, "static") == reference
-    monkeypatch.setattr(verify_mod, "verify_allowed", lambda parents: torch.ones(
+    _wrong_verify_mask(monkeypatch, lambda parents: torch.ones(
         len(parents) + 1, len(parents) + 1, dtype=torch.bool).tril().numpy())
     assert _run(pair, prep, "static") != reference
+
+
+def _wrong_verify_mask(monkeypatch, pattern):
+    """Verify passes built with `pattern(parents)` [1 + n, 1 + n] bool over [root, nodes] instead of the tree's own
+    (the verify pass's inputs, the compiled builder's or the fallback's)."""
+    real = runner_mod.verify_inputs
+
+    def wrong(tokens, parents, root, start, past, blocked):
+        ids, pos, mask = real(tokens, parents, root, start, past, blocked)
+        mask = mask.copy()
+        mask[0, 0, :, past:] = np.where(pattern(parents), 0.0, blocked)
+        return ids, pos, mask
+
+    monkeypatch.setattr(runner_mod, "verify_inputs", wrong)
+    monkeypatch.setattr(runner_mod, "verify_allowed", pattern)
 
 
 def test_negative_control_dropping_the_mrope_delta_is_caught(monkeypatch):
@@ -178,16 +194,15 @@ def test_negative_control_node_positions_off_by_one_are_caught(monkeypatch):
     prep = prepare_input(pair, "describe what you see", images=[image(13)])
     reference = _run(pair, prep, "ar")
     assert _run(pair, prep, "eagle2") == reference
-    real = verify_mod.verify_tree
+    real = runner_mod.verify_inputs
 
-    def shifted(runner, root, tree):
-        tree.depths[:] = [d + 1 for d in tree.depths]
-        try:
-            return real(runner, root, tree)
-        finally:
-            tree.depths[:] = [d - 1 for d in tree.depths]
+    def shifted(tokens, parents, root, start, past, blocked):  # the verify pass's nodes one position too far
+        ids, pos, mask = real(tokens, parents, root, start, past, blocked)
+        pos = pos.copy()
+        pos[0, 1:] += 1
+        return ids, pos, mask
 
-    monkeypatch.setattr("sage_engine.engine.verify_tree", shifted)
+    monkeypatch.setattr(runner_mod, "verify_inputs", shifted)
     assert _run(pair, prep, "eagle2") != reference
 
 
@@ -253,7 +268,9 @@ def _hide_grandparents(parents):
 @pytest.mark.parametrize("family,media,kind", [("qwen2.5-vl", "image", "copy"), ("llava", "image", "noisy")])
 def test_negative_control_a_node_that_cannot_see_its_grandparent_is_caught(monkeypatch, family, media, kind):
     pair, prep = sharp_case(family, media, kind)
-    monkeypatch.setattr("sage_engine.tree.ancestor_matrix", _hide_grandparents)
+    _wrong_verify_mask(monkeypatch, lambda parents: np.block(
+        [[np.ones((len(parents) + 1, 1), bool), np.vstack([np.zeros((1, len(parents)), bool),
+                                                            _hide_grandparents(parents)])]]))
     reference, runs = deep_runs(pair, prep)
     assert runs["sage-paper"].token_ids != reference  # SAGE's own deep trees expose the bug
 
