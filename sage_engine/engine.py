@@ -67,7 +67,9 @@ class Transcript:
         self.text = ""  # the text of the steps decoded so far
         self.finish_reason: str | None = None
         self._prefix = self._read = 0  # incremental detokenisation window: ids[_prefix:] is re-decoded
-        self._marks: list[tuple[int, int, bool]] = []  # per step: ids after its drafted tokens, after it, drafted?
+        # per step: ids after its drafted tokens, ids after it, did it draft, was it the run's last; appended after its
+        # ids, so that another thread reading the texts (the app's) never sees a step whose ids are not there yet
+        self._marks: list[tuple[int, int, bool, bool]] = []
         self._texts: list[tuple[str, str]] = []  # per decoded step: (text of its drafted tokens, of the rest)
 
     def extend(self, tokens: list[int], drafted: int = 0) -> tuple[list[int], int]:
@@ -86,16 +88,16 @@ class Transcript:
             take = self._cut_at_stop(take)
         if len(self.ids) + len(take) >= self.budget and self.finish_reason is None:
             self.finish_reason = "length"
-        self._marks.append((len(self.ids) + min(drafted, len(take)), len(self.ids) + len(take), drafted > 0))
+        start = len(self.ids)
         self.ids += take
+        self._marks.append((start + min(drafted, len(take)), start + len(take), drafted > 0, self.finished))
         return take, len(self._marks) - 1
 
     def texts(self, step: int) -> tuple[str, str]:
         """(text of step `step`'s drafted tokens, text of the rest of it), decoding the steps up to it in order. A
         character whose bytes are split between tokens is given with the token that completes it."""
         while len(self._texts) <= step:
-            drafted_end, end, drafted = self._marks[len(self._texts)]
-            last = self.finished and len(self._texts) == len(self._marks) - 1  # the run's final step
+            drafted_end, end, drafted, last = self._marks[len(self._texts)]
             from_draft = self._new_text(drafted_end, last) if drafted else ""
             self._texts.append((from_draft, self._new_text(end, last)))
         return self._texts[step]

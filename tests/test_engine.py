@@ -227,3 +227,36 @@ def test_the_transcript_decodes_as_the_tokenizer_does(setup):
         assert slow(ids) == tok.decode(ids, skip_special_tokens=True)
     finally:
         tok.clean_up_tokenization_spaces = False
+
+
+def test_step_texts_and_tree_views_are_made_when_read_and_read_alike_in_any_order(setup):
+    """The engine hands each event its texts and tree view unmade (events.Deferred): a consumer that reads none of
+    them (the benchmark) pays nothing for them in the step; one that reads them, in any order and from another
+    thread (the app's race), gets the texts that in-order reading gives."""
+    import threading
+
+    from sage_engine.events import Deferred
+
+    pair, engine, prep = setup
+    eager = engine.generate(prep, "sage", max_new_tokens=30, ignore_eos=True)
+    in_order = [(s.accepted_text, s.new_text) for s in eager.steps]
+    lazy = engine.generate(prep, "sage", max_new_tokens=30, ignore_eos=True)
+    assert all(isinstance(vars(s)[f], Deferred) for s in lazy.steps[1:] for f in ("_new_text", "_tree"))
+    assert [(s.accepted_text, s.new_text) for s in reversed(lazy.steps)][::-1] == in_order  # last step read first
+    assert [s.tree for s in lazy.steps[1:]] == [s.tree for s in eager.steps[1:]]
+    read = []
+
+    def consume(events):
+        for ev in events:
+            read.append((ev.accepted_text, ev.new_text))
+
+    events: list = []
+    reader = threading.Thread(target=consume, args=(events,))
+    stream = engine.stream(prep, "sage", max_new_tokens=30, ignore_eos=True)
+    for ev in stream:  # the reader decodes the first half while the run goes on
+        events.append(ev)
+        if len(events) == len(in_order) // 2:
+            reader.start()
+    reader.join()
+    consume(events[len(read):])
+    assert read == in_order
