@@ -258,7 +258,7 @@ class SagePolicy(Policy):
         self._backoff = cfg.fallback_steps  # plain steps after the next drafted stretch that loses to plain steps
         self._drafted: list[tuple[int, float]] = []  # this run's drafted steps: (tokens, wall ms)
         self._trying = False  # the step after a plain stretch is a try: the draft reads, its probe decides
-        self._probing = False  # this step is a try: shape() reads the probe
+        self.probing = False  # this step is a try after plain steps: its shape depends on the probe, not alpha alone
         self._declined = False  # the probe said no: this step's read is not a drafted step to judge
         self._started = False  # has this run asked skip_draft() yet?
 
@@ -296,7 +296,7 @@ class SagePolicy(Policy):
                 return self._fall_back()
         recent = self._drafted[-self.cfg.fallback_window :]
         if self._trying or len(recent) < 2 or plain is None:
-            self._probing, self._trying = self._trying, False
+            self.probing, self._trying = self._trying, False
             return False
         if (robust_rate(recent) or 0.0) >= plain:
             self._backoff = self.cfg.fallback_steps
@@ -314,27 +314,19 @@ class SagePolicy(Policy):
 
     def shape(self, root_alpha, quote=None, probe=None):
         alpha = root_alpha if (self.cfg.alpha_source == "current_root" and root_alpha is not None) else self.alpha
-        probing, self._probing = self._probing, False
+        probing, self.probing = self.probing, False
         if probing and probe is not None and probe.pairs and quote is not None:
             if quote.chain_pays(probe.agreement, self.depth_for(1.0)) is False:  # a try the probe turns down
                 self._fall_back()
                 self._declined = True
                 return TreeShape(0, 0, 0, alpha, self.d_max)
-        return self.tree_shape(alpha, self.prices(quote))
-
-    @property
-    def probing(self) -> bool:
-        """Is this step a try after plain steps, whose shape depends on the probe (not only on alpha)?"""
-        return self._probing
+        price = self.prices(quote)
+        return TreeShape(self.depth_for(alpha), self.width_for(alpha), self.cfg.n_max, alpha, self.d_max, price)
 
     def prices(self, quote: Quote | None) -> BreakEven | None:
         """This step's node and level prices (threshold "cost", once measured; else None), kept in `price`."""
         self.price = quote.break_even() if self.cfg.threshold == "cost" and quote is not None else None
         return self.price
-
-    def tree_shape(self, alpha: float, price: BreakEven | None) -> TreeShape:
-        """The shape planned from confidence `alpha` (Eq. 10-11) under `price`."""
-        return TreeShape(self.depth_for(alpha), self.width_for(alpha), self.cfg.n_max, alpha, self.d_max, price)
 
     def expand(self, shape, level, tree, frontier):
         cfg = self.cfg

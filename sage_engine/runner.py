@@ -9,8 +9,8 @@ Cached forwards (decode steps, tree levels, verify passes) go through the model'
 runner computes those layers with fused products instead (fused.py), kept once its first forward came out close to
 forward() with the same argmax on every row (their last bits may differ: see fused.py on exactness); where several
 ways of computing them pass (oneDNN-packed or transposed weights, and for a draft the same layers in NumPy, host.py,
-or compiled, compiled.py), the check times them and keeps the fastest. The check runs once per model: on a short text
-prompt when the engine is built (`check_layers`), else on its first cached forward. A prompt goes through forward()
+or compiled, compiled.py), the check (checks.py) times them and keeps the fastest. It runs once per model: on a short
+text prompt when the engine is built (`check_layers`), else on its first cached forward. A prompt goes through forward()
 until the fused layers are kept; then through the model's own forward only up to its text model (vision tower,
 merged visual features, positions: stack.prompt_inputs) and the fused layers (fused.FusedDecoder.prefill), once the
 first such prefill has come out close to forward()'s in logits, keys and values (`_check_prompt`). On that path a
@@ -19,11 +19,8 @@ Qwen2.5-VL-style vision tower runs in fewer calls (vision.py), unless the check 
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import statistics
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,10 +29,11 @@ from transformers import DynamicCache
 
 from . import levels
 from .cache import compact, copy_cache
+from .checks import RunnerChecks, sync
 from .compiled import CompiledDecoder, compiled_decoder
 from .families import Family, adapter_for
-from .fused import WARM_ROWS, FusedDecoder, fused_decoders, near
-from .host import HostDecoder, host_decoder, pick
+from .fused import WARM_ROWS, FusedDecoder, fused_decoders
+from .host import HostDecoder, host_decoder
 from .pruning import VisualPruning, pruned_prefill_inputs
 from .stack import DecoderStack, decoder_stack, prompt_inputs
 from .tree import additive_mask, verify_allowed, verify_inputs
@@ -77,12 +75,7 @@ def inference(fn):
     return run
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-class ModelRunner:
+class ModelRunner(RunnerChecks):
     def __init__(self, model: torch.nn.Module, vocab_limit: int | None = None, family: Family | None = None,
                  layer_stack: bool = True, fused: bool = False, row_invariant: bool = True):
         """layer_stack: run cached forwards through the decoder layers directly (stack.py) where that is
@@ -159,7 +152,7 @@ class ModelRunner:
             logits = None if decoder is None else self._checked_prompt(decoder, batch)
             if logits is None:
                 logits = self._own_prompt(batch)
-            _sync(self.device)
+            sync(self.device)
             ms = (time.perf_counter() - t0) * 1e3
         if pruning is None:
             self.rope_delta = positions.shift_after_prefill(self.model)
@@ -205,34 +198,6 @@ class ModelRunner:
             self.cache = DynamicCache(config=self.model.config)  # what an unfinished capture may have left
         return logits
 
-    def _check_prompt(self, decoder: FusedDecoder, batch: dict, t0: float) -> tuple[torch.Tensor, float]:
-        """The first prefill after the layers' check: forward() gives this prompt's logits and cache; the fused path
-        then runs the same prompt into a scratch cache and is kept for prompts only if its logits are near
-        forward()'s with the same argmax and so are the keys and values it wrote (`fused.near`). Its time is
-        checking time, not this prefill's."""
-        logits = self._own_prompt(batch)
-        _sync(self.device)
-        ms = (time.perf_counter() - t0) * 1e3
-        t1 = time.perf_counter()
-        self.fused_prefill = self._prompt_close(decoder, batch, logits)
-        if not self.fused_prefill and self.vision is not None:  # the layers may be right where the vision is not
-            self.vision = None
-            self.fused_prefill = self._prompt_close(decoder, batch, logits)
-        self.check_ms += (time.perf_counter() - t1) * 1e3
-        return logits, ms
-
-    def _prompt_close(self, decoder: FusedDecoder, batch: dict, logits: torch.Tensor) -> bool:
-        """Does the fused path, run on this prompt into a scratch cache, give logits near forward()'s `logits` with the
-        same argmax, and keys and values near those forward() wrote in the cache?"""
-        scratch = DynamicCache(config=self.model.config)
-        try:
-            got = self._fused_prompt(decoder, batch, scratch)
-            return got is not None and near(got, logits, argmax=True) and all(
-                near(a.keys, b.keys) and near(a.values, b.values)
-                for a, b in zip(scratch.layers, self.cache.layers) if b.is_initialized)
-        except Exception:  # noqa: BLE001 - any failure means: not the same computation, do not use it
-            return False
-
     @inference
     def forward(self, tokens: list[int], positions: list[int], allowed: np.ndarray, top: int = 0) -> Pass:
         """Append `tokens` at sequence `positions`; `allowed` [q, r] is their attention pattern over the
@@ -255,15 +220,7 @@ class ModelRunner:
             t0 = time.perf_counter()
             self._check_stack(ids, pos, mask)
             self.check_ms += (time.perf_counter() - t0) * 1e3
-        t0 = time.perf_counter()
-        net = self.fused or self.stack
-        if net is not None:
-            logits = net(ids, pos, mask, self.cache, max(shifted))
-        else:
-            logits = self._forward(ids, pos, mask)
-        if self._cuda:
-            torch.cuda.synchronize(self.device)
-        return Pass(self._logits(logits[0]), (time.perf_counter() - t0) * 1e3)
+        return self._timed_pass(ids, pos, mask, max(shifted))
 
     @inference
     def forward_tree(self, root: int, tokens: list[int], parents: list[int], depths: list[int]) -> Pass:
@@ -280,10 +237,15 @@ class ModelRunner:
         ids, pos, mask = map(torch.from_numpy, verify_inputs(tokens, parents, root, L + self.rope_delta, L, blocked))
         if not self._cpu_float32:
             ids, pos, mask = ids.to(self.device), pos.to(self.device), mask.to(device=self.device, dtype=self.dtype)
+        return self._timed_pass(ids, pos, mask, L + self.rope_delta + max(depths))
+
+    def _timed_pass(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None, top: int) -> Pass:
+        """One cached forward of ids, positions [1, q] (`top` the largest) under `mask`, through the kept layers
+        (else forward()), timed.  # -> logits [q, V]"""
         t0 = time.perf_counter()
         net = self.fused or self.stack
         if net is not None:
-            logits = net(ids, pos, mask, self.cache, L + self.rope_delta + max(depths))
+            logits = net(ids, pos, mask, self.cache, top)
         else:
             logits = self._forward(ids, pos, mask)
         if self._cuda:
@@ -339,101 +301,6 @@ class ModelRunner:
     def _forward(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         return self.model(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=self.cache,
                           use_cache=True).logits
-
-    def _check_stack(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None) -> None:
-        """Run this forward both ways (dropping the appended cache columns after each); keep the stack
-        only if its logits equal forward()'s bit for bit, and the fused layers only if theirs and the keys and
-        values they append are near forward()'s (`fused.near`), with the same argmax on every row."""
-        self.stack_checked = True
-        start = self.seq_len
-        ref = self._forward(ids, pos, mask)
-        ref_kv = [(layer.keys[:, :, start:].clone(), layer.values[:, :, start:].clone())
-                  for layer in self.cache.layers] if self._candidates else []  # only the fused check reads them
-        compact(self.cache, start, [])
-        if not self._try(self.stack, (ids, pos, mask), lambda got: torch.equal(got, ref)):
-            self.stack, self.fused, self._candidates = None, None, []
-            return
-
-        def close(got: torch.Tensor) -> bool:  # the fused layers' logits and appended keys and values
-            kv = [(layer.keys[:, :, start:], layer.values[:, :, start:]) for layer in self.cache.layers]
-            return near(got, ref, argmax=True) and all(
-                near(k, rk) and near(v, rv) for (k, v), (rk, rv) in zip(kv, ref_kv))
-
-        close_ones = [c for c in self._candidates if self._try(c, (ids, pos, mask), close)]
-        self._candidates = []
-        self.fused = self._fastest(close_ones, (ids, pos, mask)) if close_ones else None
-
-    def _fastest(self, candidates: list[FusedDecoder | HostDecoder], args: tuple, rounds: int = 5):
-        """The candidate with the least median time over `rounds` interleaved rounds of this forward and a one-token
-        step (which products are faster depends on the CPU: fused.py, host.py), a host one given an edge (host.pick)."""
-        if len(candidates) == 1:
-            return candidates[0]
-        ids, pos, _ = args
-        shapes = (args, (ids[:, :1], pos[:, :1], None))  # the first token sees every column: no mask
-        start, times = self.seq_len, [[] for _ in candidates]
-        for _ in range(rounds):
-            for net, spent in zip(candidates, times):
-                t0 = time.perf_counter()
-                for shape in shapes:
-                    net(*shape, self.cache)
-                    compact(self.cache, start, [])
-                _sync(self.device)
-                spent.append(time.perf_counter() - t0)
-        return candidates[pick([statistics.median(spent) for spent in times], candidates)]
-
-    def _try(self, net, args: tuple, same) -> bool:
-        """Run `net` on this forward's inputs, judge its logits with `same`, drop what it appended."""
-        start = self.seq_len
-        try:
-            got = net(*args, self.cache)
-            ok = bool(got.shape[:-1] == args[0].shape and same(got))
-        except Exception:  # noqa: BLE001 - any failure means: not the same computation, do not use it
-            ok = False
-        if self.seq_len > start:
-            compact(self.cache, start, [])
-        return ok
-
-    @property
-    def prompt_unchecked(self) -> bool:
-        """Are the layers kept and their prompt path not yet checked (`_check_prompt`)?"""
-        return self.stack_checked and self.fused is not None and self.fused_prefill is None
-
-    def check_prompt(self, inputs: dict[str, torch.Tensor]) -> None:
-        """Check the prompt path now, on `inputs`, instead of on the first prompt of a run; the cache is dropped after
-        it. A prompt the model cannot take leaves the check to the first real one."""
-        if not self.prompt_unchecked:
-            return
-        with self._scratch_check():
-            try:
-                self.prefill(inputs)  # forward() first: if it raises, the path stays unchecked
-            except Exception:  # noqa: BLE001 - checked on the first real prompt instead
-                pass
-
-    def check_layers(self, ids: list[int]) -> None:
-        """Check the stack (and the fused layers) now, on a text prompt of `ids` and a 3-node tree after it, instead
-        of inside the first decode step; the cache is dropped after it. Where the model cannot take a text-only
-        prompt, the check stays where it was (the first cached forward of a run)."""
-        if self.stack is None or self.stack_checked or len(ids) < 4:
-            return
-        with self._scratch_check():
-            try:
-                prompt = torch.tensor([ids[:-3]])
-                self.prefill({"input_ids": prompt, "attention_mask": torch.ones_like(prompt)})
-                n = self.seq_len
-                self.forward(ids[-3:], [n, n + 1, n + 1], verify_allowed([-1, -1]))  # a root and two children
-            except Exception:  # noqa: BLE001 - e.g. a model that needs its images: checked on the first real forward
-                self.stack_checked = False
-
-    @contextlib.contextmanager
-    def _scratch_check(self) -> Iterator[None]:
-        """A check run when the engine is built, outside any run: its whole time (its prompt included) is checking
-        time, and the cache it filled is dropped after it."""
-        t0, before = time.perf_counter(), self.check_ms
-        try:
-            yield
-        finally:
-            self.cache, self.rope_delta, self._kept = None, 0, None
-            self.check_ms = before + (time.perf_counter() - t0) * 1e3
 
     @inference
     def keep(self, start: int, cols: list[int]) -> None:

@@ -415,7 +415,7 @@ def test_a_try_drafts_only_when_the_drafts_agreement_with_the_plain_tokens_would
     # no pairs (the draft had missed nothing plain steps made) or no measured costs: the try drafts, as before
     for probe, quote in [(Probe(), q), (Probe(3, 0), plain_meter(1.0).quote(pol.key))]:
         other = SagePolicy(SageConfig(threshold="cost"))
-        other._probing = True
+        other.probing = True
         assert other.shape(0.9, quote, probe).depth > 0
 
 
