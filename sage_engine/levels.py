@@ -11,6 +11,11 @@ other policy, a subclass, SAGE reading its nodes' alphas, or a sampled run whose
 level loop; a sampled run whose draft ranks them (SAGE's default `draw=top`) reads each level's candidates from the
 warped distribution (`_warped_top`, sampling.warped's float64 steps). The whole call counts as the step's draft
 time: its expansions are a few microseconds.
+A greedy chain's or SAGE's whole drafted step is one call (`_draft_step`, planned by `step_plan`): the draft's read
+of the tokens it missed, the root's top-k and its alpha (`_confidence`, policy.confidence's sums in the same order),
+the tree's depth and width from alpha (SagePolicy.depth_for and width_for's float64 steps), then `_draft_levels`;
+where the shape depends on more than alpha (SAGE's try after plain steps reads the probe) or the run samples, the
+drafter reads in Python and the levels alone are one call.
 """
 
 from __future__ import annotations
