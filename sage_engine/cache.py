@@ -104,13 +104,16 @@ class KVBuffers:
         """The caller has pointed each of the cache's `layers` at the first columns of its `views` slice itself."""
         self._keys_out = [layer.keys for layer in layers]
 
-    def move(self, layers: list, start: int, keep: list[int]) -> bool:
+    def move(self, layers: list, start: int, keep: list[int], moved: bool = True) -> bool:
         """`compact` on every layer at once: region columns `keep` (relative to `start`) moved to the front of the
-        region, the layers cropped after them. False, with nothing done, unless the layers hold what the last
-        publish gave them."""
+        region (`moved` False: they are there already, 0..m-1), the layers cropped after them. False, with nothing
+        done, unless the layers hold what the last publish gave them."""
         if not self.owns(layers):
             return False
         m = len(keep)
+        if not moved:  # a crop only (a tree accepted along its first nodes, as a chain's is): nothing to gather
+            self.publish(layers, start + m)
+            return True
         if self.arrays is not None:  # compiled, else NumPy's fancy index (torch's is ~4x that on a small buffer)
             (_move_jit or _move_columns)(*self.arrays, start, np.array(keep, dtype=np.int64))
         else:
@@ -131,7 +134,7 @@ def compact(cache: DynamicCache, start: int, keep: list[int], buffers: KVBuffers
     moved = keep != list(range(m))
     if not layers or (not moved and layers[0].keys.shape[2] == start + m):
         return  # every column of the region is kept where it is (a plain step, a fully accepted tree): nothing to do
-    if buffers is not None and buffers.move(layers, start, keep):  # False unless the layers view them
+    if buffers is not None and buffers.move(layers, start, keep, moved):  # False unless the layers view them
         return
     idx = None
     for layer in layers:

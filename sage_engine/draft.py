@@ -102,8 +102,9 @@ class Drafter:
         pending, p, start = self.pending, len(self.pending), runner.seq_len
         self._region = (start, p)
         root_pos = start + p - 1  # sequence index of the root
-        # a greedy chain's or SAGE's read, shape and levels in one compiled call where the draft's layers are compiled
-        plan = levels.step_plan(policy, quote, None) if self.sampler is None and runner.compiled else None
+        # a chain's or SAGE's read, shape and levels in one compiled call where the draft's layers are compiled
+        sampling = None if self.sampler is None else self.sampler.sampling
+        plan = levels.step_plan(policy, quote, sampling) if runner.compiled else None
         if plan is not None:
             depth_left = plan.reach if max_depth is None else max_depth
             nodes, root_alpha, shape, forwards, ms = runner.draft_step(plan, pending, root_pos, depth_left,
@@ -120,7 +121,6 @@ class Drafter:
             shape = replace(shape, depth=max_depth)
         # a chain's or SAGE's levels (greedy, or a sampled draft that ranks its candidates) in one compiled call where
         # the draft's layers are compiled (levels.py)
-        sampling = None if self.sampler is None else self.sampler.sampling
         rule = levels.level_rule(policy, shape, sampling) if shape.depth > 0 else None
         done = None if rule is None else runner.draft_levels(
             rule, (frontier.top_probs[0], frontier.top_tokens[0]), self._end_ids, p, root_pos)

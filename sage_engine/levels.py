@@ -11,11 +11,12 @@ other policy, a subclass, SAGE reading its nodes' alphas, or a sampled run whose
 level loop; a sampled run whose draft ranks them (SAGE's default `draw=top`) reads each level's candidates from the
 warped distribution (`_warped_top`, sampling.warped's float64 steps). The whole call counts as the step's draft
 time: its expansions are a few microseconds.
-A greedy chain's or SAGE's whole drafted step is one call (`_draft_step`, planned by `step_plan`): the draft's read
-of the tokens it missed, the root's top-k and its alpha (`_confidence`, policy.confidence's sums in the same order),
-the tree's depth and width from alpha (SagePolicy.depth_for and width_for's float64 steps), then `_draft_levels`;
-where the shape depends on more than alpha (SAGE's try after plain steps reads the probe) or the run samples, the
-drafter reads in Python and the levels alone are one call.
+A chain's or SAGE's whole drafted step is one call (`_draft_step`, planned by `step_plan`; greedy, or sampled with a
+draft that ranks its candidates): the draft's read of the tokens it missed, the root's top-k and its alpha
+(`_confidence`, policy.confidence's sums in the same order), the tree's depth and width from alpha
+(SagePolicy.depth_for and width_for's float64 steps), then `_draft_levels`; where the shape depends on more than
+alpha (SAGE's try after plain steps reads the probe), the drafter reads in Python and the levels alone are one
+call.
 """
 
 from __future__ import annotations
@@ -161,7 +162,7 @@ def _draft_levels(kind, rule, temperature, nucleus, root_p, root_t, ends, p, roo
 
 
 def _confidence(row):
-    """policy.confidence of one row of top-k probabilities (float32, read as float64), in its order of operations.
+    """policy.confidence of one row of top-k probabilities (read as float64), in its order of operations.
     # [k] -> alpha"""
     s = t = 0.0
     for j in range(row.shape[0]):
@@ -173,20 +174,25 @@ def _confidence(row):
     return 1.0 - h / math.log(row.shape[0])
 
 
-def _draft_step(kind, plan, max_depth, vocab, tokens, positions, blocked, n, ends, root_pos, embed, cos, sin, floor1,
-                qkv, qkv_b, heads, scaling, out_w, out_b, floor2, gate_up, down, down_b, floor, head, head_b, keys,
-                values):
-    """A greedy drafted step in one call: the draft's read of the pending `tokens` (after n cached columns, `blocked`
-    their causal pattern), the root's top-k and alpha (`_confidence`), the tree's depth and width from alpha
-    (SagePolicy.depth_for and width_for: a chain's plan gives depth k and width 1 whatever alpha), then its levels
-    (`_draft_levels`). plan: (alpha planned before the read, nan: the root's; D_min, D_max, depth cap, W_min, W_max,
-    k, entropy k, width bias, theta scale, node price, level price (nan: none), max nodes); max_depth: the run's
-    budget. # -> root alpha, the alpha used, depth, width, then `_draft_levels`' outputs"""
+def _draft_step(kind, plan, temperature, nucleus, max_depth, vocab, tokens, positions, blocked, n, ends, root_pos,
+                embed, cos, sin, floor1, qkv, qkv_b, heads, scaling, out_w, out_b, floor2, gate_up, down, down_b, floor,
+                head, head_b, keys, values):
+    """A drafted step in one call: the draft's read of the pending `tokens` (after n cached columns, `blocked` their
+    causal pattern), the root's top-k (temperature > 0: of a sampled run's warped distribution, `_warped_top`) and
+    alpha (`_confidence`), the tree's depth and width from alpha (SagePolicy.depth_for and width_for: a chain's plan
+    gives depth k and width 1 whatever alpha), then its levels (`_draft_levels`). plan: (alpha planned before the
+    read, nan: the root's; D_min, D_max, depth cap, W_min, W_max, k, entropy k, width bias, theta scale, node price,
+    level price (nan: none), max nodes); max_depth: the run's budget.
+    # -> root alpha, the alpha used, depth, width, then `_draft_levels`' outputs"""
     fixed, d_min, d_max, cap, w_min, w_max, k, entropy_k, bias, theta_scale, node_price, level_price, max_nodes = plan
     p = tokens.shape[0]
     logits = _forward_jit(tokens, positions, blocked, n, embed, cos, sin, floor1, qkv, qkv_b, heads, scaling, out_w,
                           out_b, floor2, gate_up, down, down_b, floor, head, head_b, keys, values)
-    probs, top = _top_jit(np.ascontiguousarray(logits[p - 1 :, :vocab]), k)
+    if temperature > 0:
+        probs, top = _warped_top_jit(logits[p - 1 :, :vocab], k, temperature, nucleus)
+    else:
+        probs32, top = _top_jit(np.ascontiguousarray(logits[p - 1 :, :vocab]), k)
+        probs = probs32.astype(np.float64)  # exact: the Python path reads the same float32 numbers
     root_alpha = _confidence(probs[0, :entropy_k])
     alpha = root_alpha if math.isnan(fixed) else fixed
     depth = max(1, min(cap, int(math.floor(d_min + alpha * (d_max - d_min) + 0.5))))
@@ -194,9 +200,9 @@ def _draft_step(kind, plan, max_depth, vocab, tokens, positions, blocked, n, end
     depth = min(depth, max_depth)
     rule = (width, bias, theta_scale, node_price, level_price, max_nodes, depth)
     tok, parent, depths, prob, cum, slot, forwards = _levels_jit(
-        kind, rule, 0.0, 1.0, probs[0].astype(np.float64), top[0].copy(), ends, p, root_pos, n + p, vocab, embed, cos,
-        sin, floor1, qkv, qkv_b, heads, scaling, out_w, out_b, floor2, gate_up, down, down_b, floor, head, head_b,
-        keys, values)
+        kind, rule, temperature, nucleus, probs[0].copy(), top[0].copy(), ends, p, root_pos, n + p, vocab, embed,
+        cos, sin, floor1, qkv, qkv_b, heads, scaling, out_w, out_b, floor2, gate_up, down, down_b, floor, head,
+        head_b, keys, values)
     return root_alpha, alpha, depth, width, tok, parent, depths, prob, cum, slot, forwards
 
 
@@ -282,6 +288,8 @@ class StepPlan:
     numbers: tuple  # `_draft_step`'s plan
     d_max: int | None  # TreeShape.d_max (SAGE's history controller; the chain: None)
     price: BreakEven | None  # TreeShape.price: this step's node and level prices (SAGE, threshold "cost")
+    temperature: float = 0.0  # a sampled run's warp of the draft's distribution (0: greedy, the plain softmax)
+    nucleus: float = 1.0  # ... and its top-p
 
     @property
     def reach(self) -> int:
@@ -290,16 +298,18 @@ class StepPlan:
 
 
 def step_plan(policy: Policy, quote: Quote | None, sampling: Sampling | None) -> StepPlan | None:
-    """The plan of this step's one compiled call, where there is one: a greedy run, ChainPolicy or SagePolicy
-    themselves, SAGE not reading its nodes' alphas and not on a try after plain steps (whose shape depends on the
-    probe). SAGE's prices are asked for here, as its shape() does (`SagePolicy.prices`)."""
-    if _step_jit is None or not (sampling is None or sampling.greedy):
+    """The plan of this step's one compiled call, where there is one: ChainPolicy or SagePolicy themselves, greedy or
+    under `sampling` a draft that ranks its candidates (not one that samples them, `Policy.samples_draft`), SAGE not
+    reading its nodes' alphas and not on a try after plain steps (whose shape depends on the probe). SAGE's prices
+    are asked for here, as its shape() does (`SagePolicy.prices`)."""
+    warp = (0.0, 1.0) if sampling is None or sampling.greedy else (float(sampling.temperature), float(sampling.top_p))
+    if _step_jit is None or (warp[0] > 0 and policy.samples_draft):
         return None
     k = int(max(policy.top_k, policy.entropy_k))
     if type(policy) is ChainPolicy:
         depth = int(policy.cfg.k)
         return StepPlan(CHAIN, (math.nan, depth, depth, depth, 1, 1, k, int(policy.entropy_k), 0.0, 0.0, math.nan,
-                                math.nan, depth), None, None)
+                                math.nan, depth), None, None, *warp)
     if type(policy) is SagePolicy and not policy.node_alphas and not policy.probing:
         cfg, price = policy.cfg, policy.prices(quote)
         fixed = math.nan if cfg.alpha_source == "current_root" else float(policy.alpha)
@@ -307,7 +317,7 @@ def step_plan(policy: Policy, quote: Quote | None, sampling: Sampling | None) ->
                    int(policy.entropy_k), float(cfg.width_parent_bias), float(cfg.theta_scale),
                    math.nan if price is None else float(price.node), math.nan if price is None else float(price.level),
                    int(cfg.n_max))  # one set of argument types: one compiled specialisation
-        return StepPlan(SAGE, numbers, policy.d_max, price)
+        return StepPlan(SAGE, numbers, policy.d_max, price, *warp)
     return None
 
 
@@ -322,7 +332,8 @@ def draft_step(decoder: CompiledDecoder, plan: StepPlan, pending: list[int], roo
     n = decoder.buffers.reserve(layers, p + plan.reach)
     keys, values = decoder.buffers.arrays
     root_alpha, alpha, depth, width, tok, parent, depths, prob, cum, slot, forwards = _step_jit(
-        plan.kind, plan.numbers, max_depth, decoder.head.shape[1] if vocab is None else vocab,
+        plan.kind, plan.numbers, plan.temperature, plan.nucleus, max_depth,
+        decoder.head.shape[1] if vocab is None else vocab,
         np.array(pending, np.int64), np.arange(root_pos - p + 1, root_pos + 1, dtype=np.int64), _causal(p), n, ends,
         root_pos, decoder.embed, cos, sin, *decoder.weights, keys, values)
     decoder.buffers.publish(layers, n + p + int((slot >= 0).sum()))
@@ -344,5 +355,5 @@ def warm() -> None:
     _levels_jit(CHAIN, (1, 0.0, 0.0, math.nan, math.nan, 1, 1), 0.0, 1.0, np.zeros(2), np.zeros(2, np.int64),
                 np.zeros(0, np.int64), 1, 1, 1, 3, *toy_weights())
     one = np.zeros(1, np.int64)
-    _step_jit(CHAIN, (math.nan, 1, 1, 1, 1, 1, 2, 2, 0.0, 0.0, math.nan, math.nan, 1), 1, 3, one, one, _causal(1), 0,
-              np.zeros(0, np.int64), 0, *toy_weights())
+    _step_jit(CHAIN, (math.nan, 1, 1, 1, 1, 1, 2, 2, 0.0, 0.0, math.nan, math.nan, 1), 0.0, 1.0, 1, 3, one, one,
+              _causal(1), 0, np.zeros(0, np.int64), 0, *toy_weights())

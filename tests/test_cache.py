@@ -121,12 +121,16 @@ def _buffered_cache(buffers: KVBuffers, n: int, seed: int = 0) -> DynamicCache:
 
 @pytest.mark.parametrize("dtype", ["float32 compiled", "float32 numpy", torch.bfloat16])  # the compiled move,
 # NumPy's (no Numba) and torch's (no NumPy bf16)
-@pytest.mark.parametrize("keep", [[0, 3, 5], [2], [], [0, 1, 2, 4], [4, 1, 6]])  # the last not in order
+@pytest.mark.parametrize("keep", [[0, 3, 5], [2], [], [0, 1, 2, 4], [4, 1, 6], [0, 1, 2]])  # [4, 1, 6]: not in order;
+# [0, 1, 2]: the region's first columns (a chain accepted along its first nodes), a crop with nothing to gather
 def test_a_buffered_cache_compacts_in_one_move_to_what_the_layer_by_layer_compaction_gives(dtype, keep, monkeypatch):
     if dtype == "float32 numpy":
         monkeypatch.setattr(cache_module, "_move_jit", None)
     elif dtype == "float32 compiled" and cache_module._move_jit is None:
         pytest.skip("Numba is not installed")
+    gathers = []
+    gather = cache_module._move_jit or cache_module._move_columns
+    monkeypatch.setattr(cache_module, "_move_jit", lambda *a: gathers.append(1) or gather(*a))
     dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
     buffers = KVBuffers(3, 2, 4, dtype)
     cache = _buffered_cache(buffers, 12)
@@ -139,6 +143,7 @@ def test_a_buffered_cache_compacts_in_one_move_to_what_the_layer_by_layer_compac
         assert torch.equal(got.keys, want.keys) and torch.equal(got.values, want.values)
         assert got.keys.data_ptr() == k.data_ptr()  # still the buffers' own columns: the next forward writes after them
     assert buffers.owns(cache.layers)
+    assert bool(gathers) == (dtype == torch.float32 and keep != list(range(len(keep))))  # a crop gathers nothing
 
 
 def test_buffers_leave_a_cache_they_do_not_hold_to_the_layer_by_layer_compaction():

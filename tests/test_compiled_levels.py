@@ -146,6 +146,7 @@ def test_compiled_levels_draw_the_level_loops_trees_and_stay_lossless(monkeypatc
 @pytest.mark.parametrize("temperature,top_p", [(0.7, 1.0), (1.0, 0.8)])
 def test_a_sampled_draft_that_ranks_its_candidates_draws_the_level_loops_trees_and_the_targets_own_draws(
         monkeypatch, temperature, top_p):
+    """Its drafted steps are one compiled call too (the read's candidates from the warped distribution)."""
     pair, prep = sharp_case("qwen2.5-vl", "image", "noisy")
     _prefer(monkeypatch, "numba")
     engine = SpecEngine(pair)
@@ -163,12 +164,19 @@ def test_a_sampled_draft_that_ranks_its_candidates_draws_the_level_loops_trees_a
             res = engine.generate(prep, make_policy(spec), max_new_tokens=MAX_NEW, sampling=sampling)
             assert res.token_ids == reference, (compiled, spec)  # the tree rule: the very draws of the target alone
             runs[compiled, spec] = res
-        assert bool(calls) == compiled
+        assert ("step" in calls) == compiled
         calls.clear()
-    for spec in specs[:2]:  # the same trees, their probabilities from the same float64 warp
+    for spec in specs[:2]:  # the same trees and shapes, their probabilities and alphas from the same float64 warp
         got, want = _trees(runs[True, spec]), _trees(runs[False, spec])
-        assert [t[:2] for t in got] == [t[:2] for t in want], spec
-        assert np.allclose(np.concatenate([t[2] for t in got]), np.concatenate([t[2] for t in want]), rtol=1e-12)
+        assert [t[:2] + t[4:6] for t in got] == [t[:2] + t[4:6] for t in want], spec  # tokens, parents, depth, width
+        for i in (2, 3):  # probs, cumulative probs
+            assert np.allclose(np.concatenate([t[i] for t in got]), np.concatenate([t[i] for t in want]), rtol=1e-12)
+        assert np.allclose(_alphas(got), _alphas(want), rtol=1e-12, equal_nan=True)
+
+
+def _alphas(trees) -> list[list[float]]:
+    """Each step's alpha and root alpha from `_trees` (nan for a plain step's None)."""
+    return [[np.nan if a is None else a for a in t[6:]] for t in trees]
 
 
 def test_the_warped_top_k_is_the_samplers_distribution():
