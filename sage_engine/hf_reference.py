@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .checks import sync
 from .errors import InputError
 from .events import GenerationResult, RunStats
 from .inputs import PreparedInput
@@ -85,11 +86,6 @@ def _inputs_on_target(pair: ModelPair, prepared: PreparedInput) -> dict[str, tor
     return {k: v.to(device) for k, v in prepared.target_inputs.items()}
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 class _Hooks:
     """Forward hooks on the target (and the draft): how many forwards, the time inside them, the target's
     cache length before each of its forwards, and which draft forwards received image or video inputs."""
@@ -114,7 +110,7 @@ class _Hooks:
 
     def _post(self, role: str):
         def hook(module, args, kwargs, output):
-            _sync(module.device)
+            sync(module.device)
             self.ms[role].append((time.perf_counter() - self.starts[role][-1]) * 1e3)
         return hook
 
@@ -158,7 +154,7 @@ def run_hf(pair: ModelPair, prepared: PreparedInput, spec: str, max_new_tokens: 
     with _Hooks(pair.target, pair.draft if parsed.name == "hf_assisted" else None) as hooks, torch.inference_mode():
         t0 = time.perf_counter()
         sequence = _generate(pair, _inputs_on_target(pair, prepared), parsed, max_new_tokens)
-        _sync(sequence.device)
+        sync(sequence.device)
         seconds = time.perf_counter() - t0
     ids = sequence[0, prepared.prompt_tokens:].tolist()
     text = pair.tokenizer.decode(ids, skip_special_tokens=True)

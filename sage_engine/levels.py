@@ -235,21 +235,36 @@ class LevelRule:
                 self.depth)
 
 
-def level_rule(policy: Policy, shape: TreeShape, sampling: Sampling | None = None) -> LevelRule | None:
-    """The compiled form of `policy`'s expansion for this step, where there is one: ChainPolicy and SagePolicy
-    themselves (not a subclass, which may expand otherwise), SAGE not reading its nodes' alphas; greedy, or under
-    `sampling` a draft that ranks its candidates (not one that samples them, `Policy.samples_draft`)."""
-    warp = (0.0, 1.0) if sampling is None or sampling.greedy else (sampling.temperature, sampling.top_p)
-    if _levels_jit is None or (warp[0] > 0 and policy.samples_draft):
-        return None
+def _compiled_kind(policy: Policy, sampling: Sampling | None) -> tuple[int | None, tuple[float, float]]:
+    """(CHAIN or SAGE, or None where the compiled expansion does not serve `policy`; the run's warp (temperature,
+    top-p), (0, 1) when greedy). It serves ChainPolicy and SagePolicy themselves (not a subclass, which may expand
+    otherwise), SAGE not reading its nodes' alphas; greedy, or under `sampling` a draft that ranks its candidates
+    (not one that samples them, `Policy.samples_draft`)."""
+    warp = (0.0, 1.0) if sampling is None or sampling.greedy else (float(sampling.temperature), float(sampling.top_p))
+    if warp[0] > 0 and policy.samples_draft:
+        return None, warp
     if type(policy) is ChainPolicy:
-        return LevelRule(CHAIN, 1, 0.0, 0.0, math.nan, math.nan, shape.max_nodes, shape.depth, *warp)
+        return CHAIN, warp
     if type(policy) is SagePolicy and not policy.node_alphas:
-        price, cfg = shape.price, policy.cfg
-        return LevelRule(SAGE, shape.width, cfg.width_parent_bias, cfg.theta_scale,
-                         math.nan if price is None else price.node, math.nan if price is None else price.level,
-                         shape.max_nodes, shape.depth, *warp)
-    return None
+        return SAGE, warp
+    return None, warp
+
+
+def _prices(price: BreakEven | None) -> tuple[float, float]:
+    """A node's and a level's price as the compiled expansion reads them (nan: none)."""
+    return (math.nan, math.nan) if price is None else (float(price.node), float(price.level))
+
+
+def level_rule(policy: Policy, shape: TreeShape, sampling: Sampling | None = None) -> LevelRule | None:
+    """The compiled form of `policy`'s expansion for this step, where there is one (`_compiled_kind`)."""
+    kind, warp = _compiled_kind(policy, sampling)
+    if _levels_jit is None or kind is None:
+        return None
+    if kind == CHAIN:
+        return LevelRule(CHAIN, 1, 0.0, 0.0, math.nan, math.nan, shape.max_nodes, shape.depth, *warp)
+    cfg = policy.cfg
+    return LevelRule(SAGE, shape.width, cfg.width_parent_bias, cfg.theta_scale, *_prices(shape.price),
+                     shape.max_nodes, shape.depth, *warp)
 
 
 def draft_levels(decoder: CompiledDecoder, rule: LevelRule, root: tuple[list[float], list[int]], ends: np.ndarray,
@@ -292,33 +307,36 @@ class StepPlan:
     nucleus: float = 1.0  # ... and its top-p
 
     @property
+    def max_nodes(self) -> int:
+        return self.numbers[_MAX_NODES]
+
+    @property
     def reach(self) -> int:
         """The most cache columns the tree's levels may feed."""
-        return max(self.numbers[3], self.numbers[12])
+        return max(self.numbers[_DEPTH_CAP], self.numbers[_MAX_NODES])
+
+
+_DEPTH_CAP, _MAX_NODES = 3, 12  # their places in StepPlan.numbers (`_draft_step`'s plan)
 
 
 def step_plan(policy: Policy, quote: Quote | None, sampling: Sampling | None) -> StepPlan | None:
-    """The plan of this step's one compiled call, where there is one: ChainPolicy or SagePolicy themselves, greedy or
-    under `sampling` a draft that ranks its candidates (not one that samples them, `Policy.samples_draft`), SAGE not
-    reading its nodes' alphas and not on a try after plain steps (whose shape depends on the probe). SAGE's prices
-    are asked for here, as its shape() does (`SagePolicy.prices`)."""
-    warp = (0.0, 1.0) if sampling is None or sampling.greedy else (float(sampling.temperature), float(sampling.top_p))
-    if _step_jit is None or (warp[0] > 0 and policy.samples_draft):
+    """The plan of this step's one compiled call, where the compiled expansion serves the policy (`_compiled_kind`)
+    and, for SAGE, the step is not a try after plain steps (whose shape depends on the probe). SAGE's prices are
+    asked for here, as its shape() does (`SagePolicy.prices`)."""
+    kind, warp = _compiled_kind(policy, sampling)
+    if _step_jit is None or kind is None or (kind == SAGE and policy.probing):
         return None
-    k = int(max(policy.top_k, policy.entropy_k))
-    if type(policy) is ChainPolicy:
+    k, entropy_k = int(max(policy.top_k, policy.entropy_k)), int(policy.entropy_k)
+    if kind == CHAIN:
         depth = int(policy.cfg.k)
-        return StepPlan(CHAIN, (math.nan, depth, depth, depth, 1, 1, k, int(policy.entropy_k), 0.0, 0.0, math.nan,
-                                math.nan, depth), None, None, *warp)
-    if type(policy) is SagePolicy and not policy.node_alphas and not policy.probing:
-        cfg, price = policy.cfg, policy.prices(quote)
-        fixed = math.nan if cfg.alpha_source == "current_root" else float(policy.alpha)
-        numbers = (fixed, int(cfg.d_min), int(policy.d_max), int(cfg.max_depth_cap), int(cfg.w_min), int(cfg.w_max), k,
-                   int(policy.entropy_k), float(cfg.width_parent_bias), float(cfg.theta_scale),
-                   math.nan if price is None else float(price.node), math.nan if price is None else float(price.level),
-                   int(cfg.n_max))  # one set of argument types: one compiled specialisation
-        return StepPlan(SAGE, numbers, policy.d_max, price, *warp)
-    return None
+        return StepPlan(CHAIN, (math.nan, depth, depth, depth, 1, 1, k, entropy_k, 0.0, 0.0, math.nan, math.nan, depth),
+                        None, None, *warp)
+    cfg, price = policy.cfg, policy.prices(quote)
+    fixed = math.nan if cfg.alpha_source == "current_root" else float(policy.alpha)
+    numbers = (fixed, int(cfg.d_min), int(policy.d_max), int(cfg.max_depth_cap), int(cfg.w_min), int(cfg.w_max), k,
+               entropy_k, float(cfg.width_parent_bias), float(cfg.theta_scale), *_prices(price),
+               int(cfg.n_max))  # one set of argument types: one compiled specialisation
+    return StepPlan(SAGE, numbers, policy.d_max, price, *warp)
 
 
 def draft_step(decoder: CompiledDecoder, plan: StepPlan, pending: list[int], root_pos: int, max_depth: int,
@@ -338,7 +356,7 @@ def draft_step(decoder: CompiledDecoder, plan: StepPlan, pending: list[int], roo
         root_pos, decoder.embed, cos, sin, *decoder.weights, keys, values)
     decoder.buffers.publish(layers, n + p + int((slot >= 0).sum()))
     nodes = (tok, parent, depths, prob, cum, slot)
-    return nodes, root_alpha, TreeShape(depth, width, plan.numbers[12], alpha, plan.d_max, plan.price), 1 + forwards
+    return nodes, root_alpha, TreeShape(depth, width, plan.max_nodes, alpha, plan.d_max, plan.price), 1 + forwards
 
 
 @functools.lru_cache(maxsize=64)

@@ -271,7 +271,7 @@ class ModelRunner(RunnerChecks):
     def draft_levels(self, rule: levels.LevelRule, root: tuple[list, list], ends: np.ndarray, p: int, root_pos: int):
         """A draft's levels after its read in one compiled call (levels.py, `rule` from levels.level_rule) where its
         kept layers are the compiled ones, else None.  # -> nodes (levels.tree_of), forwards, ms"""
-        if not self.stack_checked or not isinstance(self.fused, CompiledDecoder):
+        if not self.compiled:
             return None
         t0 = time.perf_counter()
         done = levels.draft_levels(self.fused, rule, root, ends, p, root_pos + self.rope_delta, self.vocab_limit,
