@@ -117,7 +117,7 @@ def _draft_levels(kind, rule, temperature, nucleus, root_p, root_t, ends, p, roo
     which the newest p are the pending tokens, and their softmax top-k (temperature > 0: a sampled run's warped
     distribution with top-p `nucleus`, `_warped_top`). root_p, root_t [K]: the root's candidates.
     # -> the nodes' tokens, parents, depths, probs, cumulative probs (DraftTree.add's products), draft slots (-1: never
-    #    fed), forwards"""
+    #    fed), forwards, nodes fed (the cache columns the levels wrote)"""
     max_nodes, depth = rule[5], rule[6]
     size = max(max_nodes, depth) + 1
     t_tok, t_parent, t_slot = np.empty(size, np.int64), np.empty(size, np.int64), np.full(size, -1, np.int64)
@@ -158,7 +158,8 @@ def _draft_levels(kind, rule, temperature, nucleus, root_p, root_t, ends, p, roo
             probs, top_t = _top_jit(np.ascontiguousarray(logits[:, :vocab]), root_p.shape[0])
             top_p = probs.astype(np.float64)  # exact: the level loop reads the same float32 numbers
         rows = grow[:g]
-    return t_tok[:count], t_parent[:count], t_depth[:count], t_prob[:count], t_cum[:count], t_slot[:count], forwards
+    nodes = t_tok[:count], t_parent[:count], t_depth[:count], t_prob[:count], t_cum[:count], t_slot[:count]
+    return (*nodes, forwards, fed)
 
 
 def _confidence(row):
@@ -199,11 +200,11 @@ def _draft_step(kind, plan, temperature, nucleus, max_depth, vocab, tokens, posi
     width = max(1, int(math.floor(w_min + (1.0 - alpha) * (w_max - w_min) + 0.5)))
     depth = min(depth, max_depth)
     rule = (width, bias, theta_scale, node_price, level_price, max_nodes, depth)
-    tok, parent, depths, prob, cum, slot, forwards = _levels_jit(
+    tok, parent, depths, prob, cum, slot, forwards, fed = _levels_jit(
         kind, rule, temperature, nucleus, probs[0].copy(), top[0].copy(), ends, p, root_pos, n + p, vocab, embed,
         cos, sin, floor1, qkv, qkv_b, heads, scaling, out_w, out_b, floor2, gate_up, down, down_b, floor, head,
         head_b, keys, values)
-    return root_alpha, alpha, depth, width, tok, parent, depths, prob, cum, slot, forwards
+    return root_alpha, alpha, depth, width, tok, parent, depths, prob, cum, slot, forwards, fed
 
 
 # the policies' arithmetic exactly as Python does it: no fast-math, Python's errors
@@ -277,11 +278,11 @@ def draft_levels(decoder: CompiledDecoder, rule: LevelRule, root: tuple[list[flo
     layers = [cache.layers[f.index] for f in decoder.layers]
     n = decoder.buffers.reserve(layers, max(rule.max_nodes, rule.depth))
     keys, values = decoder.buffers.arrays
-    tok, parent, depth, prob, cum, slot, forwards = _levels_jit(
+    tok, parent, depth, prob, cum, slot, forwards, fed = _levels_jit(
         rule.kind, rule.numbers, rule.temperature, rule.nucleus, np.array(root[0], np.float64),
         np.array(root[1], np.int64), ends, p, root_pos, n,
         decoder.head.shape[1] if vocab is None else vocab, decoder.embed, cos, sin, *decoder.weights, keys, values)
-    decoder.buffers.publish(layers, n + int((slot >= 0).sum()))
+    decoder.buffers.publish(layers, n + fed)
     return (tok, parent, depth, prob, cum, slot), forwards
 
 
@@ -291,7 +292,7 @@ def tree_of(nodes: tuple[np.ndarray, ...], root_alpha: float | None) -> DraftTre
     tok, parent, depth, prob, cum, slot = nodes
     n = len(tok)
     return DraftTree(tok.tolist(), parent.tolist(), depth.tolist(), prob.tolist(), cum.tolist(), [None] * n,
-                     slot.tolist(), root_alpha, [None] * n)
+                     slot.tolist(), root_alpha, [None] * n, (tok, parent))
 
 
 @dataclass(frozen=True)
@@ -349,12 +350,12 @@ def draft_step(decoder: CompiledDecoder, plan: StepPlan, pending: list[int], roo
     layers = [cache.layers[f.index] for f in decoder.layers]
     n = decoder.buffers.reserve(layers, p + plan.reach)
     keys, values = decoder.buffers.arrays
-    root_alpha, alpha, depth, width, tok, parent, depths, prob, cum, slot, forwards = _step_jit(
+    root_alpha, alpha, depth, width, tok, parent, depths, prob, cum, slot, forwards, fed = _step_jit(
         plan.kind, plan.numbers, plan.temperature, plan.nucleus, max_depth,
         decoder.head.shape[1] if vocab is None else vocab,
         np.array(pending, np.int64), np.arange(root_pos - p + 1, root_pos + 1, dtype=np.int64), _causal(p), n, ends,
         root_pos, decoder.embed, cos, sin, *decoder.weights, keys, values)
-    decoder.buffers.publish(layers, n + p + int((slot >= 0).sum()))
+    decoder.buffers.publish(layers, n + p + fed)
     nodes = (tok, parent, depths, prob, cum, slot)
     return nodes, root_alpha, TreeShape(depth, width, plan.max_nodes, alpha, plan.d_max, plan.price), 1 + forwards
 

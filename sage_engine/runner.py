@@ -36,7 +36,7 @@ from .fused import WARM_ROWS, FusedDecoder, fused_decoders
 from .host import HostDecoder, host_decoder
 from .pruning import VisualPruning, pruned_prefill_inputs
 from .stack import DecoderStack, decoder_stack, prompt_inputs
-from .tree import additive_mask, verify_allowed, verify_inputs
+from .tree import DraftTree, additive_mask, verify_allowed, verify_inputs
 from .vision import FusedVision, fused_vision
 
 
@@ -223,21 +223,20 @@ class ModelRunner(RunnerChecks):
         return self._timed_pass(ids, pos, mask, max(shifted))
 
     @inference
-    def forward_tree(self, root: int, tokens: list[int], parents: list[int], depths: list[int]) -> Pass:
-        """A verify pass: `root` at the cache length L, tree nodes (`parents`, -1: the root) at L + their depth, each
-        seeing the past, the root, its ancestors and itself; the logits after the root and after each node.
-        Once the layers are checked, their ids, positions and mask are built in one compiled call (tree.verify_inputs).
-        # [1 + n, V]"""
+    def forward_tree(self, root: int, tree: DraftTree) -> Pass:
+        """A verify pass: `root` at the cache length L, the tree's nodes at L + their depth, each seeing the past, the
+        root, its ancestors and itself; the logits after the root and after each node. Once the layers are checked,
+        their ids, positions and mask are built in one compiled call (tree.verify_inputs).  # [1 + n, V]"""
         L = self.seq_len
-        if not tokens or not self.stack_checked or isinstance(self.fused, HostDecoder):
-            return self.forward([root] + tokens, [L] + [L + d for d in depths], verify_allowed(parents))
+        if not tree.tokens or not self.stack_checked or isinstance(self.fused, HostDecoder):
+            return self.forward([root] + tree.tokens, [L] + [L + d for d in tree.depths], verify_allowed(tree.parents))
         blocked = self._blocked_value
         if blocked is None:
             blocked = self._blocked_value = float(torch.finfo(self.dtype).min)
-        ids, pos, mask = map(torch.from_numpy, verify_inputs(tokens, parents, root, L + self.rope_delta, L, blocked))
+        ids, pos, mask = map(torch.from_numpy, verify_inputs(tree, root, L + self.rope_delta, L, blocked))
         if not self._cpu_float32:
             ids, pos, mask = ids.to(self.device), pos.to(self.device), mask.to(device=self.device, dtype=self.dtype)
-        return self._timed_pass(ids, pos, mask, L + self.rope_delta + max(depths))
+        return self._timed_pass(ids, pos, mask, L + self.rope_delta + tree.depth)
 
     def _timed_pass(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None, top: int) -> Pass:
         """One cached forward of ids, positions [1, q] (`top` the largest) under `mask`, through the kept layers

@@ -36,6 +36,16 @@ class DraftTree:
     root_alpha: float | None = None  # confidence of the root's next-token distribution
     # a sampled draft (chain under the ratio rule): the distribution q each node's token was drawn from, else None
     q_dists: list[torch.Tensor | None] = field(default_factory=list)
+    # (tokens, parents) as int64 arrays where the compiled draft made them (levels.tree_of), for the compiled verify
+    # inputs; `columns()` reads them while the tree has not grown since
+    arrays: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False, compare=False)
+
+    def columns(self) -> tuple[np.ndarray, np.ndarray]:
+        """tokens and parents as int64 arrays.  # [n], [n]"""
+        held = self.arrays
+        if held is None or len(held[0]) != len(self.tokens):
+            held = self.arrays = (np.array(self.tokens, np.int64), np.array(self.parents, np.int64))
+        return held
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -183,19 +193,18 @@ def _verify_inputs(tokens, parents, root, start, past, blocked):
 _verify_inputs_jit = numba.njit(cache=True, nogil=True)(_verify_inputs) if numba is not None else None
 
 
-def verify_inputs(tokens: list[int], parents: list[int], root: int, start: int, past: int,
+def verify_inputs(tree: DraftTree, root: int, start: int, past: int,
                   blocked: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """ids and positions [1, 1 + n] and the additive mask [1, 1, 1 + n, past + 1 + n] of a verify pass
+    """ids and positions [1, 1 + n] and the additive mask [1, 1, 1 + n, past + 1 + n] of a verify pass over `tree`
     (`_verify_inputs`), compiled where Numba is installed."""
-    build = _verify_inputs_jit or _verify_inputs
-    return build(np.array(tokens, np.int64), np.array(parents, np.int64), root, start, past, blocked)
+    return (_verify_inputs_jit or _verify_inputs)(*tree.columns(), root, start, past, blocked)
 
 
 def warm() -> None:
     """Load the compiled builder now (compiled on a machine's first call, else read from Numba's cache), not in a
     run's first verify pass."""
     if _verify_inputs_jit is not None:
-        verify_inputs([0, 0], [-1, 0], 0, 1, 1, -1.0)
+        verify_inputs(DraftTree([0, 0], [-1, 0]), 0, 1, 1, -1.0)
 
 
 def accept_greedy(tree: DraftTree, target_next: list[int]) -> tuple[list[int], int]:
@@ -211,3 +220,4 @@ def accept_greedy(tree: DraftTree, target_next: list[int]) -> tuple[list[int], i
             path.append(i)
             node, want = i, target_next[1 + i]
     return path, want
+

@@ -47,7 +47,7 @@ def row_argmax(logits: torch.Tensor) -> list[int]:
 
 def verify_tree(runner: ModelRunner, root: int, tree: DraftTree) -> Pass:
     """Target logits after the root and after every node, in one pass.  # [1 + n, V]"""
-    return runner.forward_tree(root, tree.tokens, tree.parents, tree.depths)
+    return runner.forward_tree(root, tree)
 
 
 class GreedyAcceptance:

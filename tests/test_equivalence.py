@@ -163,10 +163,10 @@ def _wrong_verify_mask(monkeypatch, pattern):
     (the verify pass's inputs, the compiled builder's or the fallback's)."""
     real = runner_mod.verify_inputs
 
-    def wrong(tokens, parents, root, start, past, blocked):
-        ids, pos, mask = real(tokens, parents, root, start, past, blocked)
+    def wrong(tree, root, start, past, blocked):
+        ids, pos, mask = real(tree, root, start, past, blocked)
         mask = mask.copy()
-        mask[0, 0, :, past:] = np.where(pattern(parents), 0.0, blocked)
+        mask[0, 0, :, past:] = np.where(pattern(tree.parents), 0.0, blocked)
         return ids, pos, mask
 
     monkeypatch.setattr(runner_mod, "verify_inputs", wrong)
@@ -196,8 +196,8 @@ def test_negative_control_node_positions_off_by_one_are_caught(monkeypatch):
     assert _run(pair, prep, "eagle2") == reference
     real = runner_mod.verify_inputs
 
-    def shifted(tokens, parents, root, start, past, blocked):  # the verify pass's nodes one position too far
-        ids, pos, mask = real(tokens, parents, root, start, past, blocked)
+    def shifted(tree, root, start, past, blocked):  # the verify pass's nodes one position too far
+        ids, pos, mask = real(tree, root, start, past, blocked)
         pos = pos.copy()
         pos[0, 1:] += 1
         return ids, pos, mask
