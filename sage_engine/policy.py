@@ -104,11 +104,10 @@ class Policy:
 
     @functools.cached_property
     def key(self) -> str:
-        """The policy with its settings: step timings are kept per key. Made once per policy (its settings are a
-        frozen dataclass): the repr of SageConfig's two dozen fields took ~24 us a step in a run, more than a plain
-        step's acceptance."""
-        cfg = getattr(self, "cfg", None)
-        return self.name if cfg is None else f"{self.name}{cfg!r}"
+        """The policy with its settings: step timings are kept per key. Made once per policy, and once per setting
+        across policies (`_key`): the repr of SageConfig's two dozen fields took ~24 us, ~55 us in a run's first step,
+        and the CLI, the benchmark and the app make a fresh policy for every run."""
+        return _key(self.name, getattr(self, "cfg", None))
 
     def skip_draft(self, quote: Quote | None = None) -> bool:
         """True: decode this step without drafting (default: a policy with a draft always drafts)."""
@@ -131,6 +130,12 @@ class Policy:
 
     def observe(self, outcome: StepOutcome) -> None:
         """Update internal state after a verified step (default: stateless)."""
+
+
+@functools.lru_cache(maxsize=256)
+def _key(name: str, cfg) -> str:
+    """Policy.key of a policy named `name` with settings `cfg` (a frozen dataclass, or None)."""
+    return name if cfg is None else f"{name}{cfg!r}"
 
 
 class AutoregressivePolicy(Policy):
