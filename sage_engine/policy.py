@@ -107,7 +107,11 @@ class Policy:
         """The policy with its settings: step timings are kept per key. Made once per policy, and once per setting
         across policies (`_key`): the repr of SageConfig's two dozen fields took ~24 us, ~55 us in a run's first step,
         and the CLI, the benchmark and the app make a fresh policy for every run."""
-        return _key(self.name, getattr(self, "cfg", None))
+        cfg = getattr(self, "cfg", None)
+        try:
+            return _key(self.name, cfg)
+        except TypeError:  # settings that cannot be hashed (a subclass's own): made for this policy alone
+            return f"{self.name}{cfg!r}"
 
     def skip_draft(self, quote: Quote | None = None) -> bool:
         """True: decode this step without drafting (default: a policy with a draft always drafts)."""

@@ -181,3 +181,18 @@ def test_the_fused_target_writes_its_steps_into_its_buffers_and_keeps_the_accept
     (v1, a1, k1), (v2, a2, k2) = runs.values()
     assert torch.allclose(v1, v2, atol=1e-5) and torch.allclose(a1, a2, atol=1e-5)
     assert all(torch.allclose(x, y, atol=1e-6) for x, y in zip(k1, k2))
+
+
+@torch.inference_mode()
+def test_each_prompt_gets_its_own_empty_cache_and_the_template_stays_empty():
+    pair, prep, _ = _prompt_and_tree()
+    runner = ModelRunner(pair.target)
+    runner.prefill(prep.target_inputs)
+    first, n = runner.cache, runner.seq_len
+    runner.forward([17], [n], np.ones((1, 1), dtype=bool))
+    runner.prefill(prep.target_inputs)  # a second prompt: a fresh copy of the template, not the first run's cache
+    assert runner.cache is not first and runner.seq_len == n and first.get_seq_length() == n + 1
+    template = runner._empty
+    assert template is not None and template.get_seq_length() == 0
+    assert not any(layer.is_initialized for layer in template.layers)
+    assert len(template.layers) == len(runner.cache.layers)

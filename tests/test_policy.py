@@ -559,3 +559,20 @@ def test_a_step_the_meter_found_stalled_does_not_judge_the_draft():
     pol.observe(StepOutcome(DraftTree(), [], 2, 40.0))
     drafted(pol, q, 2, 40.0)  # the same steps, not stalled: the draft loses
     assert pol.skip_draft(q) is True
+
+
+def test_policy_keys_name_the_settings_and_are_made_once_per_setting():
+    a, b = make_policy("sage"), make_policy("sage")
+    assert a.key == b.key and a.key is b.key  # a fresh policy each run does not repr its settings again
+    assert make_policy("sage:d_max=8").key != a.key and make_policy("chain").key.startswith("chain")
+
+    @dataclasses.dataclass  # settings that cannot be hashed still give a key
+    class Loose:
+        k: int = 3
+
+    class Mine(ChainPolicy):
+        pass
+
+    mine = Mine(ChainPolicy().cfg)
+    mine.cfg = Loose()
+    assert mine.key == f"chain{Loose()!r}" and mine.key.endswith("Loose(k=3)")

@@ -85,3 +85,15 @@ def test_from_paths_builds_static_tree():
     assert t.depths == [1, 1, 2, 2, 3]
     assert t.parents == [-1, -1, 0, 0, 2]
     assert np.array_equal(ancestor_matrix(t.parents)[4], [True, False, True, False, True])
+
+
+def test_columns_are_the_tree_as_arrays_and_follow_a_grown_tree():
+    t = small_tree()
+    tokens, parents = t.columns()
+    assert tokens.tolist() == t.tokens and parents.tolist() == t.parents and tokens.dtype == np.int64
+    assert t.columns()[0] is tokens  # kept while the tree is unchanged
+    t.add(16, 5, 0.5)
+    tokens, parents = t.columns()
+    assert tokens.tolist() == t.tokens and parents.tolist()[-1] == 5
+    made = DraftTree([1, 2], [-1, 0], arrays=(np.array([1, 2]), np.array([-1, 0])))
+    assert made.columns() is made.arrays  # the compiled draft's own arrays are read as they are
