@@ -108,6 +108,14 @@ class StepEvent:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def __getstate__(self) -> dict:
+        """Pickled with its deferred fields made (a ZeroGPU Space's worker process hands each event to the app's
+        process by pickle; the function that makes a deferred field is the engine's and does not cross)."""
+        for name, attr in vars(type(self)).items():
+            if isinstance(attr, _DeferredField):
+                getattr(self, name)
+        return dict(self.__dict__)
+
 
 @dataclass
 class RunStats:
