@@ -26,10 +26,11 @@ import torch
 
 from . import cache, compiled, levels
 from .costs import Quote
-from .policy import Frontier, Policy, Probe, TreeShape, confidence
+from .policy import Policy
 from .pruning import VisualPruning
 from .runner import ModelRunner
 from .sampling import DraftSampler, Sampling
+from .shapes import Frontier, Probe, TreeShape, confidence
 from .tree import DraftTree, chain_allowed
 
 

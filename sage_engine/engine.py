@@ -33,10 +33,11 @@ from .events import Deferred, GenerationResult, StepEvent, TreeView, summarize
 from .families import shared_vocab
 from .inputs import PreparedInput, prepare_input
 from .models import ModelPair
-from .policy import Policy, StepOutcome, make_policy
+from .policy import Policy, make_policy
 from .pruning import VisualPruning
 from .runner import ModelRunner
 from .sampling import RatioAcceptance, SampledAcceptance, Sampling
+from .shapes import StepOutcome
 from .tree import DraftTree
 from .tree import warm as warm_verify_inputs
 from .verify import GreedyAcceptance, Verdict, verify_tree

@@ -40,7 +40,7 @@ class Deferred:
     consumer that never looks at them (the benchmark) does not pay for them in the step (~25 us a step for the tree
     view, ~30 us for the texts, right after a target forward)."""
 
-    def __init__(self, make: Callable[[], TreeView | None]):
+    def __init__(self, make: Callable[[], object]):
         self.make = make
 
 

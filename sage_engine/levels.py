@@ -13,7 +13,7 @@ warped distribution (`_warped_top`, sampling.warped's float64 steps). The whole 
 time: its expansions are a few microseconds.
 A chain's or SAGE's whole drafted step is one call (`_draft_step`, planned by `step_plan`; greedy, or sampled with a
 draft that ranks its candidates): the draft's read of the tokens it missed, the root's top-k and its alpha
-(`_confidence`, policy.confidence's sums in the same order), the tree's depth and width from alpha
+(`_confidence`, shapes.confidence's sums in the same order), the tree's depth and width from alpha
 (SagePolicy.depth_for and width_for's float64 steps), then `_draft_levels`; where the shape depends on more than
 alpha (SAGE's try after plain steps reads the probe), the drafter reads in Python and the levels alone are one
 call.
@@ -29,8 +29,9 @@ import numpy as np
 
 from .compiled import CompiledDecoder, _forward_jit, _largest, _top_jit, numba, toy_weights
 from .costs import BreakEven, Quote
-from .policy import ChainPolicy, Policy, SagePolicy, TreeShape
+from .policy import ChainPolicy, Policy, SagePolicy
 from .sampling import Sampling
+from .shapes import TreeShape
 from .tree import DraftTree, chain_allowed
 
 CHAIN, SAGE = 0, 1  # LevelRule.kind: ChainPolicy.expand, SagePolicy.expand
@@ -163,7 +164,7 @@ def _draft_levels(kind, rule, temperature, nucleus, root_p, root_t, ends, p, roo
 
 
 def _confidence(row):
-    """policy.confidence of one row of top-k probabilities (read as float64), in its order of operations.
+    """shapes.confidence of one row of top-k probabilities (read as float64), in its order of operations.
     # [k] -> alpha"""
     s = t = 0.0
     for j in range(row.shape[0]):

@@ -18,7 +18,7 @@ import torch
 
 try:
     import numba
-except ImportError:  # the verify pass's inputs from verify_allowed and additive_mask instead
+except ImportError:  # the verify pass's inputs built by the same function in Python
     numba = None
 
 
@@ -220,4 +220,3 @@ def accept_greedy(tree: DraftTree, target_next: list[int]) -> tuple[list[int], i
             path.append(i)
             node, want = i, target_next[1 + i]
     return path, want
-

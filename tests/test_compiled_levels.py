@@ -16,9 +16,10 @@ from sage_engine import SpecEngine, make_policy
 from sage_engine import levels as levels_mod
 from sage_engine.config import SageConfig
 from sage_engine.costs import BreakEven
-from sage_engine.policy import ChainPolicy, Frontier, SagePolicy, TreeShape, confidence
+from sage_engine.policy import ChainPolicy, SagePolicy
 from sage_engine.runner import ModelRunner
 from sage_engine.sampling import Sampling, warped
+from sage_engine.shapes import Frontier, TreeShape, confidence
 from sage_engine.tree import DraftTree
 
 K = 10  # candidates per row (SAGE's and the chain's: max(top_k, entropy_k))
@@ -221,7 +222,7 @@ def test_the_engine_loads_the_compiled_levels_when_it_is_built(monkeypatch):
 
 def test_the_compiled_confidence_is_the_policys_number_for_number():
     """The compiled step plans SAGE's depth and width from its own alpha: a last-bit difference from
-    policy.confidence could move a depth across a rounding edge."""
+    shapes.confidence could move a depth across a rounding edge."""
     rng = np.random.default_rng(5)
     rows = [rng.dirichlet(np.full(10, a)).astype(np.float32) for a in (0.05, 0.3, 1.0, 5.0) for _ in range(500)]
     rows += [np.array([1.0] + [0.0] * 9, np.float32), np.array([0.3, 0.2, 0.0, 0.0, 0.1], np.float32)]

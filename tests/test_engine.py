@@ -178,7 +178,7 @@ def test_the_draft_gives_each_fed_node_an_alpha_only_for_a_policy_that_reads_the
     """`prev_path` plans the next tree from the accepted path's alphas (each the draft's confidence after that node,
     the root's included); other sources read only the root's, and the drafter skips the per-node ones."""
     from sage_engine import SageConfig, make_policy
-    from sage_engine.policy import confidence
+    from sage_engine.shapes import confidence
 
     pair, engine, prep = setup
     policy = make_policy("sage", SageConfig(threshold="paper", alpha_source=source, d_min=4, d_max=4))

@@ -8,16 +8,8 @@ import pytest
 import torch
 
 from sage_engine.config import MEDUSA_25, Eagle2Config, SageConfig, parse_spec
-from sage_engine.policy import (
-    ChainPolicy,
-    Eagle2Policy,
-    Frontier,
-    SagePolicy,
-    StaticTreePolicy,
-    StepOutcome,
-    confidence,
-    make_policy,
-)
+from sage_engine.policy import ChainPolicy, Eagle2Policy, SagePolicy, StaticTreePolicy, make_policy
+from sage_engine.shapes import Frontier, StepOutcome, confidence
 from sage_engine.tree import DraftTree
 
 
@@ -377,7 +369,7 @@ def drafted_wall_ms(meter, nodes: int, forwards: int) -> float:
 
 def test_a_chain_pays_when_its_expected_tokens_beat_plain_steps_at_the_fitted_wall_times():
     from sage_engine.costs import StepTiming
-    from sage_engine.policy import Probe
+    from sage_engine.shapes import Probe
     quote = probe_meter().quote("sage")
     assert drafted_wall_ms(quote.meter, 2, 2) == pytest.approx(2.0)
     assert drafted_wall_ms(quote.meter, 0, 0) == pytest.approx(1.0)
@@ -395,7 +387,7 @@ def test_a_chain_pays_when_its_expected_tokens_beat_plain_steps_at_the_fitted_wa
 
 
 def test_a_try_drafts_only_when_the_drafts_agreement_with_the_plain_tokens_would_pay():
-    from sage_engine.policy import Probe
+    from sage_engine.shapes import Probe
     pol = SagePolicy(SageConfig(threshold="cost", fallback_steps=2, fallback_window=4))
     q = probe_meter().quote(pol.key)
     drafted(pol, q, 1, 4.0)
