@@ -301,8 +301,9 @@ class SpecEngine:
         verify = verify_tree(self.target, root, tree)
         # 3. accept the longest agreeing path plus the bonus token.
         verdict = accept(tree, verify.logits)
-        # 4. compact both caches to the accepted path.
-        self.target.keep(start_t, [0] + [1 + n for n in verdict.accepted])
+        # 4. compact both caches to the accepted path (a plain step's one column is its path).
+        if tree.tokens:
+            self.target.keep(start_t, [0] + [1 + n for n in verdict.accepted])
         if drafting:
             self.drafter.settle(tree, verdict.accepted, verdict.bonus)
         # 5. the policy learns from the outcome (and the meter from what the step cost).

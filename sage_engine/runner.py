@@ -115,6 +115,7 @@ class ModelRunner(RunnerChecks):
         self._cpu_float32 = self._cpu and self._float32
         self.vocab_limit = vocab_limit  # slice logits to the vocabulary both models share
         self._blocked_value: float | None = None  # a masked column's additive value (finfo(dtype).min), once asked
+        self._plain_io: tuple[np.ndarray, torch.Tensor, torch.Tensor] | None = None  # _plain_pass's id and position
         self.cache: DynamicCache | None = None
         self._empty: DynamicCache | None = None  # an empty cache of the model's layers, copied for each prompt
         self.rope_delta = 0  # text-position shift after the prompt (family rule; 0 for 1D families unpruned)
@@ -236,6 +237,8 @@ class ModelRunner(RunnerChecks):
         root, its ancestors and itself; the logits after the root and after each node. Once the layers are checked,
         their ids, positions and mask are built in one compiled call (tree.verify_inputs).  # [1 + n, V]"""
         L = self.seq_len
+        if not tree.tokens and self._cpu and self.stack_checked and not isinstance(self.fused, HostDecoder):
+            return self._plain_pass(root, L + self.rope_delta)
         if not tree.tokens or not self.stack_checked or isinstance(self.fused, HostDecoder):
             return self.forward([root] + tree.tokens, [L] + [L + d for d in tree.depths], verify_allowed(tree.parents))
         blocked = self._blocked_value
@@ -245,6 +248,17 @@ class ModelRunner(RunnerChecks):
         if not self._cpu_float32:
             ids, pos, mask = ids.to(self.device), pos.to(self.device), mask.to(device=self.device, dtype=self.dtype)
         return self._timed_pass(ids, pos, mask, L + self.rope_delta + tree.depth)
+
+    def _plain_pass(self, token: int, position: int) -> Pass:
+        """A plain step's pass on the CPU once the layers are checked: one token that sees every column, its id and
+        position written into a tensor pair made once (`forward` builds them from lists and a pattern each call:
+        ~15-20 us right after the last forward, for what is two numbers).  # [1, V]"""
+        if self._plain_io is None:
+            buf = np.zeros((2, 1, 1), dtype=np.int64)
+            self._plain_io = (buf, *torch.from_numpy(buf).unbind())
+        buf, ids, pos = self._plain_io
+        buf[0, 0, 0], buf[1, 0, 0] = token, position
+        return self._timed_pass(ids, pos, None, position)
 
     def _timed_pass(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None, top: int) -> Pass:
         """One cached forward of ids, positions [1, q] (`top` the largest) under `mask`, through the kept layers
