@@ -111,6 +111,11 @@ class SageConfig:
     threshold: Threshold = "cost"
     fallback_steps: int = 2  # threshold "cost": plain steps after drafted ones first lose to plain ones (0: never)
     fallback_window: int = 4  # threshold "cost": this run's last drafted steps that judge the draft
+    # threshold "cost": drafted steps lose only where their rate plus this many of its standard errors is below the
+    # plain rate (0: their measured rate alone). A few drafted steps of a draft that often agrees with the target on
+    # an input it does not know vary from 1 to a dozen tokens, and their measured rate alone fell below the plain one
+    # by chance often enough to make such runs plain (`docs/SPEED.md`, "Falling back on evidence")
+    fallback_z: float = 1.0
     # Under sampling (greedy ignores it), not in the paper: "top" builds the tree from the draft's top candidates
     # and the target draws at each node (the tree rule: the target-only sample of the same seed); "sample" gives
     # each node as many children as the top candidates earn, drawn from q without replacement, verified with the
@@ -128,7 +133,8 @@ class SageConfig:
 def sage_problem(cfg: SageConfig) -> str | None:
     """What is wrong with `cfg`'s knobs, or None."""
     numbers = {f: getattr(cfg, f) for f in ("k", "d_min", "d_max", "w_min", "w_max", "n_max", "theta_scale",
-                                            "width_parent_bias", "alpha0", "history_low", "history_high")}
+                                            "width_parent_bias", "alpha0", "history_low", "history_high",
+                                            "fallback_z")}
     for name, value in numbers.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             return f"{name} must be a finite number (got {value!r})"
@@ -146,8 +152,8 @@ def sage_problem(cfg: SageConfig) -> str | None:
         return f"unknown threshold {cfg.threshold!r}; choose one of {', '.join(THRESHOLDS)}"
     if cfg.draw not in DRAWS:
         return f"unknown draw {cfg.draw!r}; choose one of {', '.join(DRAWS)}"
-    if cfg.history_window < 1 or cfg.fallback_steps < 0 or cfg.fallback_window < 1:
-        return "need history_window >= 1, fallback_steps >= 0 and fallback_window >= 1"
+    if cfg.history_window < 1 or cfg.fallback_steps < 0 or cfg.fallback_window < 1 or cfg.fallback_z < 0:
+        return "need history_window >= 1, fallback_steps >= 0, fallback_window >= 1 and fallback_z >= 0"
     return None
 
 

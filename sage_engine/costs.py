@@ -22,6 +22,7 @@ target's own choice.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -77,14 +78,24 @@ def _median(values: list[float]) -> float:
     return values[m] if len(values) % 2 else (values[m - 1] + values[m]) / 2
 
 
-def robust_rate(steps: list[tuple[int, float]]) -> float | None:
-    """Tokens per ms over (tokens, ms) steps, leaving out the steps slower than SPIKE x the median step."""
+def robust_rate(steps: list[tuple[int, float]], z: float = 0.0) -> float | None:
+    """Tokens per ms over (tokens, ms) steps, leaving out the steps slower than SPIKE x the median step; with z > 0,
+    that rate plus z standard errors (the ratio estimator's, by the delta method): the rate the steps cannot be said
+    to fall short of. A drafted step's tokens vary a lot from step to step (1 to a dozen) where a draft the target
+    often agrees with meets an input it does not know, and hardly at all where the draft is plainly wrong (one token a
+    step): a few steps then tell the second apart, and not the first."""
     if not steps:
         return None
     limit = SPIKE * _median([ms for _, ms in steps])
     kept = [(t, ms) for t, ms in steps if ms <= limit]
     wall = sum(ms for _, ms in kept)
-    return sum(t for t, _ in kept) / wall if wall > 0 else None
+    if wall <= 0:
+        return None
+    rate, n = sum(t for t, _ in kept) / wall, len(kept)
+    if z <= 0 or n < 2:
+        return rate
+    spread = sum((t - rate * ms) ** 2 for t, ms in kept) / (n * (n - 1))
+    return rate + z * math.sqrt(spread) / (wall / n)
 
 
 NODES, FORWARDS, WALL, VERIFY, DRAFT = 1, 2, 3, 4, 5  # a drafted step's columns in `Moments` (0: the constant 1)
@@ -237,17 +248,18 @@ class CostMeter:
         return self._rate(mine) if len(mine) >= self.min_steps else None
 
     @staticmethod
-    def typical_rate(steps) -> float | None:
+    def typical_rate(steps, z: float = 0.0) -> float | None:
         """Tokens per ms of `steps`, those that took over `SPIKE` times the median step left out: the judge of
         drafted against plain steps. On a shared machine one step in a few can take many times its usual time
         (another process got the core); a median of per-step rates would be robust too, but biased against
         drafted steps, whose accepted lengths are skewed (a few long paths carry the throughput)."""
-        return robust_rate([(s.tokens, s.wall_ms) for s in steps])
+        return robust_rate([(s.tokens, s.wall_ms) for s in steps], z)
 
-    def drafted_rate(self, policy: str) -> float | None:
-        """Typical tokens per ms of `policy`'s last `recent` drafted steps, None before it has `min_steps` of them."""
+    def drafted_rate(self, policy: str, z: float = 0.0) -> float | None:
+        """Typical tokens per ms of `policy`'s last `recent` drafted steps (plus z standard errors), None before it has
+        `min_steps` of them."""
         mine = self.drafted.get(policy, ())
-        return self.typical_rate(mine) if len(mine) >= self.min_steps else None
+        return self.typical_rate(mine, z) if len(mine) >= self.min_steps else None
 
     def plain_rate(self) -> float | None:
         """Typical tokens per ms of a plain step (one target forward): measured on recent plain steps of any
@@ -340,9 +352,10 @@ class Quote:
     def plain_rate(self) -> float | None:
         return self.meter.plain_rate()
 
-    def drafted_rate(self) -> float | None:
-        """This policy's typical rate over its last drafted steps on the engine (earlier runs included)."""
-        return self.meter.drafted_rate(self.policy)
+    def drafted_rate(self, z: float = 0.0) -> float | None:
+        """This policy's typical rate over its last drafted steps on the engine (earlier runs included), plus z
+        standard errors."""
+        return self.meter.drafted_rate(self.policy, z)
 
     def chain_pays(self, agreement: float, max_depth: int) -> bool | None:
         """Would drafted steps beat plain ones for a draft whose next token is the target's with probability

@@ -215,7 +215,8 @@ class SagePolicy(Policy):
         """Threshold "cost": fall back to plain steps while this run's drafted steps decode slower than plain ones.
 
         The judge is this run's last `fallback_window` drafted steps against the engine's plain rate (measured
-        on plain steps, else estimated from drafted steps, costs.py); a run's first step is judged by the
+        on plain steps, else estimated from drafted steps, costs.py): they lose when their rate plus `fallback_z`
+        standard errors is below it (costs.robust_rate); a run's first step is judged by the
         engine's last drafted steps of this policy (a draft that kept losing on the last inputs starts a new
         one with 8x `fallback_steps` plain steps; the draft reads the prompt only when tried, so a short answer
         never pays for it, while a longer one on an input the draft knows loses only its first steps). While
@@ -230,7 +231,7 @@ class SagePolicy(Policy):
         plain = quote.plain_rate()
         if not self._started:  # a run starts where the engine's last runs of this policy left off
             self._started = True
-            earlier = quote.drafted_rate()
+            earlier = quote.drafted_rate(self.cfg.fallback_z)
             if plain is not None and earlier is not None and earlier < plain:
                 self._backoff = 8 * self.cfg.fallback_steps  # the longest wait: the draft lost on earlier inputs
                 return self._fall_back()
@@ -238,7 +239,7 @@ class SagePolicy(Policy):
         if self._trying or len(recent) < 2 or plain is None:
             self.probing, self._trying = self._trying, False
             return False
-        if (robust_rate(recent) or 0.0) >= plain:
+        if (robust_rate(recent, self.cfg.fallback_z) or 0.0) >= plain:
             self._backoff = self.cfg.fallback_steps
             return False
         return self._fall_back()

@@ -341,6 +341,29 @@ def test_cost_threshold_falls_back_to_plain_steps_while_drafting_loses_and_retri
             drafted(other, quote, 1, 10.0)
 
 
+def test_the_rate_bound_adds_the_ratio_estimators_standard_errors():
+    from sage_engine.costs import robust_rate
+    steady = [(2, 3.5)] * 4
+    assert robust_rate(steady, 1.0) == pytest.approx(robust_rate(steady)) == pytest.approx(2 / 3.5)  # no spread
+    varied = [(8, 3.5), (1, 3.5), (1, 3.5), (1, 3.5)]  # 11 tokens in 14 ms; residuals 5.25, -1.75 x 3
+    assert robust_rate(varied) == pytest.approx(11 / 14)
+    assert robust_rate(varied, 1.0) == pytest.approx(11 / 14 + (36.75 / 12) ** 0.5 / 3.5)
+    assert robust_rate(varied, 2.0) == pytest.approx(11 / 14 + 2 * (36.75 / 12) ** 0.5 / 3.5)
+    assert robust_rate(varied[:1], 1.0) == pytest.approx(8 / 3.5)  # one step: no spread to measure
+
+
+@pytest.mark.parametrize("z,falls_back", [(1.0, False), (0.0, True)])
+def test_varied_drafted_steps_lose_only_on_evidence(z, falls_back):
+    """Steps of 8, 1, 1 and 1 tokens at 3.5 ms measure 0.79 tokens per ms against plain steps' 1.0, but one standard
+    error above, 1.29: the default (z = 1) drafts on; steps that make 2 tokens every time lose under any z."""
+    for steps, loses in [((8, 1, 1, 1), falls_back), ((2, 2, 2, 2), True)]:
+        pol = SagePolicy(SageConfig(fallback_steps=2, fallback_window=4, fallback_z=z))
+        q = plain_meter(1.0).quote(pol.key)
+        for tokens in steps:  # the run's last four drafted steps
+            pol.observe(StepOutcome(DraftTree(), [], tokens, 3.5))
+        assert pol.skip_draft(q) is loses
+
+
 def test_a_run_starts_plain_when_the_policys_last_drafted_steps_lost():
     from sage_engine.costs import StepTiming
     meter = plain_meter(1.0)
@@ -477,6 +500,7 @@ def test_sampling_tempers_the_draft_distribution_that_alpha_reads():
     (dict(theta_scale=float("nan")), "finite"), (dict(theta_scale=float("inf")), "finite"),
     (dict(n_max=0), "N_max >= 1"), (dict(threshold="fast"), "unknown threshold"),
     (dict(alpha_source="tea leaves"), "unknown alpha source"), (dict(alpha0=2.0), "alpha0"),
+    (dict(fallback_z=-1.0), "fallback_z >= 0"), (dict(fallback_z=float("nan")), "finite"),
 ])
 def test_sage_config_refuses_bad_knobs_with_one_line(knobs, message):
     with pytest.raises(ValueError, match=message) as e:
