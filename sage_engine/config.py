@@ -112,9 +112,9 @@ class SageConfig:
     fallback_steps: int = 2  # threshold "cost": plain steps after drafted ones first lose to plain ones (0: never)
     fallback_window: int = 4  # threshold "cost": this run's last drafted steps that judge the draft
     # threshold "cost": drafted steps lose only where their rate plus this many of its standard errors is below the
-    # plain rate (0: their measured rate alone). A few drafted steps of a draft that often agrees with the target on
-    # an input it does not know vary from 1 to a dozen tokens, and their measured rate alone fell below the plain one
-    # by chance often enough to make such runs plain (`docs/SPEED.md`, "Falling back on evidence")
+    # plain rate (0: their measured rate alone). Four drafted steps of a draft that often agrees with the target on
+    # an input it does not know make 1 to a dozen tokens each, and their rate alone falls below the plain one by
+    # chance; a plainly wrong draft makes one token every step, and its four steps are evidence at once
     fallback_z: float = 1.0
     # Under sampling (greedy ignores it), not in the paper: "top" builds the tree from the draft's top candidates
     # and the target draws at each node (the tree rule: the target-only sample of the same seed); "sample" gives
