@@ -115,7 +115,7 @@ class ModelRunner(RunnerChecks):
         self._cpu_float32 = self._cpu and self._float32
         self.vocab_limit = vocab_limit  # slice logits to the vocabulary both models share
         self._blocked_value: float | None = None  # a masked column's additive value (finfo(dtype).min), once asked
-        self._plain_io: tuple[np.ndarray, torch.Tensor, torch.Tensor] | None = None  # _plain_pass's id and position
+        self._one_io: tuple[np.ndarray, torch.Tensor, torch.Tensor] | None = None  # _one_token_pass's id and position
         self.cache: DynamicCache | None = None
         self._empty: DynamicCache | None = None  # an empty cache of the model's layers, copied for each prompt
         self.rope_delta = 0  # text-position shift after the prompt (family rule; 0 for 1D families unpruned)
@@ -220,6 +220,8 @@ class ModelRunner(RunnerChecks):
             t0 = time.perf_counter()
             logits = self.fused.run(tokens, shifted, None if sees_all else ~allowed, self.cache, top, self.vocab_limit)
             return Pass(self._logits(logits), (time.perf_counter() - t0) * 1e3, self.fused.top)
+        if sees_all and self._cpu and self.stack_checked:  # a plain step, a chain level: two numbers to write
+            return self._one_token_pass(tokens[0], shifted[0])
         past = self.seq_len + q - r
         ids_pos = torch.from_numpy(np.array(tokens + shifted, dtype=np.int64)).view(2, 1, q)
         ids, pos = (ids_pos if self._cpu else ids_pos.to(self.device)).unbind()
@@ -237,8 +239,6 @@ class ModelRunner(RunnerChecks):
         root, its ancestors and itself; the logits after the root and after each node. Once the layers are checked,
         their ids, positions and mask are built in one compiled call (tree.verify_inputs).  # [1 + n, V]"""
         L = self.seq_len
-        if not tree.tokens and self._cpu and self.stack_checked and not isinstance(self.fused, HostDecoder):
-            return self._plain_pass(root, L + self.rope_delta)
         if not tree.tokens or not self.stack_checked or isinstance(self.fused, HostDecoder):
             return self.forward([root] + tree.tokens, [L] + [L + d for d in tree.depths], verify_allowed(tree.parents))
         blocked = self._blocked_value
@@ -249,14 +249,14 @@ class ModelRunner(RunnerChecks):
             ids, pos, mask = ids.to(self.device), pos.to(self.device), mask.to(device=self.device, dtype=self.dtype)
         return self._timed_pass(ids, pos, mask, L + self.rope_delta + tree.depth)
 
-    def _plain_pass(self, token: int, position: int) -> Pass:
-        """A plain step's pass on the CPU once the layers are checked: one token that sees every column, its id and
-        position written into a tensor pair made once (`forward` builds them from lists and a pattern each call:
-        ~15-20 us right after the last forward, for what is two numbers).  # [1, V]"""
-        if self._plain_io is None:
+    def _one_token_pass(self, token: int, position: int) -> Pass:
+        """A pass of one token that sees every column, on the CPU once the layers are checked: its id and (shifted)
+        position written into a tensor pair made once, where building them from lists took ~15-20 us right after
+        the last forward, for two numbers.  # [1, V]"""
+        if self._one_io is None:
             buf = np.zeros((2, 1, 1), dtype=np.int64)
-            self._plain_io = (buf, *torch.from_numpy(buf).unbind())
-        buf, ids, pos = self._plain_io
+            self._one_io = (buf, *torch.from_numpy(buf).unbind())
+        buf, ids, pos = self._one_io
         buf[0, 0, 0], buf[1, 0, 0] = token, position
         return self._timed_pass(ids, pos, None, position)
 

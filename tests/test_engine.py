@@ -271,19 +271,17 @@ def test_step_texts_and_tree_views_are_made_when_read_and_read_alike_in_any_orde
     assert [s.tree for s in copies[1:]] == [s.tree for s in eager.steps[1:]]
 
 
-def test_a_checked_runners_plain_steps_skip_the_general_forward_and_keep_the_output(setup, monkeypatch):
-    """Once its layers are checked, a CPU runner's plain step writes the root and its position into a tensor pair
-    made once (runner._plain_pass) instead of building ids, positions and a pattern: same tokens as the general path,
-    which a plain step then never enters."""
+def test_a_checked_runners_one_token_passes_skip_building_their_inputs_and_keep_the_output(setup, monkeypatch):
+    """Once its layers are checked, a CPU runner's one-token pass (every plain step) writes the token and its
+    position into a tensor pair made once (runner._one_token_pass) instead of building ids and positions from lists:
+    same tokens as the general path."""
     pair, engine, prep = setup
+    runner, taken = type(engine.target), []
+    one = runner._one_token_pass
+    monkeypatch.setattr(runner, "_one_token_pass", lambda self, *a: taken.append(1) or one(self, *a))
     fast = engine.generate(prep, "ar", max_new_tokens=12, ignore_eos=True).token_ids
-    assert engine.target.stack_checked
-    entered = []
-    runner, general = type(engine.target), type(engine.target).forward
-    monkeypatch.setattr(runner, "forward", lambda self, *a, **k: entered.append(1) or general(self, *a, **k))
+    assert engine.target.stack_checked and len(taken) >= 11  # every plain step after the first
+    taken.clear()
+    monkeypatch.setattr(engine.target, "_cpu", False)  # the general path: ids and positions built from lists
     assert engine.generate(prep, "ar", max_new_tokens=12, ignore_eos=True).token_ids == fast
-    assert not entered
-    monkeypatch.setattr(runner, "_plain_pass", lambda self, token, position: self.forward(
-        [token], [position - self.rope_delta], np.ones((1, 1), dtype=bool)))
-    assert engine.generate(prep, "ar", max_new_tokens=12, ignore_eos=True).token_ids == fast
-    assert entered
+    assert not taken
