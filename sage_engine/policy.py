@@ -201,6 +201,7 @@ class SagePolicy(Policy):
         self.probing = False  # this step is a try after plain steps: its shape depends on the probe, not alpha alone
         self._declined = False  # the probe said no: this step's read is not a drafted step to judge
         self._started = False  # has this run asked skip_draft() yet?
+        self._grace = 0  # drafted steps a try the probe let through still takes before the window judges it
 
     # Eq. 10-11, rounding half up (open in the paper).
     def depth_for(self, alpha: float) -> int:
@@ -221,8 +222,11 @@ class SagePolicy(Policy):
         one with 8x `fallback_steps` plain steps; the draft reads the prompt only when tried, so a short answer
         never pays for it, while a longer one on an input the draft knows loses only its first steps). While
         they lose, the next `_backoff` steps are plain, then the draft is tried: it reads what it missed, and
-        `shape()` drafts only if its agreement with those tokens (the probe) would beat plain steps. Each
-        losing try doubles the wait (up to 8x `fallback_steps`), a winning one resets it."""
+        `shape()` drafts only if its agreement with those tokens (the probe) would beat plain steps. A try the
+        probe lets through is judged once it has drafted `fallback_window` steps of its own: the probe's pairs are
+        evidence that drafting pays, and two one-token steps in a row, which a draft agreeing half the time makes
+        one try in four, would otherwise turn it back to the longest wait. Each losing try doubles the wait (up to
+        8x `fallback_steps`), a winning one resets it."""
         if self.cfg.threshold != "cost" or quote is None or self.cfg.fallback_steps < 1:
             return False
         if self._plain_left > 0:
@@ -235,6 +239,9 @@ class SagePolicy(Policy):
             if plain is not None and earlier is not None and earlier < plain:
                 self._backoff = 8 * self.cfg.fallback_steps  # the longest wait: the draft lost on earlier inputs
                 return self._fall_back()
+        if self._grace > 0:
+            self._grace -= 1
+            return False
         recent = self._drafted[-self.cfg.fallback_window :]
         if self._trying or len(recent) < 2 or plain is None:
             self.probing, self._trying = self._trying, False
@@ -261,6 +268,8 @@ class SagePolicy(Policy):
                 self._fall_back()
                 self._declined = True
                 return TreeShape(0, 0, 0, alpha, self.d_max)
+        if probing and probe is not None and probe.pairs:  # a try the probe let through: a window of its own steps
+            self._grace = self.cfg.fallback_window - 1
         price = self.prices(quote)
         return TreeShape(self.depth_for(alpha), self.width_for(alpha), self.cfg.n_max, alpha, self.d_max, price)
 

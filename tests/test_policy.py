@@ -426,12 +426,34 @@ def test_a_try_drafts_only_when_the_drafts_agreement_with_the_plain_tokens_would
     shape = pol.shape(0.9, q, Probe(4, 4))  # the draft agrees again
     assert shape.depth > 0  # so it drafts: the try
     pol.observe(StepOutcome(DraftTree(), [], 9, 3.0))
-    assert pol.skip_draft(q) is False  # judged with the window it joined: 11 tokens in 11 ms, as fast as plain
     # no pairs (the draft had missed nothing plain steps made) or no measured costs: the try drafts, as before
     for probe, quote in [(Probe(), q), (Probe(3, 0), plain_meter(1.0).quote(pol.key))]:
         other = SagePolicy(SageConfig(threshold="cost"))
         other.probing = True
         assert other.shape(0.9, quote, probe).depth > 0
+
+
+@pytest.mark.parametrize("tokens,falls_back", [(1, True), (3, False)])
+def test_a_try_the_probe_lets_through_is_judged_on_a_window_of_its_own_steps(tokens, falls_back):
+    """After the probe's yes, the try drafts fallback_window (4) steps before the window judges it: two one-token
+    steps do not send it back to plain steps; four of them do (4 tokens in 16 ms against plain steps' 1 per ms),
+    four of 3 tokens at 2.5 ms (1.2 per ms) draft on."""
+    from sage_engine.shapes import Probe
+    pol = SagePolicy(SageConfig(threshold="cost", fallback_steps=2, fallback_window=4))
+    q = probe_meter().quote(pol.key)
+    drafted(pol, q, 1, 4.0)
+    drafted(pol, q, 1, 4.0)  # losing: 2 tokens in 8 ms
+    assert [pol.skip_draft(q) for _ in range(2)] == [True, True]
+    assert pol.skip_draft(q) is False  # the try
+    assert pol.shape(0.9, q, Probe(6, 4)).depth > 0  # the probe lets it through
+    wall = 4.0 if tokens == 1 else 2.5
+    pol.observe(StepOutcome(DraftTree(), [], tokens, wall))
+    for _ in range(3):  # the rest of its window: drafted whatever the first steps made
+        drafted(pol, q, tokens, wall)
+    assert pol._drafted[-4:] == [(tokens, wall)] * 4
+    assert pol.skip_draft(q) is falls_back  # then judged on those four steps alone
+    if falls_back:
+        assert pol._backoff == 8  # a losing try doubled the wait (4 -> 8)
 
 
 def test_plain_rate_is_measured_or_estimated_from_the_verify_intercept():
