@@ -223,10 +223,10 @@ class SagePolicy(Policy):
         never pays for it, while a longer one on an input the draft knows loses only its first steps). While
         they lose, the next `_backoff` steps are plain, then the draft is tried: it reads what it missed, and
         `shape()` drafts only if its agreement with those tokens (the probe) would beat plain steps. A try the
-        probe lets through is judged once it has drafted `fallback_window` steps of its own: the probe's pairs are
-        evidence that drafting pays, and two one-token steps in a row, which a draft agreeing half the time makes
-        one try in four, would otherwise turn it back to the longest wait. Each losing try doubles the wait (up to
-        8x `fallback_steps`), a winning one resets it."""
+        probe lets through is judged once it has drafted `fallback_window` steps of its own, on those alone: judged
+        from its first step, its window still held the drafted steps that lost before the wait, and a short first
+        step undid the probe's evidence. Each losing try doubles the wait (up to 8x `fallback_steps`), a winning
+        one resets it."""
         if self.cfg.threshold != "cost" or quote is None or self.cfg.fallback_steps < 1:
             return False
         if self._plain_left > 0:
