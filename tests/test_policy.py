@@ -426,6 +426,7 @@ def test_a_try_drafts_only_when_the_drafts_agreement_with_the_plain_tokens_would
     shape = pol.shape(0.9, q, Probe(4, 4))  # the draft agrees again
     assert shape.depth > 0  # so it drafts: the try
     pol.observe(StepOutcome(DraftTree(), [], 9, 3.0))
+    assert pol.skip_draft(q) is False  # it drafts on: the try has drafted one step of the window it is judged on
     # no pairs (the draft had missed nothing plain steps made) or no measured costs: the try drafts, as before
     for probe, quote in [(Probe(), q), (Probe(3, 0), plain_meter(1.0).quote(pol.key))]:
         other = SagePolicy(SageConfig(threshold="cost"))
