@@ -69,10 +69,11 @@ has not learnt (the embedded pair knows only its shapes world), its guesses are 
 default `sage` prices every node and draft level with this machine's measured costs and how often the
 draft has recently been right, and when drafted steps keep losing to plain ones it decodes **plain steps**
 (no draft, shown as steps without a tree) and retries the draft now and then: the draft first reads the
-tokens it missed and counts how many it would have guessed, and drafts again only if that would pay. A
-plain-only run never pays for the draft's prefill. The note under the scoreboard shows how many steps of this
-run were plain, and how well α predicted the accepted length (*α → accepted*: the correlation of each step's α with the
-tokens it accepted; SAGE's premise is that confident steps accept more).
+tokens it missed and counts how many it would have guessed, and drafts again only if that would pay (then
+for four steps before it is judged again). A plain-only run never pays for the draft's prefill. The note
+under the scoreboard shows how many steps of this run were plain, and how well α predicted the accepted length
+(*α → accepted*: the correlation of each step's α with the tokens it accepted; SAGE's premise is that confident
+steps accept more).
 
 **When does a tree beat a chain?** A tree spends verification on alternatives: it pays where checking one more
 token costs the target almost nothing (large models on GPUs, the paper's setting) and where the draft's
