@@ -201,7 +201,9 @@ class SagePolicy(Policy):
         self.probing = False  # this step is a try after plain steps: its shape depends on the probe, not alpha alone
         self._declined = False  # the probe said no: this step's read is not a drafted step to judge
         self._started = False  # has this run asked skip_draft() yet?
-        self._grace = 0  # drafted steps a try the probe let through still takes before the window judges it
+        # where in `_drafted` the judge's window starts: None, the run's first drafted step (judged from two steps on);
+        # after a try the probe let through, the try's first step (judged once it holds a whole window)
+        self._window_from: int | None = None
 
     # Eq. 10-11, rounding half up (open in the paper).
     def depth_for(self, alpha: float) -> int:
@@ -239,11 +241,9 @@ class SagePolicy(Policy):
             if plain is not None and earlier is not None and earlier < plain:
                 self._backoff = 8 * self.cfg.fallback_steps  # the longest wait: the draft lost on earlier inputs
                 return self._fall_back()
-        if self._grace > 0:
-            self._grace -= 1
-            return False
-        recent = self._drafted[-self.cfg.fallback_window :]
-        if self._trying or len(recent) < 2 or plain is None:
+        window, start = self.cfg.fallback_window, self._window_from
+        recent = self._drafted[max(start or 0, len(self._drafted) - window) :]
+        if self._trying or len(recent) < (2 if start is None else window) or plain is None:
             self.probing, self._trying = self._trying, False
             return False
         if (robust_rate(recent, self.cfg.fallback_z) or 0.0) >= plain:
@@ -268,8 +268,8 @@ class SagePolicy(Policy):
                 self._fall_back()
                 self._declined = True
                 return TreeShape(0, 0, 0, alpha, self.d_max)
-        if probing and probe is not None and probe.pairs:  # a try the probe let through: a window of its own steps
-            self._grace = self.cfg.fallback_window - 1
+        if probing:  # a try the probe let through (on pairs it read) is judged on a window of its own steps
+            self._window_from = len(self._drafted) if probe is not None and probe.pairs else None
         price = self.prices(quote)
         return TreeShape(self.depth_for(alpha), self.width_for(alpha), self.cfg.n_max, alpha, self.d_max, price)
 
