@@ -20,9 +20,19 @@ import torch
 from transformers import DynamicCache
 
 from .cache import compact
-from .fused import FusedDecoder, near
+from .fused import FusedDecoder
 from .host import HostDecoder, pick
 from .tree import verify_allowed
+
+
+def near(got: torch.Tensor, ref: torch.Tensor, argmax: bool = False) -> bool:
+    """The runner's check of the fused layers against forward(): within 1e-3 of `ref`'s largest magnitude and,
+    with `argmax` (logits), the same argmax on every row."""
+    if got.shape != ref.shape:
+        return False
+    scale = float(ref.abs().max()) or 1.0
+    within = float((got.float() - ref.float()).abs().max()) <= 1e-3 * scale
+    return within and (not argmax or torch.equal(got.argmax(-1), ref.argmax(-1)))
 
 
 def sync(device: torch.device) -> None:
@@ -37,7 +47,7 @@ class RunnerChecks:
     def _check_prompt(self, decoder: FusedDecoder, batch: dict, t0: float) -> tuple[torch.Tensor, float]:
         """The first prefill after the layers' check: forward() gives this prompt's logits and cache; the fused path
         then runs the same prompt into a scratch cache and is kept for prompts only if its logits are near
-        forward()'s with the same argmax and so are the keys and values it wrote (`fused.near`). Its time is
+        forward()'s with the same argmax and so are the keys and values it wrote (`near`). Its time is
         checking time, not this prefill's."""
         logits = self._own_prompt(batch)
         sync(self.device)
@@ -65,7 +75,7 @@ class RunnerChecks:
     def _check_stack(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None) -> None:
         """Run this forward both ways (dropping the appended cache columns after each); keep the stack
         only if its logits equal forward()'s bit for bit, and the fused layers only if theirs and the keys and
-        values they append are near forward()'s (`fused.near`), with the same argmax on every row."""
+        values they append are near forward()'s (`near`), with the same argmax on every row."""
         self.stack_checked = True
         start = self.seq_len
         ref = self._forward(ids, pos, mask)

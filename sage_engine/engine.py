@@ -76,15 +76,10 @@ class Transcript:
     def extend(self, tokens: list[int], drafted: int = 0) -> tuple[list[int], int]:
         """Append what a step produced (its first `drafted` tokens from the draft, the rest the target's own),
         truncated by the stopping rules; returns (ids added, the step's index for `texts`)."""
-        take = []
-        for tok in tokens:
-            if len(self.ids) + len(take) >= self.budget:
-                self.finish_reason = "length"
-                break
-            take.append(tok)
-            if tok in self.eos:
-                self.finish_reason = "eos"
-                break
+        take = tokens[: max(0, self.budget - len(self.ids))]
+        if self.eos and not self.eos.isdisjoint(take):  # cut after the first end-of-sequence token
+            take = take[: next(i for i, tok in enumerate(take) if tok in self.eos) + 1]
+            self.finish_reason = "eos"
         if self.stop:
             take = self._cut_at_stop(take)
         if len(self.ids) + len(take) >= self.budget and self.finish_reason is None:

@@ -20,7 +20,7 @@ every row count up to WARM_ROWS once when it is built. For a draft, the same lay
 decoder's weights (host.py) are one more candidate. On the second CPU a cached forward of the embedded target over 1
 / 4 / 13 tokens took 2.66 / 3.44 / 4.38 ms through its own modules, 2.37 / 2.62 / 3.39 fused and packed, 1.93 / 1.89
 / 2.51 on transposed copies; the draft's 0.42 / 0.86 / 0.65 through its modules, 0.28 / 0.40 / 0.34 fused (a one-
-token step on the one-row path, `Product.pad`).
+token step on the one-row path, `Product.rows`).
 
 Exactness. A fused product (with a norm's weight folded into it) sums and rounds in another order than the model's
 modules do, so the logits differ from forward()'s in the last bits (the embedded target: up to ~2e-5 on logits of
@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from .cache import KVBuffers
+from .rows import NO_PADDING, Rule, pad_rows, padded, row_rule
 from .stack import DecoderStack
 
 MAX_FUSED_PARAMS = 16_000_000  # fused weight copies above this (64 MB in fp32) are not worth their memory
@@ -61,15 +62,12 @@ _MLP_PARTS = {"gate_proj", "up_proj", "down_proj", "act_fn"}
 class Product:
     """One projection, y = x W^T + b. In float32, as x @ W^T on a contiguous copy of W^T, or by oneDNN on a copy of W
     prepacked into its blocked layout (`packed`): either skips what `F.linear` does on every call with the module's
-    [out, in] weight, a BLAS product over its transposed view (on this CPU, 128 -> 384 over 4 rows: 14.5 us by
-    F.linear, 7.1 us on the transposed copy). A single row is computed as two (the same row twice): BLAS takes a
-    matrix-vector path for one row, which sums in another order than its matrix-matrix path, so the products would
-    give a token other numbers in an `ar` step than in a verify pass; from two rows up, every row of x @ W^T comes
-    out the same whatever the row count (checked for the embedded pair's shapes up to 120 rows; oneDNN's packed
-    products are row-count invariant too). Attention is not (its kernel blocks the queries): a token's logits may
-    still differ by ~1e-5 between the two lanes (see the module's note on exactness). The two-row product costs
-    about twice the one-row one (the embedded draft's: ~16 against ~8 us), so a model whose numbers only shape
-    guesses (the draft) keeps the one-row path (`pad` False).
+    [out, in] weight (on this CPU, 128 -> 384 over 4 rows: 14.5 us by F.linear, 7.1 us on the transposed copy). A
+    row-invariant model's products pad their rows by `rows`, the rule its decoder found on this machine (rows.py): BLAS
+    computes one row, on some CPUs a few, with other kernels than many, so a token would get other numbers in an `ar`
+    step than in a verify pass. Attention is not padded: logits may still differ by ~1e-5 between the two lanes (see
+    the module's note on exactness). A padded one-row product costs about twice the one-row one (the embedded draft's:
+    ~16 against ~8 us), so a model whose numbers only shape guesses (the draft) keeps the one-row path (NO_PADDING).
     Other dtypes: `F.linear`, whose bias is added before the one rounding (a separate addition would round twice in
     bfloat16)."""
 
@@ -77,17 +75,17 @@ class Product:
     bias: torch.Tensor | None
     packed: torch.Tensor | None = None  # W in oneDNN's layout (an opaque mkldnn tensor)
     transposed: torch.Tensor | None = None  # W^T [in, out], contiguous
-    pad: bool = True  # a single row computed as two (transposed copies only), for row-count invariance
+    rows: Rule = NO_PADDING  # (least, multiple): the rows a call is padded to, for row-count invariance (rows.py)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        q, (least, multiple) = x.shape[-2], self.rows
+        if q < least or q % multiple:  # the rows through the kernel of the padded count (`rows`)
+            return self(pad_rows(x, padded(q, self.rows)))[..., :q, :]
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         if self.transposed is None:
             return F.linear(x, self.weight, self.bias)
-        if x.shape[-2] == 1 and self.pad:  # one row goes through the kernel of several (`Product`)
-            y = (x.expand(*x.shape[:-2], 2, x.shape[-1]) @ self.transposed)[..., :1, :]
-        else:
-            y = x @ self.transposed
+        y = x @ self.transposed
         return y if self.bias is None else y + self.bias
 
 
@@ -201,8 +199,8 @@ class FusedDecoder:
         return self.layers[0].qkv.packed is not None
 
     @functools.cached_property
-    def pads(self) -> bool:  # do the products compute a single row as two (`Product.pad`)?
-        return self.layers[0].qkv.transposed is not None and self.layers[0].qkv.pad
+    def rows(self) -> Rule:  # the rows its products are called with (`Product.rows`)
+        return self.layers[0].qkv.rows
 
     @property
     def products(self) -> list[Product]:
@@ -227,12 +225,13 @@ class FusedDecoder:
                  top: int | None = None) -> torch.Tensor:
         """Same contract as DecoderStack: ids, positions [1, q], mask [1, 1, q, kv]; appends to `cache`.
         # -> [1, q, V]"""
-        twin = ids.shape[1] == 1 and self.pads  # one token: its row twice through the products (`_layers`)
-        ids = ids.expand(1, 2) if twin else ids
-        h = self.stack.embed(ids) if self.embed_weight is None else F.embedding(ids, self.embed_weight)  # [1, q, D]
+        q = ids.shape[1]
+        m = padded(q, self.rows)  # rows carried through the products (`_layers`)
+        ids = pad_rows(ids[..., None], m)[..., 0] if m > q else ids
+        h = self.stack.embed(ids) if self.embed_weight is None else F.embedding(ids, self.embed_weight)  # [1, m, D]
         cos, sin = self.rotary(h, positions, int(positions.max()) if top is None else top)  # [1, 1, q, hd]
-        logits = self._head(self._layers(h, cos, sin, mask, cache, twin=twin))
-        return logits[:, :1] if twin else logits
+        logits = self._head(self._layers(h, cos, sin, mask, cache, rows=q))
+        return logits[:, :q] if m > q else logits
 
     def prefill(self, embeds: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
         """A whole prompt into an empty `cache`, causal, from its input embeddings [1, q, D] and the rotary positions
@@ -243,12 +242,14 @@ class FusedDecoder:
         return self._head(h[:, -1:])[0, -1]
 
     def _layers(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None, cache,
-                prompt: bool = False, twin: bool = False) -> torch.Tensor:
+                prompt: bool = False, rows: int | None = None) -> torch.Tensor:
         """The decoder layers over h [1, q, D], appending keys and values to `cache`; `prompt`: the cache is empty and
-        the rows attend causally (no mask). `twin`: h is one token's row twice ([1, 2, D]); the products take both
-        rows, the attention and the cache the first: the same numbers as padded products (`Product.pad`), which copy
-        the row on each of 25 calls (the embedded target's one-token step: 1.70 against 1.84 ms).  # -> [1, q, D]"""
-        q, buffers = 1 if twin else h.shape[1], None if prompt else self.buffers
+        the rows attend causally (no mask). `rows`: h holds that many tokens' rows, then copies of the first up to the
+        count its products are padded to (`Product.rows`); the products take them all, the attention and the cache
+        the tokens': the same numbers as padded products, which pad on each of 25 calls (the embedded target's
+        one-token step: 1.70 against 1.84 ms).  # -> [1, h's rows, D]"""
+        q, buffers = rows or h.shape[1], None if prompt else self.buffers
+        carried = q < h.shape[1]
         if buffers is not None:
             cached = [cache.layers[f.index] for f in self.layers]
             n = buffers.reserve(cached, q)
@@ -256,7 +257,7 @@ class FusedDecoder:
         for i, f in enumerate(self.layers):
             H, KV, hd = f.heads, f.kv_heads, f.head_dim
             qkv = f.qkv(f.norm1(h))
-            qkv = (qkv[:, :1] if twin else qkv).view(1, q, H + 2 * KV, hd).transpose(1, 2)
+            qkv = (qkv[:, :q] if carried else qkv).view(1, q, H + 2 * KV, hd).transpose(1, 2)
             qk = _rotate(qkv[:, : H + KV], cos, sin)  # q and k heads in one rotation: [1, H + KV, q, hd]
             if prompt:  # the cache layer's first keys and values (DynamicLayer initialises itself)
                 keys, values = cache.update(qk[:, H:], qkv[:, H + KV :], f.index)
@@ -272,7 +273,7 @@ class FusedDecoder:
             a = F.scaled_dot_product_attention(qk[:, :H], keys, values, attn_mask=mask, is_causal=prompt,
                                                scale=f.scaling, enable_gqa=H != KV)  # [1, H, q, hd]
             a = a.transpose(1, 2).reshape(1, q, H * hd)
-            h = h + f.out(torch.cat([a, a], dim=1) if twin else a)
+            h = h + f.out(pad_rows(a, h.shape[1]) if carried else a)
             gate, up = f.gate_up(f.norm2(h)).chunk(2, dim=-1)
             h = h + f.down(F.silu(gate) * up)
         if buffers is not None:
@@ -302,16 +303,6 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> tor
     return x * cos + x.roll(x.shape[-1] // 2, -1) * signed_sin
 
 
-def near(got: torch.Tensor, ref: torch.Tensor, argmax: bool = False) -> bool:
-    """The runner's check of the fused layers against forward(): within 1e-3 of `ref`'s largest magnitude and,
-    with `argmax` (logits), the same argmax on every row."""
-    if got.shape != ref.shape:
-        return False
-    scale = float(ref.abs().max()) or 1.0
-    within = float((got.float() - ref.float()).abs().max()) <= 1e-3 * scale
-    return within and (not argmax or torch.equal(got.argmax(-1), ref.argmax(-1)))
-
-
 def packs(stack: DecoderStack) -> bool:
     """Whether the stack's products go through oneDNN on prepacked weights: float32 on the CPU, hidden size at least
     PACK_MIN_HIDDEN, and torch's oneDNN operators present and right on a small product."""
@@ -327,14 +318,14 @@ def packs(stack: DecoderStack) -> bool:
         return False
 
 
-def _product(weight: torch.Tensor, bias: torch.Tensor | None, pack: bool, pad: bool = True) -> Product:
+def _product(weight: torch.Tensor, bias: torch.Tensor | None, pack: bool, rows: Rule = NO_PADDING) -> Product:
     weight = weight.detach()
     if pack:
-        return Product(weight, bias, packed=torch.ops.mkldnn._reorder_linear_weight(weight))
+        return Product(weight, bias, packed=torch.ops.mkldnn._reorder_linear_weight(weight), rows=rows)
     if weight.dtype != torch.float32:
         return Product(weight, bias)
     transposed = weight.t().contiguous()
-    return Product(transposed.t(), bias, transposed=transposed, pad=pad)
+    return Product(transposed.t(), bias, transposed=transposed, rows=rows)
 
 
 def fused_decoders(stack: DecoderStack, row_invariant: bool = True) -> list[FusedDecoder]:
@@ -342,14 +333,24 @@ def fused_decoders(stack: DecoderStack, row_invariant: bool = True) -> list[Fuse
     (the runner keeps the faster of those close to forward(), `ModelRunner._check_stack`); none where a layer is not
     exactly the block FusedDecoder computes, the rotary is not a static table (`static_rope`) or the copies would
     hold more than MAX_FUSED_PARAMS weights. row_invariant: products give a row the same numbers alone as among
-    others (`Product.pad`), as the target's must; False for a model whose numbers only shape guesses."""
+    others (`Product.rows`), as the target's must; False for a model whose numbers only shape guesses."""
     kinds = [False, True] if packs(stack) else [False]
     return [d for d in (fused_decoder(stack, pack, row_invariant) for pack in kinds) if d is not None]
 
 
 def fused_decoder(stack: DecoderStack, pack: bool = False, row_invariant: bool = True) -> FusedDecoder | None:
     """The stack's layers fused, their products on transposed copies of the weights or (`pack`) on packed ones;
-    `row_invariant`: see `fused_decoders`."""
+    `row_invariant` (float32): their rows padded by the rule rows.row_rule finds for them on this machine, and None
+    where no rule makes them invariant."""
+    fused = _fused(stack, pack, NO_PADDING)
+    weight = None if fused is None else fused.layers[0].qkv.weight
+    if weight is None or not row_invariant or weight.dtype != torch.float32:
+        return fused
+    rule = row_rule(lambda w: _product(w, None, pack), [tuple(p.weight.shape) for p in fused.products], weight)
+    return fused if rule == NO_PADDING else None if rule is None else _fused(stack, pack, rule)
+
+
+def _fused(stack: DecoderStack, pack: bool, rows: Rule) -> FusedDecoder | None:
     if not stack.static_rope or not stack.layers:
         return None
     head = stack.head
@@ -361,7 +362,7 @@ def fused_decoder(stack: DecoderStack, pack: bool = False, row_invariant: bool =
     # float32: the norms' weights folded into the products after them (`Norm`), the final one into the head's copy
     fold = head.weight.dtype == torch.float32 and plain_head
     norm = _rms(stack.norm)
-    product = functools.partial(_product, pack=pack, pad=row_invariant)  # every Product of this decoder
+    product = functools.partial(_product, pack=pack, rows=rows)  # every Product of this decoder
     layers = tuple(_fuse(i, layer, product, fold) for i, layer in enumerate(stack.layers))
     if norm is None or any(f is None for f in layers):
         return None

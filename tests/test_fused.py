@@ -12,6 +12,8 @@ from tiny_models import image
 from sage_engine import SpecEngine, prepare_input
 from sage_engine import families as fam
 from sage_engine import fused as fused_mod
+from sage_engine import rows as rows_mod
+from sage_engine.rows import NO_PADDING, padded
 from sage_engine.runner import ModelRunner
 from sage_engine.stack import decoder_stack
 from sage_engine.tree import additive_mask
@@ -294,36 +296,70 @@ def test_a_rows_product_does_not_depend_on_how_many_rows_share_it():
                     assert all(torch.equal(p(x[:, i : i + 1]), many[:, i : i + 1]) for i in range(13))
 
 
-def test_the_targets_one_row_products_take_the_kernel_of_several_and_the_drafts_the_cheaper_one_row_path():
-    """Only the target's numbers must not depend on the row count (its `ar` steps against its verify passes); the
-    draft's only shape its guesses, and its one-row products take BLAS's one-row path, about half the cost."""
+def test_the_targets_products_pad_their_rows_by_this_machines_rule_and_the_drafts_take_the_one_row_path():
+    """Only the target's numbers must not depend on the row count (its `ar` steps against its verify passes): whichever
+    way the runner kept, a row alone gets the numbers it gets among others, and on transposed copies a single row is
+    never computed alone (BLAS's one-row path sums in another order on every CPU measured). The draft's numbers only
+    shape its guesses: its one-row products take BLAS's one-row path, about half the cost."""
     from sage_engine.models import load_pair
 
     engine = SpecEngine(load_pair())
-    for runner, pad in ((engine.target, True), (engine.draft, False)):
-        decoder = runner.fused
-        decoder = getattr(decoder, "fused", decoder)   # the draft's NumPy layers (host.py): the torch ones beneath
-        transposed = [p for p in decoder.products if p.transposed is not None]
-        assert transposed and all(p.pad is pad for p in transposed)
-        p = transposed[0]
-        x = torch.randn(1, 1, p.weight.shape[1])
+    for p in engine.target.fused.products:
+        x = torch.randn(1, 7, p.weight.shape[1])
         with torch.inference_mode():
-            if pad:   # the row alone gets the numbers it gets among others
-                assert torch.equal(p(x), p(x.expand(1, 3, -1).contiguous())[:, :1])
-            else:   # the one-row product itself
-                assert torch.equal(p(x), x @ p.transposed + (0 if p.bias is None else p.bias))
+            assert all(torch.equal(p(x[:, i : i + 1]), p(x)[:, i : i + 1]) for i in range(7))
+    transposed = fused_mod.fused_decoder(engine.target.stack, pack=False)
+    assert transposed is not None and padded(1, transposed.rows) >= 2
+    assert all(p.rows == transposed.rows for p in transposed.products)
+    draft = getattr(engine.draft.fused, "fused", engine.draft.fused)   # the NumPy layers (host.py): the torch ones
+    p = next(p for p in draft.products if p.transposed is not None)
+    x = torch.randn(1, 1, p.weight.shape[1])
+    with torch.inference_mode():
+        assert p.rows == NO_PADDING and torch.equal(p(x), x @ p.transposed + (0 if p.bias is None else p.bias))
 
 
-def test_a_one_token_step_runs_its_products_on_twin_rows_with_the_padded_products_numbers(monkeypatch):
-    """The target's one-token step carries its row twice through the layers (`FusedDecoder._layers`, twin) instead
-    of padding each product's row: the same logits and the same cached keys and values, bit for bit, over a run of
-    steps, as through the padded products; and no product pads a row on that path (a product called with one row
-    would mean the twin rows were dropped on the way)."""
+def test_a_row_rule_pads_to_the_counts_a_kernel_keeps_and_a_way_no_rule_fixes_is_not_offered(monkeypatch):
+    """rows.row_rule finds the cheapest padding under which a product gives every row the same numbers: none for a
+    row-wise product, four rows for one whose numbers change unless the count is a multiple of four (as MKL's on an
+    AMD EPYC), None for one that changes with every count; a way of computing the target's products that no rule
+    fixes is not offered for a row-invariant model (the runner then keeps another, or the model's own layers), while
+    a draft keeps it."""
+    def rowwise(w):
+        return lambda x: (x[..., None, :] * w).sum(-1)
+
+    def blocked(w):   # another kernel, other last bits, unless the count is a multiple of four
+        return lambda x: rowwise(w)(x) * (1.0 + 1e-6 * (x.shape[-2] % 4 != 0))
+
+    def counted(w):
+        return lambda x: rowwise(w)(x) * (1.0 + 1e-6 * x.shape[-2])
+
+    like = torch.zeros(1, dtype=torch.float64)
+    assert rows_mod.row_rule(rowwise, [(6, 5), (3, 5)], like) == NO_PADDING
+    assert rows_mod.row_rule(blocked, [(6, 5)], like) == (4, 4)
+    assert rows_mod.row_rule(counted, [(6, 5)], like) is None
+    assert [padded(q, (4, 4)) for q in (1, 4, 5, 13)] == [4, 4, 8, 16] and padded(1, (2, 1)) == 2
+    model = _wide_text_model()
+    stack = decoder_stack(model, fam.TEXT)
+    monkeypatch.setattr(fused_mod, "row_rule", lambda make, shapes, like: None)
+    assert fused_mod.fused_decoders(stack) == [] and fused_mod.fused_decoders(stack, row_invariant=False)
+    runner = _prefilled(model)
+    runner.forward([6, 7, 8], [5, 6, 7], np.tril(np.ones((3, 3), bool)))
+    assert runner.tree_forward == "layers"
+
+
+def test_a_one_token_step_carries_its_row_padded_through_the_layers_with_the_padded_products_numbers(monkeypatch):
+    """The target's one-token step on transposed copies carries its row, repeated to the count its products pad to,
+    through the layers (`FusedDecoder._layers`) instead of padding at each product: the same logits and the same
+    cached keys and values, bit for bit, over a run of steps, as through the products' own padding; and no product
+    sees a single row on that path (one would mean the carried rows were dropped on the way)."""
     from sage_engine.models import load_pair
 
     engine = SpecEngine(load_pair())
-    runner, decoder = engine.target, engine.target.fused
-    assert isinstance(decoder, fused_mod.FusedDecoder) and decoder.pads
+    runner = engine.target
+    decoder = runner.fused = fused_mod.fused_decoder(runner.stack, pack=False)   # transposed: its rule pads one row
+    rule = decoder.rows
+    m = padded(1, rule)
+    assert m >= 2
     runner.prefill(prepare_input(engine.pair, "Describe the image.", images=[image(3)]).target_inputs)
     rows = []
     real_call = fused_mod.Product.__call__
@@ -331,18 +367,21 @@ def test_a_one_token_step_runs_its_products_on_twin_rows_with_the_padded_product
     start = runner.seq_len
     for step, token in enumerate([5, 9, 33, 7, 12]):
         got = {}
-        for twin in (True, False):
-            decoder.__dict__["pads"] = twin   # False: the padded products' path
+        for carried in (True, False):
+            decoder.__dict__["rows"] = rule if carried else NO_PADDING   # NO_PADDING: each product pads its row
             rows.clear()
             logits = runner.forward([token], [start + step], np.ones((1, 1), bool)).logits
-            got[twin] = logits, [(layer.keys[:, :, -1:].clone(), layer.values[:, :, -1:].clone())
-                                 for layer in runner.cache.layers]
-            assert (1 in rows) is not twin and len(rows) == len(decoder.products)
+            got[carried] = logits, [(layer.keys[:, :, -1:].clone(), layer.values[:, :, -1:].clone())
+                                    for layer in runner.cache.layers]
+            if carried:
+                assert rows == [m] * len(decoder.products)
+            else:   # each call with the one row, then its padded call
+                assert rows == [1, m] * len(decoder.products)
             runner.keep(start + step, [])
         assert torch.equal(got[True][0], got[False][0])
         assert all(torch.equal(a, b) for pair in zip(got[True][1], got[False][1]) for a, b in zip(*pair))
         runner.forward([token], [start + step], np.ones((1, 1), bool))   # the prefix grows
-    decoder.__dict__["pads"] = True
+    decoder.__dict__["rows"] = rule
 
 
 @pytest.mark.parametrize("name", ["qwen2.5-vl", "llava"])

@@ -11,7 +11,7 @@ from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
 from sage_engine import SpecEngine, prepare_input
 from sage_engine import vision as vision_mod
-from sage_engine.fused import near
+from sage_engine.checks import near
 from sage_engine.runner import ModelRunner
 from sage_engine.vision import FusedVision, fused_vision
 
