@@ -78,9 +78,9 @@ class Product:
     rows: Rule = NO_PADDING  # (least, multiple): the rows a call is padded to, for row-count invariance (rows.py)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        q, (least, multiple) = x.shape[-2], self.rows
-        if q < least or q % multiple:  # the rows through the kernel of the padded count (`rows`)
-            return self(pad_rows(x, padded(q, self.rows)))[..., :q, :]
+        rule, q = self.rows, x.shape[-2]
+        if rule is not NO_PADDING and (q < rule[0] or q % rule[1]):  # the rows padded by the rule (`rows`)
+            return self(pad_rows(x, padded(q, rule)))[..., :q, :]
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         if self.transposed is None:
