@@ -227,7 +227,7 @@ class FusedDecoder:
         # -> [1, q, V]"""
         q = ids.shape[1]
         m = padded(q, self.rows)  # rows carried through the products (`_layers`)
-        ids = pad_rows(ids[..., None], m)[..., 0] if m > q else ids
+        ids = ids if m == q else ids.expand(1, m) if q == 1 else pad_rows(ids.T, m).T
         h = self.stack.embed(ids) if self.embed_weight is None else F.embedding(ids, self.embed_weight)  # [1, m, D]
         cos, sin = self.rotary(h, positions, int(positions.max()) if top is None else top)  # [1, 1, q, hd]
         logits = self._head(self._layers(h, cos, sin, mask, cache, rows=q))

@@ -34,6 +34,8 @@ def padded(q: int, rule: Rule) -> int:
 def pad_rows(x: torch.Tensor, m: int) -> torch.Tensor:
     """x [..., q, K] with its first row repeated up to m rows, contiguous (oneDNN's products take no expanded rows).
     # -> [..., m, K]"""
+    if x.shape[-2] == 1:  # a one-token step's: one call
+        return torch.cat([x] * m, dim=-2)
     return torch.cat([x, x[..., :1, :].expand(*x.shape[:-2], m - x.shape[-2], x.shape[-1])], dim=-2)
 
 
