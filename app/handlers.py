@@ -192,13 +192,17 @@ class Handlers:
         yield view.row()
         figures = {f: serialized(getattr(view, f)) for f in FIGURES}  # what the plots show (resent unchanged)
         race.start()
-        pace = Pacer(text_every=self.text_every, plot_every=self.plot_every)  # updates: <= 4% of the time
+        pace = Pacer(text_every=self.text_every, plot_every=self.plot_every)  # updates: <= 4% of each lane's time
+        spec_started = False
         try:
             # poll fast until the first token shows, then only as often as the text is redrawn
             for batch in race.batches(every=lambda: POLL if not record.ar.steps else self.text_every):
                 if not consume(record, transcriber, batch) or record.done or not record.ar.text:
                     continue  # nothing new, or nothing to show yet (the first token may be half a character)
                 now = time.perf_counter()
+                if record.spec.steps and not spec_started:
+                    spec_started = True
+                    pace.new_lane(now)
                 if not pace.text_due(now):
                     continue
                 if record.spec.decode_steps and pace.plot_due(now):

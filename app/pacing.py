@@ -2,10 +2,11 @@
 
 Building an update (and Gradio serialising and sending it) takes the GIL, and on a small machine a
 core, from the decoding thread: a 50 ms figure rebuild in a 0.4 s speculative lane would slow the very
-speed the demo measures by 12%. So updates are paid from a budget: all the updates sent since the race
-began may have cost at most `share` of its wall time so far. Costs are measured (each update's round
-trip; each figure rebuild) and the last one of each kind is the estimate for the next. Two exceptions
-keep the demo lively: the first update (the first token) is always sent, and the minimum spacings
+speed the demo measures by 12%. So updates are paid from a budget: all the updates sent since the lane
+being decoded began may have cost at most `share` of its wall time so far (`new_lane`; with one budget for the
+whole race, the short speculative lane spent what the autoregressive lane before it had saved). Costs are measured
+(each update's round trip; each figure rebuild) and the last one of each kind is the estimate for the next. Two
+exceptions keep the demo lively: the first update (the first token) is always sent, and the minimum spacings
 `text_every` / `plot_every` apply on top of the budget. A run too short to afford a figure shows its
 figures in the final update.
 """
@@ -31,6 +32,10 @@ class Pacer:
 
     def _affordable(self, cost: float, now: float) -> bool:
         return self.spent + cost <= self.share * (now - self.start)
+
+    def new_lane(self, now: float) -> None:
+        """The next lane starts decoding: its updates are paid from a budget of its own."""
+        self.start, self.spent = now, 0.0
 
     def text_due(self, now: float) -> bool:
         return self.sent == 0 or (now >= self.next_text and self._affordable(self.text_cost, now))

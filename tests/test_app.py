@@ -526,6 +526,11 @@ def test_pacer_keeps_updates_within_their_share():
     assert not p.plot_due(3.5)  # plot_every holds it back
     assert not p.plot_due(4.0)  # and so does the budget: 0.11 + 0.07 > 0.16
     assert p.plot_due(4.5)
+    # the speculative lane starts: what the autoregressive lane left unspent is not its to spend
+    assert p.text_due(5.0)
+    p.new_lane(5.0)
+    assert not p.text_due(5.3)  # 0.02 > 4% of its 0.3 s
+    assert p.text_due(5.5)  # 0.02 <= 4% of its 0.5 s
 
 
 def _event(step: int, alpha: float, depth: int, width: int, d_max: int):
