@@ -17,10 +17,7 @@ builds both where both apply and the runner keeps the one its timing finds faste
 (`ModelRunner._fastest`, when it checks the layers). Narrower products (the draft's) are never packed: a packed call
 has a fixed cost of 13-27 us. oneDNN builds a kernel on the first call for each row count, so a packed decoder runs
 every row count up to WARM_ROWS once when it is built. For a draft, the same layers computed in NumPy from this
-decoder's weights (host.py) are one more candidate. On the second CPU a cached forward of the embedded target over 1
-/ 4 / 13 tokens took 2.66 / 3.44 / 4.38 ms through its own modules, 2.37 / 2.62 / 3.39 fused and packed, 1.93 / 1.89
-/ 2.51 on transposed copies; the draft's 0.42 / 0.86 / 0.65 through its modules, 0.28 / 0.40 / 0.34 fused (a one-
-token step on the one-row path, `Product.rows`).
+decoder's weights (host.py) are one more candidate (the timings of each way: docs/SPEED.md).
 
 Exactness. A fused product (with a norm's weight folded into it) sums and rounds in another order than the model's
 modules do, so the logits differ from forward()'s in the last bits (the embedded target: up to ~2e-5 on logits of
@@ -41,7 +38,7 @@ weights are small (a large model's forward is arithmetic, not overhead, and the 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -66,10 +63,9 @@ class Product:
     row-invariant model's products pad their rows by `rows`, the rule its decoder found on this machine (rows.py): BLAS
     computes one row, on some CPUs a few, with other kernels than many, so a token would get other numbers in an `ar`
     step than in a verify pass. Attention is not padded: logits may still differ by ~1e-5 between the two lanes (see
-    the module's note on exactness). A padded one-row product costs about twice the one-row one (the embedded draft's:
-    ~16 against ~8 us), so a model whose numbers only shape guesses (the draft) keeps the one-row path (NO_PADDING).
-    Other dtypes: `F.linear`, whose bias is added before the one rounding (a separate addition would round twice in
-    bfloat16)."""
+    the module's note on exactness). A padded one-row product costs about twice the one-row one, so a model whose
+    numbers only shape guesses (the draft) keeps the one-row path (NO_PADDING). Other dtypes: `F.linear`, whose bias
+    is added before the one rounding (a separate addition would round twice in bfloat16)."""
 
     weight: torch.Tensor  # [out, in] (a view of `transposed` when there is one)
     bias: torch.Tensor | None
@@ -245,9 +241,8 @@ class FusedDecoder:
                 prompt: bool = False, rows: int | None = None) -> torch.Tensor:
         """The decoder layers over h [1, q, D], appending keys and values to `cache`; `prompt`: the cache is empty and
         the rows attend causally (no mask). `rows`: h holds that many tokens' rows, then copies of the first up to the
-        count its products are padded to (`Product.rows`); the products take them all, the attention and the cache
-        the tokens': the same numbers as padded products, which pad on each of 25 calls (the embedded target's
-        one-token step: 1.70 against 1.84 ms).  # -> [1, h's rows, D]"""
+        count its products pad to (`Product.rows`); the products take them all, the attention and the cache the
+        tokens': the numbers of padded products, without padding at each of 25 calls.  # -> [1, h's rows, D]"""
         q, buffers = rows or h.shape[1], None if prompt else self.buffers
         carried = q < h.shape[1]
         if buffers is not None:
@@ -318,14 +313,14 @@ def packs(stack: DecoderStack) -> bool:
         return False
 
 
-def _product(weight: torch.Tensor, bias: torch.Tensor | None, pack: bool, rows: Rule = NO_PADDING) -> Product:
+def _product(weight: torch.Tensor, bias: torch.Tensor | None, pack: bool) -> Product:
     weight = weight.detach()
     if pack:
-        return Product(weight, bias, packed=torch.ops.mkldnn._reorder_linear_weight(weight), rows=rows)
+        return Product(weight, bias, packed=torch.ops.mkldnn._reorder_linear_weight(weight))
     if weight.dtype != torch.float32:
         return Product(weight, bias)
     transposed = weight.t().contiguous()
-    return Product(transposed.t(), bias, transposed=transposed, rows=rows)
+    return Product(transposed.t(), bias, transposed=transposed)
 
 
 def fused_decoders(stack: DecoderStack, row_invariant: bool = True) -> list[FusedDecoder]:
@@ -342,15 +337,20 @@ def fused_decoder(stack: DecoderStack, pack: bool = False, row_invariant: bool =
     """The stack's layers fused, their products on transposed copies of the weights or (`pack`) on packed ones;
     `row_invariant` (float32): their rows padded by the rule rows.row_rule finds for them on this machine, and None
     where no rule makes them invariant."""
-    fused = _fused(stack, pack, NO_PADDING)
+    fused = _fused(stack, pack)
     weight = None if fused is None else fused.layers[0].qkv.weight
     if weight is None or not row_invariant or weight.dtype != torch.float32:
         return fused
     rule = row_rule(lambda w: _product(w, None, pack), [tuple(p.weight.shape) for p in fused.products], weight)
-    return fused if rule == NO_PADDING else None if rule is None else _fused(stack, pack, rule)
+    if rule is None or rule == NO_PADDING:
+        return None if rule is None else fused
+    pad = functools.partial(replace, rows=rule)  # the same weight copies, their rows padded by the rule
+    layers = tuple(replace(f, qkv=pad(f.qkv), out=pad(f.out), gate_up=pad(f.gate_up), down=pad(f.down))
+                   for f in fused.layers)
+    return replace(fused, layers=layers, head=None if fused.head is None else pad(fused.head))
 
 
-def _fused(stack: DecoderStack, pack: bool, rows: Rule) -> FusedDecoder | None:
+def _fused(stack: DecoderStack, pack: bool) -> FusedDecoder | None:
     if not stack.static_rope or not stack.layers:
         return None
     head = stack.head
@@ -362,7 +362,7 @@ def _fused(stack: DecoderStack, pack: bool, rows: Rule) -> FusedDecoder | None:
     # float32: the norms' weights folded into the products after them (`Norm`), the final one into the head's copy
     fold = head.weight.dtype == torch.float32 and plain_head
     norm = _rms(stack.norm)
-    product = functools.partial(_product, pack=pack, rows=rows)  # every Product of this decoder
+    product = functools.partial(_product, pack=pack)  # every Product of this decoder
     layers = tuple(_fuse(i, layer, product, fold) for i, layer in enumerate(stack.layers))
     if norm is None or any(f is None for f in layers):
         return None
