@@ -112,7 +112,8 @@ class KVBuffers:
             return False
         m = len(keep)
         if not moved:  # a crop only (a tree accepted along its first nodes, as a chain's is): nothing to gather
-            self.publish(layers, start + m)
+            if self._keys_out[0].shape[2] != start + m:  # else the whole region is kept: nothing to do
+                self.publish(layers, start + m)
             return True
         if self.arrays is not None:  # compiled, else NumPy's fancy index (torch's is ~4x that on a small buffer)
             (_move_jit or _move_columns)(*self.arrays, start, np.array(keep, dtype=np.int64))
@@ -127,15 +128,17 @@ class KVBuffers:
 def compact(cache: DynamicCache, start: int, keep: list[int], buffers: KVBuffers | None = None) -> None:
     """Keep region columns `keep` (relative to `start`) and drop everything else after `start`; `buffers`: the ones
     the cache's layers may view (moved in one go where they do)."""
+    m = len(keep)
+    moved = keep != list(range(m))
+    # buffers that hold every layer (the fused layers' caches, each step): one move, the checks below done when they
+    # took the layers (a sliding-window layer is never one of them: its model's layers are not fused)
+    if buffers is not None and buffers.move(cache.layers, start, keep, moved):  # False unless the layers view them
+        return
     layers = [layer for layer in cache.layers if layer.is_initialized]
     if any(getattr(layer, "is_sliding", False) for layer in layers):
         raise NotImplementedError("tree decoding with sliding-window cache layers is not supported")
-    m = len(keep)
-    moved = keep != list(range(m))
     if not layers or (not moved and layers[0].keys.shape[2] == start + m):
         return  # every column of the region is kept where it is (a plain step, a fully accepted tree): nothing to do
-    if buffers is not None and buffers.move(layers, start, keep, moved):  # False unless the layers view them
-        return
     idx = None
     for layer in layers:
         if moved:

@@ -293,9 +293,9 @@ class SpecEngine:
         tree = draft.tree
         # 2. verify the whole tree in one target forward.
         start_t = self.target.seq_len
-        verify = verify_tree(self.target, root, tree)
+        verify = verify_tree(self.target, root, tree, accept.argmax)
         # 3. accept the longest agreeing path plus the bonus token.
-        verdict = accept(tree, verify.logits)
+        verdict = accept(tree, verify)
         # 4. compact both caches to the accepted path (a plain step's one column is its path).
         if tree.tokens:
             self.target.keep(start_t, [0] + [1 + n for n in verdict.accepted])

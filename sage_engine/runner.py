@@ -48,6 +48,9 @@ class Pass:
     ms: float  # wall time of the model call
     # forward(top=k) on the compiled layers: the last row's softmax top-k over the shared vocabulary, same call
     top: tuple[list[list[float]], list[list[int]]] | None = None  # ([1][k] probs, [1][k] tokens); else None
+    # forward(argmax=True) through the kept layers: each row's argmax, taken in the pass while its logits are in the
+    # cores' caches (~5 us there; the same op on them after the pass ~20-60 us on this project's CPUs)
+    argmax: torch.Tensor | None = None  # [q] int64
 
 
 @dataclass(frozen=True)
@@ -208,11 +211,13 @@ class ModelRunner(RunnerChecks):
         return logits
 
     @inference
-    def forward(self, tokens: list[int], positions: list[int], allowed: np.ndarray, top: int = 0) -> Pass:
+    def forward(self, tokens: list[int], positions: list[int], allowed: np.ndarray, top: int = 0,
+                argmax: bool = False) -> Pass:
         """Append `tokens` at sequence `positions`; `allowed` [q, r] is their attention pattern over the
         newest r key columns (the last q of which are these tokens); older columns are always visible.
-        The logits after each token (ids and positions made in NumPy: a third of torch.tensor's time), and with `top`
-        the compiled layers' top-k of the last row (`Pass.top`).  # [q, V]"""
+        The logits after each token (ids and positions made in NumPy: a third of torch.tensor's time), with `top`
+        the compiled layers' top-k of the last row (`Pass.top`), with `argmax` each row's argmax where the pass runs
+        through the kept torch layers (`Pass.argmax`).  # [q, V]"""
         q, r = allowed.shape
         shifted = [p + self.rope_delta for p in positions]
         sees_all = q == 1 and (r == 1 or allowed.all())  # one token that sees every column (itself at least): no mask
@@ -221,7 +226,7 @@ class ModelRunner(RunnerChecks):
             logits = self.fused.run(tokens, shifted, None if sees_all else ~allowed, self.cache, top, self.vocab_limit)
             return Pass(self._logits(logits), (time.perf_counter() - t0) * 1e3, self.fused.top)
         if sees_all and self._cpu and self.stack_checked:  # a plain step, a chain level: two numbers to write
-            return self._one_token_pass(tokens[0], shifted[0])
+            return self._one_token_pass(tokens[0], shifted[0], argmax)
         past = self.seq_len + q - r
         ids_pos = torch.from_numpy(np.array(tokens + shifted, dtype=np.int64)).view(2, 1, q)
         ids, pos = (ids_pos if self._cpu else ids_pos.to(self.device)).unbind()
@@ -231,25 +236,26 @@ class ModelRunner(RunnerChecks):
             t0 = time.perf_counter()
             self._check_stack(ids, pos, mask)
             self.check_ms += (time.perf_counter() - t0) * 1e3
-        return self._timed_pass(ids, pos, mask, max(shifted))
+        return self._timed_pass(ids, pos, mask, max(shifted), argmax)
 
     @inference
-    def forward_tree(self, root: int, tree: DraftTree) -> Pass:
+    def forward_tree(self, root: int, tree: DraftTree, argmax: bool = False) -> Pass:
         """A verify pass: `root` at the cache length L, the tree's nodes at L + their depth, each seeing the past, the
         root, its ancestors and itself; the logits after the root and after each node. Once the layers are checked,
         their ids, positions and mask are built in one compiled call (tree.verify_inputs).  # [1 + n, V]"""
         L = self.seq_len
         if not tree.tokens or not self.stack_checked or isinstance(self.fused, HostDecoder):
-            return self.forward([root] + tree.tokens, [L] + [L + d for d in tree.depths], verify_allowed(tree.parents))
+            return self.forward([root] + tree.tokens, [L] + [L + d for d in tree.depths], verify_allowed(tree.parents),
+                                argmax=argmax)
         blocked = self._blocked_value
         if blocked is None:
             blocked = self._blocked_value = float(torch.finfo(self.dtype).min)
         ids, pos, mask = map(torch.from_numpy, verify_inputs(tree, root, L + self.rope_delta, L, blocked))
         if not self._cpu_float32:
             ids, pos, mask = ids.to(self.device), pos.to(self.device), mask.to(device=self.device, dtype=self.dtype)
-        return self._timed_pass(ids, pos, mask, L + self.rope_delta + tree.depth)
+        return self._timed_pass(ids, pos, mask, L + self.rope_delta + tree.depth, argmax)
 
-    def _one_token_pass(self, token: int, position: int) -> Pass:
+    def _one_token_pass(self, token: int, position: int, argmax: bool = False) -> Pass:
         """A pass of one token that sees every column, on the CPU once the layers are checked: its id and (shifted)
         position written into a tensor pair made once, where building them from lists took ~15-20 us right after
         the last forward, for two numbers.  # [1, V]"""
@@ -258,20 +264,23 @@ class ModelRunner(RunnerChecks):
             self._one_io = (buf, *torch.from_numpy(buf).unbind())
         buf, ids, pos = self._one_io
         buf[0, 0, 0], buf[1, 0, 0] = token, position
-        return self._timed_pass(ids, pos, None, position)
+        return self._timed_pass(ids, pos, None, position, argmax)
 
-    def _timed_pass(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None, top: int) -> Pass:
+    def _timed_pass(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None, top: int,
+                    argmax: bool = False) -> Pass:
         """One cached forward of ids, positions [1, q] (`top` the largest) under `mask`, through the kept layers
-        (else forward()), timed.  # -> logits [q, V]"""
+        (else forward()), timed; with `argmax`, each row's argmax taken in it (`Pass.argmax`).  # -> logits [q, V]"""
         t0 = time.perf_counter()
         net = self.fused or self.stack
         if net is not None:
             logits = net(ids, pos, mask, self.cache, top)
         else:
             logits = self._forward(ids, pos, mask)
+        logits = self._logits(logits[0])
+        best = logits.argmax(-1) if argmax else None
         if self._cuda:
             torch.cuda.synchronize(self.device)
-        return Pass(self._logits(logits[0]), (time.perf_counter() - t0) * 1e3)
+        return Pass(logits, (time.perf_counter() - t0) * 1e3, argmax=best)
 
     @property
     def compiled(self) -> bool:

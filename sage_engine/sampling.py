@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .runner import Pass
 from .tree import DraftTree
 from .verify import Trial, Verdict
 
@@ -135,6 +136,7 @@ class SampledAcceptance(_Uniforms):
     """The tree rule above, for one run (it owns the run's generator)."""
 
     name = "tree"
+    argmax = False  # reads the verify pass's logits only
 
     def __init__(self, sampling: Sampling):
         super().__init__(sampling.seed)
@@ -147,9 +149,10 @@ class SampledAcceptance(_Uniforms):
     def first(self, logits: torch.Tensor) -> int:
         return self.draw(logits)
 
-    def __call__(self, tree: DraftTree, logits: torch.Tensor) -> Verdict:
+    def __call__(self, tree: DraftTree, verify: Pass) -> Verdict:
         """Descend while the draws are children; the first draw that is not is the step's last token.
-        logits[0] after the root, logits[1 + i] after node i.  # [1 + n, V]"""
+        verify.logits[0] after the root, [1 + i] after node i.  # [1 + n, V]"""
+        logits = verify.logits
         children = tree.children_by_token()
         path: list[int] = []
         trials: list[Trial] = []
@@ -182,7 +185,8 @@ class RatioAcceptance(SampledAcceptance):
         u = self.uniform()
         return u * q_x < p_x, u
 
-    def __call__(self, tree: DraftTree, logits: torch.Tensor) -> Verdict:
+    def __call__(self, tree: DraftTree, verify: Pass) -> Verdict:
+        logits = verify.logits
         children: dict[int, list[int]] = {}
         for i, parent in enumerate(tree.parents):
             children.setdefault(parent, []).append(i)  # node order within a parent = draw order

@@ -45,25 +45,26 @@ def row_argmax(logits: torch.Tensor) -> list[int]:
     return logits.argmax(dim=-1).tolist()
 
 
-def verify_tree(runner: ModelRunner, root: int, tree: DraftTree) -> Pass:
-    """Target logits after the root and after every node, in one pass.  # [1 + n, V]"""
-    return runner.forward_tree(root, tree)
+def verify_tree(runner: ModelRunner, root: int, tree: DraftTree, argmax: bool = False) -> Pass:
+    """Target logits after the root and after every node, in one pass (with `argmax`, each row's argmax taken in
+    it).  # [1 + n, V]"""
+    return runner.forward_tree(root, tree, argmax)
 
 
 class GreedyAcceptance:
     """Accept the longest path on which every draft token equals the target's argmax (lossless greedy)."""
 
     name = "greedy"
+    argmax = True  # asks the verify pass for its rows' argmax (`Pass.argmax`)
 
     def first(self, logits: torch.Tensor) -> int:
         """The token after the prompt.  # [V]"""
         return int(logits.argmax())
 
-    def __call__(self, tree: DraftTree, logits: torch.Tensor) -> Verdict:
-        # a plain step: the target's argmax after the root, before anything else is asked of the logits (one row:
-        # torch's took ~17 us right after the forward, NumPy's ~31 with its conversion; through row_argmax, which
-        # asks the device and the row count first, ~27)
-        if not tree.tokens:
-            return Verdict([], [], int(logits.argmax()))
-        path, bonus = accept_greedy(tree, row_argmax(logits))  # logits [1 + n, V]
+    def __call__(self, tree: DraftTree, verify: Pass) -> Verdict:
+        """The verdict on `tree` from its verify pass (logits [1 + n, V]; their argmax where the pass took it)."""
+        best = verify.argmax
+        if not tree.tokens:  # a plain step: the target's argmax after the root
+            return Verdict([], [], int(verify.logits.argmax() if best is None else best.item()))
+        path, bonus = accept_greedy(tree, row_argmax(verify.logits) if best is None else best.tolist())
         return Verdict(path, [tree.tokens[i] for i in path], bonus)

@@ -10,6 +10,7 @@ import torch
 from tiny_models import image, llava_pair, qwen25_pair
 
 from sage_engine import SpecEngine, prepare_input
+from sage_engine.runner import Pass
 from sage_engine.sampling import RatioAcceptance, SampledAcceptance, Sampling, inverse_cdf, warped
 from sage_engine.tree import DraftTree
 
@@ -113,7 +114,7 @@ def run_tree_step(rule, tree: DraftTree, length: int, wrong=None):
     def run(chooser):
         logits = torch.stack([table_logits(())] + [table_logits(tuple(tree.tokens[i] for i in tree.path_to(n)))
                                                    for n in range(len(tree))])
-        verdict = scripted(rule, wrong)(chooser)(tree, logits)
+        verdict = scripted(rule, wrong)(chooser)(tree, Pass(logits, 0.0))
         return continued(chooser, tuple(verdict.accepted_tokens) + (verdict.bonus,), length)
 
     return run
@@ -129,7 +130,7 @@ def run_sampled_chain(rule, k: int, wrong=None):
             x = chooser.choose([(t, float(q[t])) for t in range(V)])
             tree.q_dists[tree.add(x, i - 1, float(q[x]))] = q
         logits = torch.stack([table_logits(tuple(tree.tokens[:i])) for i in range(k + 1)])
-        verdict = scripted(rule, wrong)(chooser)(tree, logits)
+        verdict = scripted(rule, wrong)(chooser)(tree, Pass(logits, 0.0))
         return continued(chooser, tuple(verdict.accepted_tokens) + (verdict.bonus,), k + 1)
 
     return run
@@ -157,7 +158,7 @@ def run_sampled_tree(rule, wrong=None):
         draw_children(first, (tree.tokens[first],), 2)
         logits = torch.stack([table_logits(())] + [table_logits(tuple(tree.tokens[i] for i in tree.path_to(n)))
                                                    for n in range(len(tree))])
-        verdict = scripted(rule, wrong)(chooser)(tree, logits)
+        verdict = scripted(rule, wrong)(chooser)(tree, Pass(logits, 0.0))
         return continued(chooser, tuple(verdict.accepted_tokens) + (verdict.bonus,), 3)
 
     return run
@@ -224,8 +225,8 @@ class RawQForLaterSiblings:
 class AcceptsTheDraftsFavourite:
     """Wrong: where the target's draw is not a child, the draft's most probable child is taken anyway."""
 
-    def __call__(self, tree, logits):
-        verdict = super().__call__(tree, logits)
+    def __call__(self, tree, verify):
+        verdict = super().__call__(tree, verify)
         last = verdict.accepted[-1] if verdict.accepted else -1
         kids = [i for i in range(len(tree)) if tree.parents[i] == last]
         if not kids:
@@ -252,9 +253,9 @@ class ResamplesFromP:
         self._rejecting = not ok
         return ok, u
 
-    def __call__(self, tree, logits):
-        self._p = warped(logits[0], self.sampling)  # k = 1 below: the only rejection is at the root
-        return super().__call__(tree, logits)
+    def __call__(self, tree, verify):
+        self._p = warped(verify.logits[0], self.sampling)  # k = 1 below: the only rejection is at the root
+        return super().__call__(tree, verify)
 
 
 class InvertedRatio:
@@ -361,8 +362,8 @@ def test_check_sampling_fails_a_broken_rule(family, monkeypatch):
     sampling = Sampling(1.0, top_p=0.9)
     real_tree, real_passes = SampledAcceptance.__call__, RatioAcceptance.passes
 
-    def favours_the_draft(self, tree, logits):
-        verdict = real_tree(self, tree, logits)
+    def favours_the_draft(self, tree, verify):
+        verdict = real_tree(self, tree, verify)
         if tree.tokens and not verdict.accepted:
             return type(verdict)([0], [tree.tokens[0]], verdict.bonus)
         return verdict
