@@ -207,6 +207,7 @@ class CostMeter:
         self._line: tuple[int, tuple[float, float] | None] | None = None  # (drafted count, drafted_line) for `stalled`
         self._stalled_run = 0  # stalled steps in a row, the last recorded
         self.stalls = 0  # stalled steps left out of the windows
+        self._quotes: dict[str, Quote] = {}
 
     def record(self, timing: StepTiming) -> bool:
         """Add a step to every window, unless something else slowed it (`stalled`): such steps are left out of the
@@ -346,8 +347,12 @@ class CostMeter:
         return BreakEven(rate=rate, node_ms=prices[0], level_ms=prices[1], trust=self.trust(policy))
 
     def quote(self, policy: str) -> Quote:
-        """The prices `policy` (a policy key) decides a step with; computed only when asked for."""
-        return Quote(self, policy)
+        """The prices `policy` (a policy key) decides a step with; computed only when asked for (a Quote is a view of
+        the meter, made once per key)."""
+        quote = self._quotes.get(policy)
+        if quote is None:
+            quote = self._quotes[policy] = Quote(self, policy)
+        return quote
 
 
 @dataclass(frozen=True)
