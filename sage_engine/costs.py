@@ -113,33 +113,45 @@ class Moments:
     """Sums of the products of every two columns of (1, nodes, draft forwards, wall, verify and draft ms) over the last
     `window` drafted steps, kept as steps come and go: a least-squares fit of one column on others is then a small
     linear system. Plain Python, not numpy: the engine fits between model forwards, where the first numpy calls
-    after a forward run from cold caches (measured: numpy's lstsq over 96 rows took ~0.2 ms there, 10 us alone)."""
+    after a forward run from cold caches (measured: numpy's lstsq over 96 rows took ~0.2 ms there, 10 us alone).
+    A step is only queued when it comes (`add`); the sums take in the queued steps, and drop those that left the
+    window, when a fit reads them (every few steps: CostMeter.refit): code run once a step runs from cold caches,
+    where a few steps at a time run warm after the first."""
 
     def __init__(self, window: int):
         self.rows: deque[tuple[float, ...]] = deque(maxlen=window)
-        self.sums = [[0.0] * _COLUMNS for _ in range(_COLUMNS)]
+        self._sums = [[0.0] * _COLUMNS for _ in range(_COLUMNS)]
+        self._entered: list[tuple[float, ...]] = []  # rows added since the sums were last brought up to date
+        self._left: list[tuple[float, ...]] = []  # rows that left the window since then
 
     @property
     def n(self) -> int:
         return len(self.rows)
 
-    def _accumulate(self, row: tuple[float, ...], sign: float) -> None:
-        for i, a in enumerate(row):
-            line = self.sums[i]
-            for j in range(i, _COLUMNS):
-                line[j] += sign * a * row[j]
+    @property
+    def sums(self) -> list[list[float]]:
+        """The sums over the window now (upper triangle: sums[i][j] for i <= j)."""
+        self._take_in()
+        return self._sums
+
+    def _take_in(self) -> None:
+        """Bring the sums up to date: the rows that left the window subtracted, the rows that entered it added."""
+        for rows, sign in ((self._left, -1.0), (self._entered, 1.0)):
+            for row in rows:
+                for i, a in enumerate(row):
+                    line = self._sums[i]
+                    for j in range(i, _COLUMNS):
+                        line[j] += sign * a * row[j]
+            rows.clear()
 
     def add(self, step: tuple[float, float, float, float, float]) -> None:
         row = (1.0, *map(float, step))
-        if len(self.rows) < self.rows.maxlen:
-            self._accumulate(row, 1.0)
-        else:  # the step that leaves the window subtracted in the same pass (half the loops, every step)
-            old = self.rows[0]
-            for i, (a, o) in enumerate(zip(row, old)):
-                line = self.sums[i]
-                for j in range(i, _COLUMNS):
-                    line[j] += a * row[j] - o * old[j]
+        if len(self.rows) == self.rows.maxlen:
+            self._left.append(self.rows[0])
         self.rows.append(row)
+        self._entered.append(row)
+        if len(self._entered) > len(self.rows):  # nothing read the sums for a whole window: take the rows in now
+            self._take_in()
 
     def fit(self, y: int, x: tuple[int, ...]) -> list[float] | None:
         """Intercept and slopes of column `y` on columns `x`, None when the columns of x (with the constant) are

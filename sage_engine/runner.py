@@ -130,7 +130,13 @@ class ModelRunner(RunnerChecks):
 
     @property
     def seq_len(self) -> int:
-        return 0 if self.cache is None else self.cache.get_seq_length()
+        """Columns in the cache: its first layer's, read off the keys' shape (DynamicCache.get_seq_length's answer
+        for the cache layers the runner makes, without its checks and its call into torch; asked a few times a step).
+        A layer no forward has written holds no keys, or an empty 1D tensor."""
+        if self.cache is None:
+            return 0
+        keys = self.cache.layers[0].keys if self.cache.layers else None
+        return 0 if keys is None or keys.dim() != 4 else keys.shape[2]
 
     @inference
     def prefill(self, inputs: dict[str, torch.Tensor], pruning: VisualPruning | None = None) -> Pass:

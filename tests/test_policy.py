@@ -222,10 +222,14 @@ def test_moments_fit_equals_least_squares_over_the_last_window_of_steps():
         steps.append((nodes, forwards, float(rng.uniform(2, 20)), float(rng.uniform(1, 5)),
                       0.1 * forwards + float(rng.uniform(0, 0.5))))
     moments = Moments(window=16)
-    for step in steps:
-        moments.add(step)
-    last = np.array(steps[-16:])
     ones = np.ones(16)
+    for i, step in enumerate(steps):
+        moments.add(step)
+        if i in (19, 22, 36):  # read between steps too: the queued steps are taken in when the sums are read
+            window = np.array(steps[i - 15 : i + 1])
+            want = np.linalg.lstsq(np.column_stack([ones, window[:, 0]]), window[:, 3], rcond=None)[0]
+            assert moments.fit(y=VERIFY, x=(NODES,)) == pytest.approx(want, rel=1e-9), i
+    last = np.array(steps[-16:])
     want = np.linalg.lstsq(np.column_stack([ones, last[:, 0], last[:, 1]]), last[:, 2], rcond=None)[0]
     assert moments.n == 16 and moments.fit(y=WALL, x=(NODES, FORWARDS)) == pytest.approx(want, rel=1e-9)
     want = np.linalg.lstsq(np.column_stack([ones, last[:, 0]]), last[:, 3], rcond=None)[0]
