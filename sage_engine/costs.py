@@ -52,8 +52,7 @@ class StepTiming(NamedTuple):
         return self.nodes == 0 and self.draft_forwards == 0
 
 
-@dataclass(frozen=True)
-class BreakEven:
+class BreakEven(NamedTuple):
     """What a node or a draft level must be expected to add to pay for itself (in tokens)."""
 
     rate: float  # tokens per ms this policy decodes at (recent steps)

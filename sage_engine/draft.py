@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from itertools import takewhile
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -34,8 +35,7 @@ from .shapes import Frontier, Probe, TreeShape, confidence
 from .tree import DraftTree, chain_allowed
 
 
-@dataclass(frozen=True)
-class Draft:
+class Draft(NamedTuple):
     """What the draft stage produced for one step."""
 
     shape: TreeShape

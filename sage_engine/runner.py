@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -40,8 +41,7 @@ from .tree import DraftTree, additive_mask, verify_allowed, verify_inputs
 from .vision import FusedVision, fused_vision
 
 
-@dataclass(frozen=True)
-class Pass:
+class Pass(NamedTuple):
     """One model forward: its logits and what it took."""
 
     logits: torch.Tensor  # prefill: [V] after the prompt's last token; forward: [q, V]

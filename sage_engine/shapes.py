@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .costs import BreakEven
 from .tree import DraftTree
@@ -57,8 +58,7 @@ class Probe:
         return (self.matches + 0.5) / (self.pairs + 1)  # pulled towards 1/2 while the pairs are few
 
 
-@dataclass(frozen=True)
-class StepOutcome:
+class StepOutcome(NamedTuple):
     """What a policy may learn from a verified step."""
 
     tree: DraftTree  # the tree that was verified

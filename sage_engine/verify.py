@@ -7,7 +7,8 @@ too (`first`), from the prefill's logits.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -27,14 +28,13 @@ class Trial:
     u: float  # the uniform behind the decision: the target's draw at the parent (tree rule) or the ratio test's
 
 
-@dataclass(frozen=True)
-class Verdict:
+class Verdict(NamedTuple):
     """What the target decided about one tree."""
 
     accepted: list[int]  # accepted node indices, root side first
     accepted_tokens: list[int]  # their tokens
     bonus: int  # the target's own next token after the accepted path
-    trials: list[Trial] = field(default_factory=list)  # sampling rules: each node tested, in order
+    trials: list[Trial] | tuple = ()  # sampling rules: each node tested, in order
 
 
 def row_argmax(logits: torch.Tensor) -> list[int]:
