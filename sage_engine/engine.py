@@ -276,9 +276,10 @@ class SpecEngine:
             self.drafter.start(prepared.for_draft(), first, sampling, ends=eos)
         root, step = first, 0
         while not out.finished:
-            step += 1  # the step's clock starts here: entering it is part of its cost
+            step += 1
+            t0 = time.perf_counter()  # the step's clock starts here: entering it is part of its cost
             with _inference_mode(True):  # one entry for the step's dozen runner calls (runner.inference)
-                event = self._step(step, root, policy, accept, out, time.perf_counter())
+                event = self._step(step, root, policy, accept, out, t0)
             root = event.bonus_token
             yield event
 
