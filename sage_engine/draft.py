@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from dataclasses import replace
 from itertools import takewhile
 from typing import NamedTuple
 
@@ -122,7 +121,7 @@ class Drafter:
         tree = DraftTree(root_alpha=float(alpha[0]))
         shape = policy.shape(tree.root_alpha, quote, self._probe(read.logits))
         if max_depth is not None and shape.depth > max_depth:
-            shape = replace(shape, depth=max_depth)
+            shape = shape._replace(depth=max_depth)
         # a chain's or SAGE's levels (greedy, or a sampled draft that ranks its candidates) in one compiled call where
         # the draft's layers are compiled (levels.py)
         rule = levels.level_rule(policy, shape, sampling) if shape.depth > 0 else None

@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -297,8 +298,7 @@ def tree_of(nodes: tuple[np.ndarray, ...], root_alpha: float | None) -> DraftTre
                      slot.tolist(), root_alpha, [None] * n, (tok, parent))
 
 
-@dataclass(frozen=True)
-class StepPlan:
+class StepPlan(NamedTuple):
     """What `_draft_step` needs to shape a greedy step's tree from its root's alpha and grow it: SagePolicy's
     depth_for and width_for and its expansion's numbers, or the chain's (depth k and width 1 for any alpha)."""
 

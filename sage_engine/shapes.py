@@ -17,8 +17,7 @@ from .costs import BreakEven
 from .tree import DraftTree
 
 
-@dataclass(frozen=True)
-class TreeShape:
+class TreeShape(NamedTuple):
     """What a policy decided for one step's tree."""
 
     depth: int  # maximum depth D drafted this step (0 = no draft)

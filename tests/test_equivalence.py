@@ -6,7 +6,6 @@ init, built from configs; images, video and text-only prompts; drafts that agree
 show the test catches a wrong tree mask or wrong positions.
 """
 
-import dataclasses
 import itertools
 
 import numpy as np
@@ -352,7 +351,7 @@ def test_tries_turned_down_after_the_drafts_read_keep_the_output_and_count_its_a
         def shape(self, root_alpha, quote=None, probe=None):
             self.probes[self.calls] = probe
             shape = super().shape(root_alpha, quote, probe)
-            return shape if self.calls % 8 == 0 else dataclasses.replace(shape, depth=0)
+            return shape if self.calls % 8 == 0 else shape._replace(depth=0)
 
     pair, prep = sharp_case(family, media, kind)
     engine = SpecEngine(pair)
