@@ -28,9 +28,11 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import NamedTuple
 
-# the sums over a window below go through map() with these: C loops, where a generator expression runs a Python frame
-# per step (~90 of them every decode step, in the engine's bookkeeping between model forwards)
-_TOKENS, _WALL, _FORECAST = attrgetter("tokens"), attrgetter("wall_ms"), attrgetter("forecast")
+from .windows import DRAFT, FORWARDS, NODES, VERIFY, WALL, Moments, Window
+
+# a window's steps are read through map() with these where they are read at all (`CostMeter.typical_rate`): C loops,
+# where a generator expression runs a Python frame per step
+_TOKENS, _WALL = attrgetter("tokens"), attrgetter("wall_ms")
 
 
 class StepTiming(NamedTuple):
@@ -104,98 +106,6 @@ def robust_rate(steps: list[tuple[int, float]], z: float = 0.0) -> float | None:
     return rate + z * math.sqrt(spread) / (wall / n)
 
 
-NODES, FORWARDS, WALL, VERIFY, DRAFT = 1, 2, 3, 4, 5  # a drafted step's columns in `Moments` (0: the constant 1)
-_COLUMNS = 6
-
-
-class Moments:
-    """Sums of the products of every two columns of (1, nodes, draft forwards, wall, verify and draft ms) over the last
-    `window` drafted steps, kept as steps come and go: a least-squares fit of one column on others is then a small
-    linear system. Plain Python, not numpy: the engine fits between model forwards, where the first numpy calls
-    after a forward run from cold caches (measured: numpy's lstsq over 96 rows took ~0.2 ms there, 10 us alone).
-    A step is only queued when it comes (`add`); the sums take in the queued steps, and drop those that left the
-    window, when a fit reads them (every few steps: CostMeter.refit): code run once a step runs from cold caches,
-    where a few steps at a time run warm after the first."""
-
-    def __init__(self, window: int):
-        self.rows: deque[tuple[float, ...]] = deque(maxlen=window)
-        self._sums = [[0.0] * _COLUMNS for _ in range(_COLUMNS)]
-        self._entered: list[tuple[float, ...]] = []  # rows added since the sums were last brought up to date
-        self._left: list[tuple[float, ...]] = []  # rows that left the window since then
-
-    @property
-    def n(self) -> int:
-        return len(self.rows)
-
-    @property
-    def sums(self) -> list[list[float]]:
-        """The sums over the window now (upper triangle: sums[i][j] for i <= j)."""
-        self._take_in()
-        return self._sums
-
-    def _take_in(self) -> None:
-        """Bring the sums up to date: the rows that left the window subtracted, the rows that entered it added."""
-        for rows, sign in ((self._left, -1.0), (self._entered, 1.0)):
-            for row in rows:
-                for i, a in enumerate(row):
-                    line = self._sums[i]
-                    for j in range(i, _COLUMNS):
-                        line[j] += sign * a * row[j]
-            rows.clear()
-
-    def add(self, step: tuple[float, float, float, float, float]) -> None:
-        row = (1.0, *map(float, step))
-        if len(self.rows) == self.rows.maxlen:
-            self._left.append(self.rows[0])
-        self.rows.append(row)
-        self._entered.append(row)
-        if len(self._entered) > len(self.rows):  # nothing read the sums for a whole window: take the rows in now
-            self._take_in()
-
-    def fit(self, y: int, x: tuple[int, ...]) -> list[float] | None:
-        """Intercept and slopes of column `y` on columns `x`, None when the columns of x (with the constant) are
-        linearly dependent over the window (e.g. every step of the same size)."""
-        cols = (0, *x)
-        s = self.sums
-        a = [[s[min(i, j)][max(i, j)] for j in cols] + [s[min(i, y)][max(i, y)]] for i in cols]
-        return _solve(a)
-
-    def line(self, y: int, x: tuple[int, ...], minus: int | None = None) -> tuple[float, float] | None:
-        """(intercept, slope) of column `y` (less column `minus`) on the sum of columns `x`, the slope kept >= 0 (the
-        intercept then refitted); None when that sum is the same for every step of the window."""
-        s = self.sums
-
-        def cross(i: int) -> float:  # sum over the window of column i times y (less minus)
-            return s[min(i, y)][max(i, y)] - (0.0 if minus is None else s[min(i, minus)][max(i, minus)])
-
-        n, u, w = s[0][0], sum(s[0][i] for i in x), cross(0)
-        uu = sum(s[min(i, j)][max(i, j)] for i in x for j in x)
-        det = n * uu - u * u
-        if det <= 1e-9 * n * uu:
-            return None
-        slope = max(0.0, (n * sum(cross(i) for i in x) - u * w) / det)
-        return (w - slope * u) / n, slope
-
-
-def _solve(a: list[list[float]]) -> list[float] | None:
-    """The solution of the square system in augmented rows `a` (Gaussian elimination, partial pivoting), None when
-    it is singular relative to the scale of its diagonal."""
-    n = len(a)
-    scale = max(abs(a[i][i]) for i in range(n)) or 1.0
-    for c in range(n):
-        p = max(range(c, n), key=lambda r: abs(a[r][c]))
-        if abs(a[p][c]) <= 1e-9 * scale:
-            return None
-        a[c], a[p] = a[p], a[c]
-        for r in range(c + 1, n):
-            f = a[r][c] / a[c][c]
-            a[r] = [u - f * v for u, v in zip(a[r], a[c])]
-    out = [0.0] * n
-    for c in range(n - 1, -1, -1):
-        out[c] = (a[c][n] - sum(a[c][j] * out[j] for j in range(c + 1, n))) / a[c][c]
-    return out
-
-
 class CostMeter:
     """Sliding windows of step timings: the engine's recent steps, its last `window` drafted ones as `Moments` (for
     the prices), and each policy's (its rate)."""
@@ -203,8 +113,8 @@ class CostMeter:
     def __init__(self, window: int = 96, policy_window: int = 24, min_steps: int = 3, recent: int = 8,
                  refit: int = 4):
         self.steps: deque[StepTiming] = deque(maxlen=window)
-        self.by_policy: dict[str, deque[StepTiming]] = {}
-        self.drafted: dict[str, deque[StepTiming]] = {}  # each policy's last `recent` drafted steps
+        self.by_policy: dict[str, Window] = {}
+        self.drafted: dict[str, Window] = {}  # each policy's last `recent` drafted steps
         self.plain: deque[StepTiming] = deque(maxlen=policy_window)  # the last plain steps, of any policy
         self.policy_window = policy_window
         self.min_steps = min_steps
@@ -234,7 +144,7 @@ class CostMeter:
             self._stalled_run = 0
         mine = self.by_policy.get(timing.policy)
         if mine is None:
-            mine = self.by_policy[timing.policy] = deque(maxlen=self.policy_window)
+            mine = self.by_policy[timing.policy] = Window(self.policy_window)
         mine.append(timing)
         plain = timing.plain
         self._counts[not plain] += 1
@@ -243,7 +153,7 @@ class CostMeter:
         else:
             drafted = self.drafted.get(timing.policy)
             if drafted is None:
-                drafted = self.drafted[timing.policy] = deque(maxlen=self.recent)
+                drafted = self.drafted[timing.policy] = Window(self.recent)
             drafted.append(timing)
             self._moments.add((timing.nodes, timing.draft_forwards, timing.wall_ms, timing.verify_ms, timing.draft_ms))
         return False
@@ -261,15 +171,12 @@ class CostMeter:
         units = timing.nodes + timing.draft_forwards
         return line is not None and timing.wall_ms > SPIKE * (line[0] + line[1] * units)
 
-    @staticmethod
-    def _rate(steps) -> float | None:
-        wall = sum(map(_WALL, steps))
-        return sum(map(_TOKENS, steps)) / wall if wall > 0 else None
-
     def rate(self, policy: str) -> float | None:
         """Tokens per ms of `policy`'s recent steps, None before it has `min_steps`."""
-        mine = self.by_policy.get(policy, ())
-        return self._rate(mine) if len(mine) >= self.min_steps else None
+        mine = self.by_policy.get(policy)
+        if mine is None or len(mine) < self.min_steps or mine.wall <= 0:
+            return None
+        return mine.tokens / mine.wall
 
     @staticmethod
     def typical_rate(steps, z: float = 0.0) -> float | None:
@@ -306,11 +213,10 @@ class CostMeter:
     def trust(self, policy: str) -> float:
         """Accepted draft tokens per forecast token over `policy`'s last `recent` drafted steps (1 until measured;
         kept within [0.05, 1.5] so that one lucky or unlucky step cannot switch pricing off or on entirely)."""
-        mine = [s for s in self.drafted.get(policy, ()) if s.forecast > 0]
-        forecast = sum(map(_FORECAST, mine))
-        if len(mine) < self.min_steps or forecast <= 0:
+        mine = self.drafted.get(policy)
+        if mine is None or mine.forecast_steps < self.min_steps or mine.forecast <= 0:
             return 1.0
-        return min(1.5, max(0.05, (sum(map(_TOKENS, mine)) - len(mine)) / forecast))
+        return min(1.5, max(0.05, (mine.forecast_tokens - mine.forecast_steps) / mine.forecast))
 
     def prices_ms(self) -> tuple[float, float] | None:
         """(ms per verified node, ms per draft level), over recent drafted steps of every policy (their trees differ

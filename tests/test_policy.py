@@ -619,3 +619,22 @@ def test_policy_keys_name_the_settings_and_are_made_once_per_setting():
     mine = Mine(ChainPolicy().cfg)
     mine.cfg = Loose()
     assert mine.key == f"chain{Loose()!r}" and mine.key.endswith("Loose(k=3)")
+
+
+def test_a_window_keeps_the_sums_its_last_steps_give():
+    """A policy's window keeps its steps' tokens, wall time and (steps with a forecast) forecast summed as steps
+    come and go, equal to the sums over the steps it holds, also where its sums are made again (every maxlen)."""
+    from sage_engine.costs import StepTiming
+    from sage_engine.windows import Window
+    rng = np.random.default_rng(1)
+    window = Window(5)
+    for i in range(23):
+        forecast = 0.0 if i % 3 == 0 else float(rng.uniform(0.5, 6))
+        window.append(StepTiming("sage", int(rng.integers(1, 9)), 4, float(rng.uniform(2, 9)), 1.0, 0.5, 2, forecast))
+        held = list(window)
+        assert len(held) == min(i + 1, 5)
+        assert window.tokens == sum(s.tokens for s in held)
+        assert window.wall == pytest.approx(sum(s.wall_ms for s in held), rel=1e-12)
+        seen = [s for s in held if s.forecast > 0]
+        assert window.forecast_steps == len(seen) and window.forecast_tokens == sum(s.tokens for s in seen)
+        assert window.forecast == pytest.approx(sum(s.forecast for s in seen), rel=1e-12)

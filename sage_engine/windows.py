@@ -1,0 +1,144 @@
+"""Windows of recent decode steps whose sums the cost meter (costs.py) keeps as steps come and go: a policy's steps
+(`Window`: tokens, wall time, forecasts) and the drafted steps' cross-products (`Moments`, for the meter's
+least-squares lines). They keep sums, not only steps, because the meter reads them between two model forwards of
+every step, where reading a window's steps (scattered over the heap) runs from cold caches.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .costs import StepTiming
+
+NODES, FORWARDS, WALL, VERIFY, DRAFT = 1, 2, 3, 4, 5  # a drafted step's columns in `Moments` (0: the constant 1)
+_COLUMNS = 6
+
+
+class Moments:
+    """Sums of the products of every two columns of (1, nodes, draft forwards, wall, verify and draft ms) over the last
+    `window` drafted steps, kept as steps come and go: a least-squares fit of one column on others is then a small
+    linear system. Plain Python, not numpy: the engine fits between model forwards, where the first numpy calls
+    after a forward run from cold caches (measured: numpy's lstsq over 96 rows took ~0.2 ms there, 10 us alone).
+    A step is only queued when it comes (`add`); the sums take in the queued steps, and drop those that left the
+    window, when a fit reads them (every few steps: CostMeter.refit): code run once a step runs from cold caches,
+    where a few steps at a time run warm after the first."""
+
+    def __init__(self, window: int):
+        self.rows: deque[tuple[float, ...]] = deque(maxlen=window)
+        self._sums = [[0.0] * _COLUMNS for _ in range(_COLUMNS)]
+        self._entered: list[tuple[float, ...]] = []  # rows added since the sums were last brought up to date
+        self._left: list[tuple[float, ...]] = []  # rows that left the window since then
+
+    @property
+    def n(self) -> int:
+        return len(self.rows)
+
+    @property
+    def sums(self) -> list[list[float]]:
+        """The sums over the window now (upper triangle: sums[i][j] for i <= j)."""
+        self._take_in()
+        return self._sums
+
+    def _take_in(self) -> None:
+        """Bring the sums up to date: the rows that left the window subtracted, the rows that entered it added."""
+        for rows, sign in ((self._left, -1.0), (self._entered, 1.0)):
+            for row in rows:
+                for i, a in enumerate(row):
+                    line = self._sums[i]
+                    for j in range(i, _COLUMNS):
+                        line[j] += sign * a * row[j]
+            rows.clear()
+
+    def add(self, step: tuple[float, float, float, float, float]) -> None:
+        row = (1.0, *map(float, step))
+        if len(self.rows) == self.rows.maxlen:
+            self._left.append(self.rows[0])
+        self.rows.append(row)
+        self._entered.append(row)
+        if len(self._entered) > len(self.rows):  # nothing read the sums for a whole window: take the rows in now
+            self._take_in()
+
+    def fit(self, y: int, x: tuple[int, ...]) -> list[float] | None:
+        """Intercept and slopes of column `y` on columns `x`, None when the columns of x (with the constant) are
+        linearly dependent over the window (e.g. every step of the same size)."""
+        cols = (0, *x)
+        s = self.sums
+        a = [[s[min(i, j)][max(i, j)] for j in cols] + [s[min(i, y)][max(i, y)]] for i in cols]
+        return _solve(a)
+
+    def line(self, y: int, x: tuple[int, ...], minus: int | None = None) -> tuple[float, float] | None:
+        """(intercept, slope) of column `y` (less column `minus`) on the sum of columns `x`, the slope kept >= 0 (the
+        intercept then refitted); None when that sum is the same for every step of the window."""
+        s = self.sums
+
+        def cross(i: int) -> float:  # sum over the window of column i times y (less minus)
+            return s[min(i, y)][max(i, y)] - (0.0 if minus is None else s[min(i, minus)][max(i, minus)])
+
+        n, u, w = s[0][0], sum(s[0][i] for i in x), cross(0)
+        uu = sum(s[min(i, j)][max(i, j)] for i in x for j in x)
+        det = n * uu - u * u
+        if det <= 1e-9 * n * uu:
+            return None
+        slope = max(0.0, (n * sum(cross(i) for i in x) - u * w) / det)
+        return (w - slope * u) / n, slope
+
+
+def _solve(a: list[list[float]]) -> list[float] | None:
+    """The solution of the square system in augmented rows `a` (Gaussian elimination, partial pivoting), None when
+    it is singular relative to the scale of its diagonal."""
+    n = len(a)
+    scale = max(abs(a[i][i]) for i in range(n)) or 1.0
+    for c in range(n):
+        p = max(range(c, n), key=lambda r: abs(a[r][c]))
+        if abs(a[p][c]) <= 1e-9 * scale:
+            return None
+        a[c], a[p] = a[p], a[c]
+        for r in range(c + 1, n):
+            f = a[r][c] / a[c][c]
+            a[r] = [u - f * v for u, v in zip(a[r], a[c])]
+    out = [0.0] * n
+    for c in range(n - 1, -1, -1):
+        out[c] = (a[c][n] - sum(a[c][j] * out[j] for j in range(c + 1, n))) / a[c][c]
+    return out
+
+
+class Window:
+    """A policy's last `maxlen` steps (a deque), with their tokens and wall time, and the forecast and tokens of those
+    that had a forecast, kept summed as steps come and go: a rate or the trust reads a few numbers, not the steps
+    (which lie all over the heap: summing 24 of them right after a model forward took ~15 us). The sums are made
+    again from the steps every `maxlen` steps, so that rounding in the running sums cannot build up."""
+
+    def __init__(self, maxlen: int):
+        self.steps: deque[StepTiming] = deque(maxlen=maxlen)
+        self.tokens, self.wall, self.forecast, self.forecast_tokens, self.forecast_steps = 0, 0.0, 0.0, 0, 0
+        self._fresh = maxlen  # steps until the sums are made again from the steps
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __iter__(self):
+        return iter(self.steps)
+
+    def _count(self, s: StepTiming, sign: int) -> None:
+        self.tokens += sign * s.tokens
+        self.wall += sign * s.wall_ms
+        if s.forecast > 0:
+            self.forecast += sign * s.forecast
+            self.forecast_tokens += sign * s.tokens
+            self.forecast_steps += sign
+
+    def append(self, step: StepTiming) -> None:
+        steps = self.steps
+        if len(steps) == steps.maxlen:
+            self._count(steps[0], -1)
+        steps.append(step)
+        self._fresh -= 1
+        if self._fresh > 0:
+            self._count(step, 1)
+            return
+        self._fresh = steps.maxlen
+        self.tokens, self.wall, self.forecast, self.forecast_tokens, self.forecast_steps = 0, 0.0, 0.0, 0, 0
+        for s in steps:
+            self._count(s, 1)
