@@ -230,10 +230,11 @@ class CostMeter:
         return self._fitted("_prices", self._fit)
 
     def _fitted(self, slot: str, fit):
-        """The value kept in `slot` as (drafted count, value), fitted again every `refit` drafted steps, and after
-        every new drafted step while there is none yet."""
+        """The value kept in `slot` as (drafted count, value), fitted again once the drafted count reaches the next
+        multiple of `refit` (the same steps for every slot: the window's sums take in the steps queued since in one
+        go, `Moments`), and after every new drafted step while there is none yet."""
         done, held = self._counts[1], getattr(self, slot)
-        if held is None or done - held[0] >= self.refit or (held[1] is None and done != held[0]):
+        if held is None or done // self.refit != held[0] // self.refit or (held[1] is None and done != held[0]):
             held = (done, fit())
             setattr(self, slot, held)
         return held[1]
