@@ -45,7 +45,13 @@ class KVBuffers:
     copy the whole cache every forward. A cache whose layers are not such views (after a prefill, or a copy) is copied
     in once. A compaction moves the kept columns of every layer in one operation per buffer (`move`), where the
     layer-by-layer one costs a handful of tensor operations per layer (for the embedded target's six, ~0.3 ms against
-    ~0.1 ms right after a verify pass)."""
+    ~0.1 ms right after a verify pass).
+    A compaction does not re-point the layers: `length` says how many columns are in use, and the layers keep the
+    longer views they had (their first `length` columns are the kept ones) until the next forward publishes its own,
+    which it does anyway. Making views takes four tensor operations and ~25-50 us right after a verify pass, and most
+    decode steps compact both models' caches. Until then the runner reads the length from here (`stale_length`);
+    code that reads such a cache's layers otherwise sees a longer prefix-correct view (the compaction's generic path
+    crops and gathers from it correctly)."""
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu"):
@@ -57,6 +63,8 @@ class KVBuffers:
         # the keys the last publish gave the cache's layers: while every layer still holds exactly that tensor, nothing
         # else has touched the cache since
         self._keys_out: list[torch.Tensor] = []
+        self.length = 0  # columns in use: what the last publish or move left
+        self._stale = False  # a move left the layers' views longer than `length`
 
     def owns(self, layers: list) -> bool:
         """Do the cache's `layers` hold exactly what the last publish gave them?"""
@@ -66,13 +74,14 @@ class KVBuffers:
     def reserve(self, layers: list, q: int) -> int:
         """Room for q more columns in each of the cache's `layers` (`views`, `arrays`); the columns in use."""
         out = self._keys_out
-        if out and out[0].shape[2] + q <= self.keys.shape[3] and self.owns(layers):
-            return out[0].shape[2]  # the layers hold what the last forward published: nothing to check
+        owned = bool(out) and self.owns(layers)
+        if owned and self.length + q <= self.keys.shape[3]:
+            return self.length  # the layers hold what the last forward published: nothing to check
         for layer, (k, v) in zip(layers, self.views or [(self.keys[0], self.values[0])] * len(layers)):
             if not layer.is_initialized:  # a layer no forward has written yet (DynamicLayer's own first step)
                 layer.lazy_initialization(k, v)
         first = layers[0].keys
-        n = first.shape[2] if first.dim() == 4 else 0  # a freshly initialised layer holds an empty 1D tensor
+        n = self.length if owned else first.shape[2] if first.dim() == 4 else 0  # an initialised layer holds a 1D []
         if not all(layer.keys.data_ptr() == k.data_ptr() and layer.keys.stride() == k.stride()
                    for layer, (k, _) in zip(layers, self.views)) or len(self.views) != len(layers) \
                 or self.keys.shape[3] < n + q:
@@ -82,7 +91,7 @@ class KVBuffers:
             keys, values = torch.empty(L, 1, KV, cap, hd, **like), torch.empty(L, 1, KV, cap, hd, **like)
             for i, layer in enumerate(layers):
                 if n:
-                    keys[i, :, :, :n], values[i, :, :, :n] = layer.keys, layer.values
+                    keys[i, :, :, :n], values[i, :, :, :n] = layer.keys[:, :, :n], layer.values[:, :, :n]
             self.keys, self.values = keys, values
             self.views = [(keys[i], values[i]) for i in range(L)]
             numpy = keys.device.type == "cpu" and keys.dtype == torch.float32
@@ -103,6 +112,12 @@ class KVBuffers:
     def published(self, layers: list) -> None:
         """The caller has pointed each of the cache's `layers` at the first columns of its `views` slice itself."""
         self._keys_out = [layer.keys for layer in layers]
+        self.length, self._stale = self._keys_out[0].shape[2], False
+
+    def stale_length(self, keys: torch.Tensor) -> int | None:
+        """The columns in use where a move has left the layers' views longer and `keys` (a cache's first layer's)
+        is still the view published to it; else None (the layers' own length is the cache's)."""
+        return self.length if self._stale and keys is self._keys_out[0] else None
 
     def move(self, layers: list, start: int, keep: list[int], moved: bool = True) -> bool:
         """`compact` on every layer at once: region columns `keep` (relative to `start`) moved to the front of the
@@ -111,17 +126,15 @@ class KVBuffers:
         if not self.owns(layers):
             return False
         m = len(keep)
-        if not moved:  # a crop only (a tree accepted along its first nodes, as a chain's is): nothing to gather
-            if self._keys_out[0].shape[2] != start + m:  # else the whole region is kept: nothing to do
-                self.publish(layers, start + m)
-            return True
-        if self.arrays is not None:  # compiled, else NumPy's fancy index (torch's is ~4x that on a small buffer)
-            (_move_jit or _move_columns)(*self.arrays, start, np.array(keep, dtype=np.int64))
-        else:
-            idx = torch.tensor(keep, dtype=torch.long, device=self.keys.device) + start
-            for b in (self.keys, self.values):
-                b[:, :, :, start : start + m] = b.index_select(3, idx)
-        self.publish(layers, start + m)
+        if moved:  # else a crop only (a tree accepted along its first nodes, as a chain's is): nothing to gather
+            if self.arrays is not None:  # compiled, else NumPy's fancy index (torch's is ~4x that on a small buffer)
+                (_move_jit or _move_columns)(*self.arrays, start, np.array(keep, dtype=np.int64))
+            else:
+                idx = torch.tensor(keep, dtype=torch.long, device=self.keys.device) + start
+                for b in (self.keys, self.values):
+                    b[:, :, :, start : start + m] = b.index_select(3, idx)
+        if self.length != start + m:  # the layers keep their views until the next publish
+            self.length, self._stale = start + m, True
         return True
 
 

@@ -131,12 +131,17 @@ class ModelRunner(RunnerChecks):
     @property
     def seq_len(self) -> int:
         """Columns in the cache: its first layer's, read off the keys' shape (DynamicCache.get_seq_length's answer
-        for the cache layers the runner makes, without its checks and its call into torch; asked a few times a step).
+        for the cache layers the runner makes, without its checks and its call into torch; asked a few times a step),
+        or the fused layers' buffers' where a compaction has left the layers' views longer (cache.KVBuffers).
         A layer no forward has written holds no keys, or an empty 1D tensor."""
         if self.cache is None:
             return 0
         keys = self.cache.layers[0].keys if self.cache.layers else None
-        return 0 if keys is None or keys.dim() != 4 else keys.shape[2]
+        if keys is None or keys.dim() != 4:
+            return 0
+        buffers = getattr(self.fused, "buffers", None)
+        n = None if buffers is None else buffers.stale_length(keys)
+        return keys.shape[2] if n is None else n
 
     @inference
     def prefill(self, inputs: dict[str, torch.Tensor], pruning: VisualPruning | None = None) -> Pass:
@@ -340,8 +345,18 @@ class ModelRunner(RunnerChecks):
 
     @inference
     def keep(self, start: int, cols: list[int]) -> None:
-        """Keep cache columns start + cols (in order), drop the rest of the region."""
+        """Keep cache columns start + cols (in order), drop the rest of the region. Where the kept layers' buffers
+        hold the cache, its layers keep their longer views until the next pass (cache.KVBuffers): `seq_len` and every
+        pass of the kept layers read the length from the buffers; code that reads the layers itself calls
+        `sync_cache()` first."""
         compact(self.cache, start, cols, getattr(self.fused, "buffers", None))
+
+    @inference
+    def sync_cache(self) -> None:
+        """Point the cache's layers at exactly the columns in use, where a compaction has left them longer."""
+        buffers = getattr(self.fused, "buffers", None)
+        if self.cache is not None and buffers is not None and buffers.owns(self.cache.layers):
+            buffers.publish(self.cache.layers, buffers.length)
 
     def _logits(self, logits: torch.Tensor) -> torch.Tensor:
         if not self._float32 and logits.dtype != torch.float32:  # a float32 model's logits are float32

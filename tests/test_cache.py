@@ -138,11 +138,17 @@ def test_a_buffered_cache_compacts_in_one_move_to_what_the_layer_by_layer_compac
     twin = copy_cache(cache)  # independent tensors: compacted layer by layer
     compact(cache, 5, keep, buffers)
     compact(twin, 5, keep)
-    assert cache.get_seq_length() == twin.get_seq_length() == 5 + len(keep)
+    n = 5 + len(keep)
+    assert buffers.length == twin.get_seq_length() == n
+    # the layers keep the views they had (12 columns) until the next publish: their first n are the kept ones
+    assert buffers.stale_length(cache.layers[0].keys) == (None if n == 12 else n)
     for got, want, (k, _) in zip(cache.layers, twin.layers, buffers.views):
-        assert torch.equal(got.keys, want.keys) and torch.equal(got.values, want.values)
+        assert torch.equal(got.keys[:, :, :n], want.keys) and torch.equal(got.values[:, :, :n], want.values)
         assert got.keys.data_ptr() == k.data_ptr()  # still the buffers' own columns: the next forward writes after them
     assert buffers.owns(cache.layers)
+    buffers.publish(cache.layers, buffers.length)  # as the next forward does
+    assert cache.get_seq_length() == n and buffers.stale_length(cache.layers[0].keys) is None
+    assert all(torch.equal(got.keys, want.keys) for got, want in zip(cache.layers, twin.layers))
     assert bool(gathers) == (dtype == torch.float32 and keep != list(range(len(keep))))  # a crop gathers nothing
 
 
@@ -173,6 +179,7 @@ def test_the_fused_target_writes_its_steps_into_its_buffers_and_keeps_the_accept
         L = r.seq_len
         verify = r.forward([17] + tree.tokens, [L] + [L + d for d in tree.depths], verify_allowed(tree.parents))
         r.keep(L, [0, 2, 4])  # the root, node 1, node 3: moved
+        assert r.seq_len == L + 3  # the buffers' length, where the layers keep their longer views until the next pass
         if name == "buffers":
             assert r.fused.buffers.owns(r.cache.layers)
             assert r.cache.layers[0].keys.data_ptr() == r.fused.buffers.views[0][0].data_ptr()
