@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from itertools import takewhile
 from typing import NamedTuple
 
 import numpy as np
@@ -185,7 +184,10 @@ class Drafter:
             self.plain_tail += 1
             return
         start, p = self._region
-        fed = list(takewhile(lambda n: tree.draft_slots[n] >= 0, accepted))
-        self.runner.keep(start, list(range(p)) + [p + tree.draft_slots[n] for n in fed])
-        self.pending = [tree.tokens[n] for n in accepted[len(fed):]] + [bonus]
+        slots = tree.draft_slots
+        fed = 0  # the accepted nodes the draft has fed: a leading run of the path (nodes are fed level by level)
+        while fed < len(accepted) and slots[accepted[fed]] >= 0:
+            fed += 1
+        self.runner.keep(start, [*range(p), *(p + slots[n] for n in accepted[:fed])])
+        self.pending = [tree.tokens[n] for n in accepted[fed:]] + [bonus]
         self._region, self.plain_tail = None, 0
