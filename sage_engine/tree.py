@@ -205,34 +205,6 @@ def warm() -> None:
     run's first verify pass."""
     if _verify_inputs_jit is not None:
         verify_inputs(DraftTree([0, 0], [-1, 0]), 0, 1, 1, -1.0)
-        accept_arrays(DraftTree([0, 0], [-1, 0]), np.zeros(3, np.int64), np.zeros(4, np.int64))
-
-
-def _accept_walk(best, tokens, parents, out):
-    """`accept_greedy` over arrays: best[0] the target's argmax after the root, best[1 + i] after node i. The
-    accepted nodes go to out[:k], their tokens to out[k:2k]; returns (k, the bonus token).
-    # best [1 + n], tokens, parents [n], out [>= 2n] int64"""
-    k, node, want = 0, -1, best[0]
-    for i in range(tokens.shape[0]):  # one pass: a child follows its parent
-        if parents[i] == node and tokens[i] == want:
-            out[k] = i
-            k += 1
-            node, want = i, best[1 + i]
-    for j in range(k):
-        out[k + j] = tokens[out[j]]
-    return k, want
-
-
-# right after the verify pass, the Python walk (over every node) and its lists took ~25 us a step; this call ~10
-_accept_walk_jit = numba.njit(cache=True, nogil=True)(_accept_walk) if numba is not None else None
-
-
-def accept_arrays(tree: DraftTree, best: np.ndarray, out: np.ndarray) -> tuple[list[int], list[int], int]:
-    """Greedy acceptance from the target's row argmax `best` [1 + n] as an int64 array: (the accepted nodes, their
-    tokens, the bonus token), `out` [>= 2n] its scratch space; compiled where Numba is installed."""
-    k, bonus = (_accept_walk_jit or _accept_walk)(best, *tree.columns(), out)
-    path = out[: 2 * k].tolist()
-    return path[:k], path[k:], int(bonus)
 
 
 def accept_greedy(tree: DraftTree, target_next: list[int]) -> tuple[list[int], int]:

@@ -10,11 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import numpy as np
 import torch
 
 from .runner import ModelRunner, Pass
-from .tree import DraftTree, accept_arrays, accept_greedy
+from .tree import DraftTree, accept_greedy
 
 
 @dataclass(frozen=True)
@@ -58,9 +57,6 @@ class GreedyAcceptance:
     name = "greedy"
     argmax = True  # asks the verify pass for its rows' argmax (`Pass.argmax`)
 
-    def __init__(self):
-        self._out = np.zeros(64, np.int64)  # tree.accept_arrays' scratch space, grown with the trees
-
     def first(self, logits: torch.Tensor) -> int:
         """The token after the prompt.  # [V]"""
         return int(logits.argmax())
@@ -70,9 +66,5 @@ class GreedyAcceptance:
         best = verify.argmax
         if not tree.tokens:  # a plain step: the target's argmax after the root
             return Verdict([], [], int(verify.logits.argmax() if best is None else best.item()))
-        if best is None or best.device.type != "cpu":
-            path, bonus = accept_greedy(tree, row_argmax(verify.logits) if best is None else best.tolist())
-            return Verdict(path, [tree.tokens[i] for i in path], bonus)
-        if self._out.shape[0] < 2 * len(tree):
-            self._out = np.zeros(4 * len(tree), np.int64)
-        return Verdict(*accept_arrays(tree, best.numpy(), self._out))
+        path, bonus = accept_greedy(tree, row_argmax(verify.logits) if best is None else best.tolist())
+        return Verdict(path, [tree.tokens[i] for i in path], bonus)

@@ -1,7 +1,6 @@
 """Pure tensor functions of the tree: masks, positions, acceptance, renumbering."""
 
 import numpy as np
-import pytest
 import torch
 
 from sage_engine.tree import DraftTree, accept_greedy, additive_mask, ancestor_matrix, verify_allowed
@@ -66,29 +65,6 @@ def test_accept_greedy_stops_at_first_mismatch():
     nxt = [11, 0, 42, 0, 0, 0, 0]  # root -> 11 (node 1); after node 1 the target wants 42, node 4 has 14
     path, bonus = accept_greedy(small_tree(), nxt)
     assert path == [1] and bonus == 42
-
-
-@pytest.mark.parametrize("compiled", [True, False])
-def test_the_array_walk_accepts_what_accept_greedy_accepts(compiled, monkeypatch):
-    """The verify pass's argmax walked as arrays (compiled, and the same function in Python) gives accept_greedy's
-    path and bonus on random trees and targets, and the path's tokens."""
-    import sage_engine.tree as tree_module
-    if not compiled:
-        monkeypatch.setattr(tree_module, "_accept_walk_jit", None)
-    elif tree_module._accept_walk_jit is None:
-        pytest.skip("Numba is not installed")
-    rng = np.random.default_rng(0)
-    deep = 0
-    for _ in range(300):
-        t = DraftTree()
-        for i in range(int(rng.integers(1, 30))):  # level order: a parent precedes its children; few tokens: many ties
-            t.add(int(rng.integers(0, 4)), int(rng.integers(-1, i)), 0.5)
-        best = rng.integers(0, 4, len(t) + 1)
-        want_path, want_bonus = accept_greedy(t, best.tolist())
-        out = np.zeros(2 * len(t), np.int64)
-        assert tree_module.accept_arrays(t, best, out) == (want_path, [t.tokens[i] for i in want_path], want_bonus)
-        deep += len(want_path) >= 2
-    assert deep >= 30  # paths of two nodes or more were walked, not only rejections at the root
 
 
 def test_subtree_renumbers_and_refuses_orphans():
