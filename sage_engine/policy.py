@@ -39,10 +39,17 @@ class Policy:
         across policies (`_key`): the repr of SageConfig's two dozen fields took ~24 us, ~55 us in a run's first step,
         and the CLI, the benchmark and the app make a fresh policy for every run."""
         cfg = getattr(self, "cfg", None)
+        held = _KEYS.get((self.name, id(cfg)))
+        if held is not None and held[0] is cfg:  # the same settings object (make_policy's shared defaults)
+            return held[1]
         try:
-            return _key(self.name, cfg)
+            key = _key(self.name, cfg)
         except TypeError:  # settings that cannot be hashed (a subclass's own): made for this policy alone
             return f"{self.name}{cfg!r}"
+        if len(_KEYS) >= 256:
+            _KEYS.clear()
+        _KEYS[self.name, id(cfg)] = cfg, key  # held with the settings, so that their identity stays theirs
+        return key
 
     def skip_draft(self, quote: Quote | None = None) -> bool:
         """True: decode this step without drafting (default: a policy with a draft always drafts)."""
@@ -65,6 +72,10 @@ class Policy:
 
     def observe(self, outcome: StepOutcome) -> None:
         """Update internal state after a verified step (default: stateless)."""
+
+
+_KEYS: dict[tuple[str, int], tuple[object, str]] = {}  # Policy.key by settings object (a dataclass hashes its
+# two dozen fields at every look-up: ~10-20 us in a run's first step)
 
 
 @functools.lru_cache(maxsize=256)
@@ -336,6 +347,9 @@ POLICY_NAMES: tuple[str, ...] = tuple(_POLICIES)  # the one list of the engine's
 SPECULATIVE_POLICIES: tuple[str, ...] = tuple(n for n, (cls, _) in _POLICIES.items() if cls.uses_draft)
 
 
+_DEFAULT_CONFIGS: dict[type, object] = {}
+
+
 def make_policy(name: str, config=None) -> Policy:
     """A fresh policy by name; `config` overrides the defaults of that policy's dataclass.
 
@@ -347,4 +361,6 @@ def make_policy(name: str, config=None) -> Policy:
     cls, cfg_cls = _POLICIES[name]
     if cfg_cls is None:
         return cls()
-    return cls(config if config is not None else cfg_cls())
+    if config is None:  # the settings are frozen: one default object per class, shared by the policies made with it
+        config = _DEFAULT_CONFIGS.get(cfg_cls) or _DEFAULT_CONFIGS.setdefault(cfg_cls, cfg_cls())
+    return cls(config)
