@@ -36,7 +36,7 @@ _TOKENS, _WALL = attrgetter("tokens"), attrgetter("wall_ms")
 
 
 class StepTiming(NamedTuple):
-    """One decode step as the engine measured it (a named tuple: made every step, in ~1/3 of a frozen dataclass's
+    """One decode step as the engine measured it (a named tuple: made every step, in under half a frozen dataclass's
     time)."""
 
     policy: str

@@ -31,7 +31,7 @@ import numpy as np
 from .compiled import CompiledDecoder, _forward_jit, _largest, _top_jit, numba, toy_weights
 from .config import SageConfig
 from .costs import BreakEven, Quote
-from .policy import ChainPolicy, Policy, SagePolicy
+from .policy import ChainPolicy, Policy, SagePolicy, by_identity
 from .sampling import Sampling
 from .shapes import TreeShape
 from .tree import DraftTree, chain_allowed
@@ -340,23 +340,16 @@ def step_plan(policy: Policy, quote: Quote | None, sampling: Sampling | None) ->
     return StepPlan(SAGE, numbers, policy.d_max, price, *warp)
 
 
-_SAGE_NUMBERS: dict[tuple[int, int, int, int], tuple[SageConfig, tuple]] = {}  # `_sage_numbers`' values
+_SAGE_NUMBERS: dict[tuple, tuple[SageConfig, tuple]] = {}  # `_sage_numbers`' values (policy.by_identity)
 
 
 def _sage_numbers(cfg: SageConfig, k: int, entropy_k: int, d_max: int) -> tuple:
-    """The part of a SAGE plan that only its settings and D_max fix, made once per value: D_min, D_max, depth cap,
-    W_min, W_max, k, entropy k, width bias, theta scale, each of the type `_draft_step` is compiled for (one set of
-    argument types: one compiled specialisation). Kept by the settings' identity (hashing the frozen settings cost
-    more than making the tuple), the settings held with it so that the identity stays theirs."""
-    key = (id(cfg), k, entropy_k, d_max)
-    held = _SAGE_NUMBERS.get(key)
-    if held is None or held[0] is not cfg:
-        if len(_SAGE_NUMBERS) >= 256:  # runs of many settings: start again
-            _SAGE_NUMBERS.clear()
-        held = _SAGE_NUMBERS[key] = cfg, (int(cfg.d_min), d_max, int(cfg.max_depth_cap), int(cfg.w_min),
-                                           int(cfg.w_max), k, entropy_k, float(cfg.width_parent_bias),
-                                           float(cfg.theta_scale))
-    return held[1]
+    """The part of a SAGE plan that only its settings and D_max fix, made once per settings object and D_max: D_min,
+    D_max, depth cap, W_min, W_max, k, entropy k, width bias, theta scale, each of the type `_draft_step` is compiled
+    for (one set of argument types: one compiled specialisation)."""
+    return by_identity(_SAGE_NUMBERS, cfg, (k, entropy_k, d_max), lambda: (
+        int(cfg.d_min), d_max, int(cfg.max_depth_cap), int(cfg.w_min), int(cfg.w_max), k, entropy_k,
+        float(cfg.width_parent_bias), float(cfg.theta_scale)))
 
 
 def draft_step(decoder: CompiledDecoder, plan: StepPlan, pending: list[int], root_pos: int, max_depth: int,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .config import POLICY_CONFIGS, ChainConfig, Eagle2Config, SageConfig, StaticConfig, parse_spec
 from .costs import BreakEven, Quote, robust_rate
@@ -39,17 +39,10 @@ class Policy:
         across policies (`_key`): the repr of SageConfig's two dozen fields took ~24 us, ~55 us in a run's first step,
         and the CLI, the benchmark and the app make a fresh policy for every run."""
         cfg = getattr(self, "cfg", None)
-        held = _KEYS.get((self.name, id(cfg)))
-        if held is not None and held[0] is cfg:  # the same settings object (make_policy's shared defaults)
-            return held[1]
-        try:
-            key = _key(self.name, cfg)
+        try:  # by the settings object first (make_policy's shared defaults), else by their value
+            return by_identity(_KEYS, cfg, (self.name,), lambda: _key(self.name, cfg))
         except TypeError:  # settings that cannot be hashed (a subclass's own): made for this policy alone
             return f"{self.name}{cfg!r}"
-        if len(_KEYS) >= 256:
-            _KEYS.clear()
-        _KEYS[self.name, id(cfg)] = cfg, key  # held with the settings, so that their identity stays theirs
-        return key
 
     def skip_draft(self, quote: Quote | None = None) -> bool:
         """True: decode this step without drafting (default: a policy with a draft always drafts)."""
@@ -74,8 +67,20 @@ class Policy:
         """Update internal state after a verified step (default: stateless)."""
 
 
-_KEYS: dict[tuple[str, int], tuple[object, str]] = {}  # Policy.key by settings object (a dataclass hashes its
-# two dozen fields at every look-up: ~10-20 us in a run's first step)
+def by_identity(store: dict, obj, key: tuple, make: Callable[[], object]):
+    """make()'s value for the object `obj` (and `key`), made once and kept in `store` by obj's identity, obj held with
+    it so that the identity stays obj's: a value per settings object without hashing its two dozen fields at every
+    look-up (~10-20 us in a run's first step). The store starts again past 256 entries."""
+    slot = (id(obj), *key)
+    held = store.get(slot)
+    if held is None or held[0] is not obj:
+        if len(store) >= 256:
+            store.clear()
+        held = store[slot] = obj, make()
+    return held[1]
+
+
+_KEYS: dict[tuple, tuple[object, str]] = {}  # Policy.key by settings object (`by_identity`)
 
 
 @functools.lru_cache(maxsize=256)

@@ -131,14 +131,15 @@ class Window:
 
     def append(self, step: StepTiming) -> None:
         steps = self.steps
-        if len(steps) == steps.maxlen:
-            self._count(steps[0], -1)
-        steps.append(step)
         self._fresh -= 1
-        if self._fresh > 0:
+        if self._fresh > 0:  # the step leaving a full window and the step coming in, counted
+            if len(steps) == steps.maxlen:
+                self._count(steps[0], -1)
+            steps.append(step)
             self._count(step, 1)
             return
-        self._fresh = steps.maxlen
+        steps.append(step)
+        self._fresh = steps.maxlen  # the sums made again from the steps held
         self.tokens, self.wall, self.forecast, self.forecast_tokens, self.forecast_steps = 0, 0.0, 0.0, 0, 0
         for s in steps:
             self._count(s, 1)
