@@ -188,6 +188,6 @@ class Drafter:
         fed = 0  # the accepted nodes the draft has fed: a leading run of the path (nodes are fed level by level)
         while fed < len(accepted) and slots[accepted[fed]] >= 0:
             fed += 1
-        self.runner.keep(start, [*range(p), *(p + slots[n] for n in accepted[:fed])])
+        self.runner.keep(start, [*range(p), *[p + slots[n] for n in accepted[:fed]]])
         self.pending = [tree.tokens[n] for n in accepted[fed:]] + [bonus]
         self._region, self.plain_tail = None, 0

@@ -89,6 +89,14 @@ class Transcript:
         self._marks.append((start + min(drafted, len(take)), start + len(take), drafted > 0, self.finished))
         return take, len(self._marks) - 1
 
+    def step_text(self, step: int) -> str:
+        """The text step `step` added."""
+        return "".join(self.texts(step))
+
+    def drafted_text(self, step: int) -> str:
+        """The start of it that the step's accepted draft tokens wrote."""
+        return self.texts(step)[0]
+
     def texts(self, step: int) -> tuple[str, str]:
         """(text of step `step`'s drafted tokens, text of the rest of it), decoding the steps up to it in order. A
         character whose bytes are split between tokens is given with the token that completes it."""
@@ -298,7 +306,7 @@ class SpecEngine:
         tree = draft.tree
         # 2. verify the whole tree in one target forward.
         start_t = self.target.seq_len
-        verify = verify_tree(self.target, root, tree, accept.argmax)
+        verify = verify_tree(self.target, root, tree, accept.argmax, start_t)
         # 3. accept the longest agreeing path plus the bonus token.
         verdict = accept(tree, verify)
         # 4. compact both caches to the accepted path (a plain step's one column is its path).
@@ -317,7 +325,7 @@ class SpecEngine:
                                    stalled))
         ids, index = out.extend(verdict.accepted_tokens + [verdict.bonus], len(verdict.accepted_tokens))
         # the tree's view is made when a consumer first reads it (the app draws it; the benchmark never looks)
-        view = Deferred(functools.partial(self._tree_view, root, tree, draft.drafted, verdict, accept.name))
+        view = Deferred(self._tree_view, root, tree, draft.drafted, verdict, accept.name)
         return self._event(step, policy, out, ids, index, t0, target_ms=verify.ms, draft=draft, view=view,
                            verdict=verdict)
 
@@ -362,8 +370,8 @@ class SpecEngine:
             accepted_tokens=[] if verdict is None else list(verdict.accepted_tokens),
             bonus_token=None if verdict is None else verdict.bonus,
             new_token_ids=ids,
-            new_text=Deferred(lambda: "".join(out.texts(index))),  # decoded when first read (Transcript.texts)
-            accepted_text=Deferred(lambda: out.texts(index)[0]),
+            new_text=Deferred(out.step_text, index),  # decoded when first read (Transcript.texts)
+            accepted_text=Deferred(out.drafted_text, index),
             bonus_text=(self.token_text(verdict.bonus)
                         if verdict is not None and len(ids) > len(verdict.accepted_tokens) else None),
             target_ms=target_ms,

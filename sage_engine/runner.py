@@ -250,11 +250,12 @@ class ModelRunner(RunnerChecks):
         return self._timed_pass(ids, pos, mask, max(shifted), argmax)
 
     @inference
-    def forward_tree(self, root: int, tree: DraftTree, argmax: bool = False) -> Pass:
-        """A verify pass: `root` at the cache length L, the tree's nodes at L + their depth, each seeing the past, the
-        root, its ancestors and itself; the logits after the root and after each node. Once the layers are checked,
-        their ids, positions and mask are built in one compiled call (tree.verify_inputs).  # [1 + n, V]"""
-        L = self.seq_len
+    def forward_tree(self, root: int, tree: DraftTree, argmax: bool = False, past: int | None = None) -> Pass:
+        """A verify pass: `root` at the cache length L (`past`, where the caller has just read it), the tree's nodes
+        at L + their depth, each seeing the past, the root, its ancestors and itself; the logits after the root and
+        after each node. Once the layers are checked, their ids, positions and mask are built in one compiled call
+        (tree.verify_inputs).  # [1 + n, V]"""
+        L = self.seq_len if past is None else past
         if not tree.tokens or not self.stack_checked or isinstance(self.fused, HostDecoder):
             return self.forward([root] + tree.tokens, [L] + [L + d for d in tree.depths], verify_allowed(tree.parents),
                                 argmax=argmax)

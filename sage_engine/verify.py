@@ -45,10 +45,11 @@ def row_argmax(logits: torch.Tensor) -> list[int]:
     return logits.argmax(dim=-1).tolist()
 
 
-def verify_tree(runner: ModelRunner, root: int, tree: DraftTree, argmax: bool = False) -> Pass:
+def verify_tree(runner: ModelRunner, root: int, tree: DraftTree, argmax: bool = False,
+                past: int | None = None) -> Pass:
     """Target logits after the root and after every node, in one pass (with `argmax`, each row's argmax taken in
-    it).  # [1 + n, V]"""
-    return runner.forward_tree(root, tree, argmax)
+    it; `past`: the target's cache length, where the caller has it).  # [1 + n, V]"""
+    return runner.forward_tree(root, tree, argmax, past)
 
 
 class GreedyAcceptance:
