@@ -7,6 +7,7 @@ every step, where reading a window's steps (scattered over the heap) runs from c
 from __future__ import annotations
 
 from collections import deque
+from operator import add, itemgetter, mul, sub
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -14,6 +15,11 @@ if TYPE_CHECKING:
 
 NODES, FORWARDS, WALL, VERIFY, DRAFT = 1, 2, 3, 4, 5  # a drafted step's columns in `Moments` (0: the constant 1)
 _COLUMNS = 6
+_PAIRS = [(i, j) for i in range(_COLUMNS) for j in range(i, _COLUMNS)]  # the products `Moments` sums, i <= j
+# a row's two factors of every product, as two tuples in `_PAIRS` order, and each column's row of the symmetric matrix
+# of sums from the flat list: itemgetters, so that taking a row in runs in C calls, not a Python loop over 21 products
+_LEFT, _RIGHT = itemgetter(*(i for i, _ in _PAIRS)), itemgetter(*(j for _, j in _PAIRS))
+_ROWS = [itemgetter(*(_PAIRS.index((min(i, j), max(i, j))) for j in range(_COLUMNS))) for i in range(_COLUMNS)]
 
 
 class Moments:
@@ -30,7 +36,8 @@ class Moments:
     def __init__(self, window: int, batch: int = 4):
         self.batch = batch
         self.rows: deque[tuple[float, ...]] = deque(maxlen=window)
-        self._sums = [[0.0] * _COLUMNS for _ in range(_COLUMNS)]
+        self._sums = [0.0] * len(_PAIRS)  # in `_PAIRS` order
+        self._matrix: list[tuple[float, ...]] | None = None  # `sums`, made from `_sums` when first read
         self._entered: list[tuple[float, ...]] = []  # rows added since the sums were last brought up to date
         self._left: list[tuple[float, ...]] = []  # rows that left the window since then
 
@@ -39,20 +46,25 @@ class Moments:
         return len(self.rows)
 
     @property
-    def sums(self) -> list[list[float]]:
-        """The sums over the window now (upper triangle: sums[i][j] for i <= j)."""
+    def sums(self) -> list[tuple[float, ...]]:
+        """The sums over the window now, as a symmetric matrix: sums[i][j] = sums[j][i]."""
         self._take_in()
-        return self._sums
+        if self._matrix is None:
+            self._matrix = [row(self._sums) for row in _ROWS]
+        return self._matrix
 
     def _take_in(self) -> None:
         """Bring the sums up to date: the rows that left the window subtracted, the rows that entered it added."""
-        for rows, sign in ((self._left, -1.0), (self._entered, 1.0)):
-            for row in rows:
-                for i, a in enumerate(row):
-                    line = self._sums[i]
-                    for j in range(i, _COLUMNS):
-                        line[j] += sign * a * row[j]
-            rows.clear()
+        if not self._entered and not self._left:
+            return
+        sums = self._sums
+        for row in self._left:
+            sums = list(map(sub, sums, map(mul, _LEFT(row), _RIGHT(row))))
+        for row in self._entered:
+            sums = list(map(add, sums, map(mul, _LEFT(row), _RIGHT(row))))
+        self._sums, self._matrix = sums, None
+        self._left.clear()
+        self._entered.clear()
 
     def add(self, step: tuple[float, float, float, float, float]) -> None:
         row = (1.0, *map(float, step))
@@ -68,23 +80,25 @@ class Moments:
         linearly dependent over the window (e.g. every step of the same size)."""
         cols = (0, *x)
         s = self.sums
-        a = [[s[min(i, j)][max(i, j)] for j in cols] + [s[min(i, y)][max(i, y)]] for i in cols]
-        return _solve(a)
+        return _solve([[s[i][j] for j in cols] + [s[i][y]] for i in cols])
 
     def line(self, y: int, x: tuple[int, ...], minus: int | None = None) -> tuple[float, float] | None:
         """(intercept, slope) of column `y` (less column `minus`) on the sum of columns `x`, the slope kept >= 0 (the
-        intercept then refitted); None when that sum is the same for every step of the window."""
+        intercept then refitted); None when that sum is the same for every step of the window. Plain loops, no
+        generator or closure: a fit runs between model forwards, from cold caches."""
         s = self.sums
-
-        def cross(i: int) -> float:  # sum over the window of column i times y (less minus)
-            return s[min(i, y)][max(i, y)] - (0.0 if minus is None else s[min(i, minus)][max(i, minus)])
-
-        n, u, w = s[0][0], sum(s[0][i] for i in x), cross(0)
-        uu = sum(s[min(i, j)][max(i, j)] for i in x for j in x)
+        first = s[0]
+        n, u, uu, xy = first[0], 0.0, 0.0, 0.0  # steps; sums of x, of x squared, of x times y (less minus)
+        w = first[y] - (0.0 if minus is None else first[minus])  # sum of y (less minus)
+        for i in x:
+            u += first[i]
+            xy += s[i][y] - (0.0 if minus is None else s[i][minus])
+            for j in x:
+                uu += s[i][j]
         det = n * uu - u * u
         if det <= 1e-9 * n * uu:
             return None
-        slope = max(0.0, (n * sum(cross(i) for i in x) - u * w) / det)
+        slope = max(0.0, (n * xy - u * w) / det)
         return (w - slope * u) / n, slope
 
 
