@@ -366,8 +366,8 @@ class SpecEngine:
             width=0 if shape is None else shape.width,
             d_max=None if shape is None else shape.d_max,
             tree=view,
-            accepted_nodes=[] if verdict is None else list(verdict.accepted),
-            accepted_tokens=[] if verdict is None else list(verdict.accepted_tokens),
+            accepted_nodes=[] if verdict is None else verdict.accepted,  # the verdict's lists: nothing changes them
+            accepted_tokens=[] if verdict is None else verdict.accepted_tokens,
             bonus_token=None if verdict is None else verdict.bonus,
             new_token_ids=ids,
             new_text=Deferred(out.step_text, index),  # decoded when first read (Transcript.texts)
