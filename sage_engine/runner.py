@@ -262,10 +262,11 @@ class ModelRunner(RunnerChecks):
         blocked = self._blocked_value
         if blocked is None:
             blocked = self._blocked_value = float(torch.finfo(self.dtype).min)
-        ids, pos, mask = map(torch.from_numpy, verify_inputs(tree, root, L + self.rope_delta, L, blocked))
+        *inputs, depth = verify_inputs(tree, root, L + self.rope_delta, L, blocked)
+        ids, pos, mask = map(torch.from_numpy, inputs)
         if not self._cpu_float32:
             ids, pos, mask = ids.to(self.device), pos.to(self.device), mask.to(device=self.device, dtype=self.dtype)
-        return self._timed_pass(ids, pos, mask, L + self.rope_delta + tree.depth, argmax)
+        return self._timed_pass(ids, pos, mask, L + self.rope_delta + depth, argmax)
 
     def _one_token_pass(self, token: int, position: int, argmax: bool = False) -> Pass:
         """A pass of one token that sees every column, on the CPU once the layers are checked: its id and (shifted)

@@ -166,9 +166,10 @@ def additive_mask(allowed: np.ndarray, past_len: int, dtype: torch.dtype, device
 
 def _verify_inputs(tokens, parents, root, start, past, blocked):
     """The inputs of a verify pass over [root, nodes] appended after `past` cached columns: ids and positions [1, q]
-    (the root at `start`, a node at start + its depth) and the additive mask [1, 1, q, past + q]: every row sees the
-    past and the root, a node also its ancestors and itself (value `blocked` elsewhere). The same as
-    `additive_mask(verify_allowed(parents), past)`, in one pass over the tree.  # tokens, parents [n] int64"""
+    (the root at `start`, a node at start + its depth), the additive mask [1, 1, q, past + q] (every row sees the past
+    and the root, a node also its ancestors and itself; value `blocked` elsewhere: the same as
+    `additive_mask(verify_allowed(parents), past)`), and the tree's depth, in one pass over the tree.
+    # tokens, parents [n] int64"""
     n = tokens.shape[0]
     q = n + 1
     ids, pos = np.empty((1, q), np.int64), np.empty((1, q), np.int64)
@@ -177,26 +178,29 @@ def _verify_inputs(tokens, parents, root, start, past, blocked):
     mask = mask4[0, 0]
     mask[:, past + 1 :] = blocked
     depth = np.empty(n, np.int64)
+    deepest = 0
     for i in range(n):
         p = parents[i]
         depth[i] = 1 if p < 0 else depth[p] + 1
+        deepest = max(deepest, depth[i])
         ids[0, i + 1], pos[0, i + 1] = tokens[i], start + depth[i]
         a = i
         while a >= 0:
             mask[i + 1, past + 1 + a] = 0.0
             a = parents[a]
-    return ids, pos, mask4
+    return ids, pos, mask4, deepest
 
 
 # right after the target's forward, the three NumPy and five torch calls that made these (verify_allowed,
-# additive_mask, the ids) took ~65 us; this one call ~10
+# additive_mask, the ids) took ~65 us; this one call ~10. It returns the depth too: the tree's own property (a max
+# over its list) took ~5 us in a step
 _verify_inputs_jit = numba.njit(cache=True, nogil=True)(_verify_inputs) if numba is not None else None
 
 
 def verify_inputs(tree: DraftTree, root: int, start: int, past: int,
-                  blocked: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """ids and positions [1, 1 + n] and the additive mask [1, 1, 1 + n, past + 1 + n] of a verify pass over `tree`
-    (`_verify_inputs`), compiled where Numba is installed."""
+                  blocked: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """ids and positions [1, 1 + n], the additive mask [1, 1, 1 + n, past + 1 + n] and the depth of a verify pass over
+    `tree` (`_verify_inputs`), compiled where Numba is installed."""
     return (_verify_inputs_jit or _verify_inputs)(*tree.columns(), root, start, past, blocked)
 
 

@@ -163,10 +163,10 @@ def _wrong_verify_mask(monkeypatch, pattern):
     real = runner_mod.verify_inputs
 
     def wrong(tree, root, start, past, blocked):
-        ids, pos, mask = real(tree, root, start, past, blocked)
+        ids, pos, mask, depth = real(tree, root, start, past, blocked)
         mask = mask.copy()
         mask[0, 0, :, past:] = np.where(pattern(tree.parents), 0.0, blocked)
-        return ids, pos, mask
+        return ids, pos, mask, depth
 
     monkeypatch.setattr(runner_mod, "verify_inputs", wrong)
     monkeypatch.setattr(runner_mod, "verify_allowed", pattern)
@@ -196,10 +196,10 @@ def test_negative_control_node_positions_off_by_one_are_caught(monkeypatch):
     real = runner_mod.verify_inputs
 
     def shifted(tree, root, start, past, blocked):  # the verify pass's nodes one position too far
-        ids, pos, mask = real(tree, root, start, past, blocked)
+        ids, pos, mask, depth = real(tree, root, start, past, blocked)
         pos = pos.copy()
         pos[0, 1:] += 1
-        return ids, pos, mask
+        return ids, pos, mask, depth
 
     monkeypatch.setattr(runner_mod, "verify_inputs", shifted)
     assert _run(pair, prep, "eagle2") != reference
