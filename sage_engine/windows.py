@@ -121,6 +121,15 @@ def _solve(a: list[list[float]]) -> list[float] | None:
     return out
 
 
+class _NoStep:
+    """What leaves a window that is not full yet: nothing."""
+
+    tokens, wall_ms, forecast = 0, 0.0, 0.0
+
+
+_NO_STEP = _NoStep()
+
+
 class Window:
     """A policy's last `maxlen` steps (a deque), with their tokens and wall time, and the forecast and tokens of those
     that had a forecast, kept summed as steps come and go: a rate or the trust reads a few numbers, not the steps
@@ -147,16 +156,23 @@ class Window:
             self.forecast_steps += sign
 
     def append(self, step: StepTiming) -> None:
+        """Add `step`; the step it pushes out of a full window leaves the sums in the same statements (no call per
+        step: this runs twice a step, right after the target's forward)."""
         steps = self.steps
         self._fresh -= 1
-        if self._fresh > 0:  # the step leaving a full window and the step coming in, counted
-            if len(steps) == steps.maxlen:
-                self._count(steps[0], -1)
+        if self._fresh <= 0:  # the sums made again from the steps held
             steps.append(step)
-            self._count(step, 1)
+            self._fresh = steps.maxlen
+            self.tokens, self.wall, self.forecast, self.forecast_tokens, self.forecast_steps = 0, 0.0, 0.0, 0, 0
+            for s in steps:
+                self._count(s, 1)
             return
+        gone = steps[0] if len(steps) == steps.maxlen else _NO_STEP
         steps.append(step)
-        self._fresh = steps.maxlen  # the sums made again from the steps held
-        self.tokens, self.wall, self.forecast, self.forecast_tokens, self.forecast_steps = 0, 0.0, 0.0, 0, 0
-        for s in steps:
-            self._count(s, 1)
+        self.tokens += step.tokens - gone.tokens
+        self.wall += step.wall_ms - gone.wall_ms
+        if step.forecast > 0 or gone.forecast > 0:
+            came, left = step.forecast > 0, gone.forecast > 0
+            self.forecast += came * step.forecast - left * gone.forecast
+            self.forecast_tokens += came * step.tokens - left * gone.tokens
+            self.forecast_steps += came - left
