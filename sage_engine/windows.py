@@ -147,13 +147,13 @@ class Window:
     def __iter__(self):
         return iter(self.steps)
 
-    def _count(self, s: StepTiming, sign: int) -> None:
-        self.tokens += sign * s.tokens
-        self.wall += sign * s.wall_ms
+    def _count(self, s: StepTiming) -> None:
+        self.tokens += s.tokens
+        self.wall += s.wall_ms
         if s.forecast > 0:
-            self.forecast += sign * s.forecast
-            self.forecast_tokens += sign * s.tokens
-            self.forecast_steps += sign
+            self.forecast += s.forecast
+            self.forecast_tokens += s.tokens
+            self.forecast_steps += 1
 
     def append(self, step: StepTiming) -> None:
         """Add `step`; the step it pushes out of a full window leaves the sums in the same statements (no call per
@@ -165,7 +165,7 @@ class Window:
             self._fresh = steps.maxlen
             self.tokens, self.wall, self.forecast, self.forecast_tokens, self.forecast_steps = 0, 0.0, 0.0, 0, 0
             for s in steps:
-                self._count(s, 1)
+                self._count(s)
             return
         gone = steps[0] if len(steps) == steps.maxlen else _NO_STEP
         steps.append(step)
