@@ -39,10 +39,7 @@ class Deferred(functools.partial):
     """A value made when first read, as `Deferred(function, *args)`: the engine hands a step's tree view and texts to
     its event this way, so that a consumer that never looks at them (the benchmark) does not pay for them in the step
     (~25 us a step for the tree view, ~30 us for the texts, right after a target forward). A `functools.partial`: made
-    in C, with no Python frame of its own."""
-
-    def make(self):
-        return self()
+    in C, with no Python frame of its own; calling it makes the value."""
 
 
 class _DeferredField:
@@ -60,7 +57,7 @@ class _DeferredField:
             return self.default
         value = obj.__dict__[self.slot]
         if isinstance(value, Deferred):
-            value = obj.__dict__[self.slot] = value.make()
+            value = obj.__dict__[self.slot] = value()
         return value
 
     def __set__(self, obj, value) -> None:
