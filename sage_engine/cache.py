@@ -53,7 +53,7 @@ class KVBuffers:
     A compaction does not re-point the layers: `length` says how many columns are in use, and the layers keep the
     longer views they had (their first `length` columns are the kept ones) until the next forward publishes its own,
     which it does anyway. Making views takes four tensor operations and ~25-50 us right after a verify pass, and most
-    decode steps compact both models' caches. Until then the runner reads the length from here (`stale_length`);
+    decode steps compact both models' caches. Until then the runner reads the length from here (`length_of`);
     code that reads such a cache's layers otherwise sees a longer prefix-correct view (the compaction's generic path
     crops and gathers from it correctly)."""
 
@@ -118,10 +118,12 @@ class KVBuffers:
         self._keys_out = [layer.keys for layer in layers]
         self.length, self._stale = self._keys_out[0].shape[2], False
 
-    def stale_length(self, keys: torch.Tensor) -> int | None:
-        """The columns in use where a move has left the layers' views longer and `keys` (a cache's first layer's)
-        is still the view published to it; else None (the layers' own length is the cache's)."""
-        return self.length if self._stale and keys is self._keys_out[0] else None
+    def length_of(self, keys: torch.Tensor | None) -> int | None:
+        """The columns in use where `keys` (a cache's first layer's) is still the view the last publish gave it (a
+        move may have left it longer than that); else None (the layers' own length is the cache's). A length read
+        here asks torch nothing: the runner reads it a few times a step, right after model forwards."""
+        out = self._keys_out
+        return self.length if out and keys is out[0] else None
 
     def move(self, layers: list, start: int, keep: list[int], moved: bool = True) -> bool:
         """`compact` on every layer at once: region columns `keep` (relative to `start`) moved to the front of the

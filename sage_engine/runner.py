@@ -130,18 +130,19 @@ class ModelRunner(RunnerChecks):
 
     @property
     def seq_len(self) -> int:
-        """Columns in the cache: its first layer's, read off the keys' shape (DynamicCache.get_seq_length's answer
-        for the cache layers the runner makes, without its checks and its call into torch; asked a few times a step),
-        or the fused layers' buffers' where a compaction has left the layers' views longer (cache.KVBuffers).
+        """Columns in the cache: the fused layers' buffers' length while the cache's layers view them (cache.KVBuffers:
+        a compaction leaves the views longer), else its first layer's, read off the keys' shape
+        (DynamicCache.get_seq_length's answer for the cache layers the runner makes, without its checks and its call
+        into torch; asked a few times a step).
         A layer no forward has written holds no keys, or an empty 1D tensor."""
         if self.cache is None:
             return 0
         keys = self.cache.layers[0].keys if self.cache.layers else None
-        if keys is None or keys.dim() != 4:
-            return 0
         buffers = getattr(self.fused, "buffers", None)
-        n = None if buffers is None else buffers.stale_length(keys)
-        return keys.shape[2] if n is None else n
+        n = None if buffers is None else buffers.length_of(keys)
+        if n is not None:
+            return n
+        return 0 if keys is None or keys.dim() != 4 else keys.shape[2]
 
     @inference
     def prefill(self, inputs: dict[str, torch.Tensor], pruning: VisualPruning | None = None) -> Pass:

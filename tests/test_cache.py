@@ -141,13 +141,14 @@ def test_a_buffered_cache_compacts_in_one_move_to_what_the_layer_by_layer_compac
     n = 5 + len(keep)
     assert buffers.length == twin.get_seq_length() == n
     # the layers keep the views they had (12 columns) until the next publish: their first n are the kept ones
-    assert buffers.stale_length(cache.layers[0].keys) == (None if n == 12 else n)
+    assert buffers.length_of(cache.layers[0].keys) == n  # the runner's seq_len reads this
+    assert buffers.length_of(twin.layers[0].keys) is None  # keys that are not the published view: their own length
     for got, want, (k, _) in zip(cache.layers, twin.layers, buffers.views):
         assert torch.equal(got.keys[:, :, :n], want.keys) and torch.equal(got.values[:, :, :n], want.values)
         assert got.keys.data_ptr() == k.data_ptr()  # still the buffers' own columns: the next forward writes after them
     assert buffers.owns(cache.layers)
     buffers.publish(cache.layers, buffers.length)  # as the next forward does
-    assert cache.get_seq_length() == n and buffers.stale_length(cache.layers[0].keys) is None
+    assert cache.get_seq_length() == n == buffers.length_of(cache.layers[0].keys)
     assert all(torch.equal(got.keys, want.keys) for got, want in zip(cache.layers, twin.layers))
     assert bool(gathers) == (dtype == torch.float32 and keep != list(range(len(keep))))  # a crop gathers nothing
 
