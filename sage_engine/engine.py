@@ -26,7 +26,7 @@ from PIL import Image
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
-from .costs import CostMeter, StepTiming
+from .costs import CostMeter, Quote, StepTiming
 from .draft import Draft, Drafter
 from .errors import InputError
 from .events import Deferred, GenerationResult, StepEvent, TreeView, summarize
@@ -283,20 +283,21 @@ class SpecEngine:
         if drafting:
             self.drafter.start(prepared.for_draft(), first, sampling, ends=eos)
         root, step = first, 0
+        quote = self.costs.quote(policy.key)  # the policy's view of the meter, the same object every step
         while not out.finished:
             step += 1
             t0 = time.perf_counter()  # the step's clock starts here: entering it is part of its cost
             with _inference_mode(True):  # one entry for the step's dozen runner calls (runner.inference)
-                event = self._step(step, root, policy, accept, out, t0)
+                event = self._step(step, root, policy, quote, accept, out, t0)
             root = event.bonus_token
             yield event
 
-    def _step(self, step: int, root: int, policy: Policy, accept, out: Transcript, t0: float) -> StepEvent:
-        """Decode step `step` after `root` (the last decided token), its clock started at `t0`: draft, verify, accept,
-        compact, observe."""
+    def _step(self, step: int, root: int, policy: Policy, quote: Quote, accept, out: Transcript,
+              t0: float) -> StepEvent:
+        """Decode step `step` after `root` (the last decided token), its clock started at `t0`, `quote` the policy's
+        prices: draft, verify, accept, compact, observe."""
         key, drafting = policy.key, policy.uses_draft
         checked_ms = self._check_ms()
-        quote = self.costs.quote(key)
         # 1. draft a tree shaped by the policy (ar, or a step the policy decodes plain: an empty tree).
         left = out.budget - len(out.ids)  # tokens the run may still emit: a tree deeper than left - 1 is waste
         if drafting and left > 1 and not policy.skip_draft(quote):
