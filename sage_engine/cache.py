@@ -67,8 +67,7 @@ class KVBuffers:
         # the keys the last publish gave the cache's layers: while every layer still holds exactly that tensor, nothing
         # else has touched the cache since
         self._keys_out: list[torch.Tensor] = []
-        self.length = 0  # columns in use: what the last publish or move left
-        self._stale = False  # a move left the layers' views longer than `length`
+        self.length = 0  # columns in use: what the last publish or move left (a move leaves the layers' views longer)
 
     def owns(self, layers: list) -> bool:
         """Do the cache's `layers` hold exactly what the last publish gave them?"""
@@ -116,7 +115,7 @@ class KVBuffers:
     def published(self, layers: list) -> None:
         """The caller has pointed each of the cache's `layers` at the first columns of its `views` slice itself."""
         self._keys_out = [layer.keys for layer in layers]
-        self.length, self._stale = self._keys_out[0].shape[2], False
+        self.length = self._keys_out[0].shape[2]
 
     def length_of(self, keys: torch.Tensor | None) -> int | None:
         """The columns in use where `keys` (a cache's first layer's) is still the view the last publish gave it (a
@@ -139,8 +138,7 @@ class KVBuffers:
                 idx = torch.tensor(keep, dtype=torch.long, device=self.keys.device) + start
                 for b in (self.keys, self.values):
                     b[:, :, :, start : start + m] = b.index_select(3, idx)
-        if self.length != start + m:  # the layers keep their views until the next publish
-            self.length, self._stale = start + m, True
+        self.length = start + m  # the layers keep their views until the next publish
         return True
 
 
