@@ -192,6 +192,7 @@ def spec_knobs(spec: str) -> tuple[str, dict]:
         try:
             changes[key] = type(current)(value)
         except ValueError:
-            raise ValueError(f"{spec!r}: {key} must be a {type(current).__name__} (got {value!r})") from None
+            kind = {int: "an integer", float: "a number"}.get(type(current), f"a {type(current).__name__}")
+            raise ValueError(f"{spec!r}: {key} must be {kind} (got {value!r})") from None
     dataclasses.replace(cfg, **changes)  # the config checks the values (SageConfig: one "SAGE knobs:" line)
     return name, changes

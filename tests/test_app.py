@@ -239,7 +239,7 @@ def test_the_app_takes_the_policy_specs_bench_and_generate_take(client, server, 
         assert summary["speculative"]["policy"] == spec and summary["identical"], spec
         steps = [s for s in export_of(server, final)["speculative"]["steps"] if s["kind"] == "decode"]
         assert max(len(s["tree"]["tokens"]) for s in steps) == most_nodes, spec  # the spec's knob took effect
-    for bad, message in [("beam", "unknown policy"), ("chain:k=x", "must be a int"), ("sage:k=1", "k >= 2"),
+    for bad, message in [("beam", "unknown policy"), ("chain:k=x", "must be an integer"), ("sage:k=1", "k >= 2"),
                          ("ar", "unknown policy"), ("/etc/passwd", "unknown policy")]:
         with pytest.raises(Exception, match=message):
             run(client, **base, policy=bad)
