@@ -72,7 +72,7 @@ def calm_queue(demo: gr.Blocks) -> None:
     `sleep_when_free`, `progress_update_sleep_when_free`); every wake-up takes the GIL from the decoding
     thread. Measured on the tinyworld pair (2 CPU cores): 15-25% fewer tokens/s with the server merely
     running; at 20 ms / 100 ms the loss is within noise and a run starts at most 20 ms later. These are
-    private attributes: if a Gradio upgrade renames them, nothing breaks and test_app says so.
+    private attributes: if a Gradio upgrade renames them, nothing breaks and test_app_compare.py says so.
     """
     queue = getattr(demo, "_queue", None)
     if queue is not None and hasattr(queue, "sleep_when_free"):

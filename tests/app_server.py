@@ -1,5 +1,6 @@
 """The demo under test: launched ONCE per test session (a second launch in one process hangs),
-shared by test_app.py and test_browser.py, plus the media files both use.
+shared by the test_app_*.py files and test_browser.py, plus the media files they use and the helpers that call
+/compare and check its answer (run, check_summary, ...; conftest.py has pytest rewrite their asserts).
 
 Presets: "tiny-random" (random-init tiny Qwen2.5-VL built in code, always available) and the
 embedded "tinyworld" pair when its directory exists; the latter is then the default.
@@ -10,18 +11,22 @@ so an example's first click in a session races live and nothing lands in the rep
 from __future__ import annotations
 
 import functools
+import json
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
+import plotly.graph_objects as go
+import pytest
 from PIL import Image
 
 from app import build_demo, launch_options
 from app.media import load_examples
 from app.pool import load_preset
 from app.presets import served, unavailable
+from sage_engine import RunStats
 from sage_engine.presets import Preset
 
 TINYWORLD = served()["tinyworld"]
@@ -109,3 +114,42 @@ def media(root: str) -> Media:
         broken_image=str(d / "broken.png"), huge_image=str(d / "huge.png"),
         empty_video=str(d / "empty.mp4"), broken_video=str(d / "broken.mp4"),
     )
+
+
+# ---------------------------------------------------------------- calling /compare and checking its answer
+
+OUT = ["status", "ar_text", "spec_text", "scoreboard", "replay", "fig_alpha", "fig_accepted", "fig_tree",
+       "fig_mapping", "fig_time", "step", "export", "summary"]  # the API's outputs (gr.State is not one)
+STATS_KEYS = {f.name for f in fields(RunStats)}
+
+
+def run(client, **kwargs) -> tuple[list[dict], dict]:
+    """Submit /compare; every streamed update and the final one, as dicts keyed by output name."""
+    job = client.submit(api_name="/compare", **kwargs)
+    final = job.result()
+    updates = [dict(zip(OUT, u)) for u in job.outputs()]
+    return updates, dict(zip(OUT, final))
+
+
+def is_update(value) -> bool:
+    return isinstance(value, dict) and value.get("__type__") == "update"
+
+
+def figure(value) -> go.Figure:
+    """The served Plotly figure, validated by plotly.py (the app builds figures unvalidated)."""
+    assert isinstance(value, dict) and value.get("type") == "plotly", value
+    return go.Figure(json.loads(value["plot"]))
+
+
+def check_summary(final: dict, policy: str = "sage") -> dict:
+    s = final["summary"]
+    assert set(s) >= {"ar", "speculative"}
+    assert set(s["ar"]) >= {"text", "token_ids", "stats"} and set(s["speculative"]) >= {"policy", "text",
+                                                                                          "token_ids", "stats"}
+    assert set(s["ar"]["stats"]) == STATS_KEYS and set(s["speculative"]["stats"]) == STATS_KEYS
+    assert s["speculative"]["policy"] == policy
+    assert s["ar"]["token_ids"], "no tokens decoded"
+    assert s["speculative"]["token_ids"] == s["ar"]["token_ids"]  # greedy speculative == target greedy (fp32)
+    assert s["speculative"]["text"] == s["ar"]["text"] and s["identical"] is True
+    assert s["ar"]["stats"]["mean_accepted"] == pytest.approx(1.0)  # AR: one token per target forward
+    return s

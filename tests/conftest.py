@@ -8,6 +8,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+pytest.register_assert_rewrite("app_server")  # its helpers' asserts (check_summary) explain a failure as a test's do
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -34,3 +35,37 @@ def saved_qwen_pair(tmp_path_factory):
         model.save_pretrained(root / name)
         pair.processor.save_pretrained(root / name)
     return str(root / "target"), str(root / "draft")
+
+
+# ---------------------------------------------------------------- the launched demo (the test_app_*.py files)
+
+
+@pytest.fixture(scope="session")
+def server():
+    import app_server
+
+    return app_server.launch()
+
+
+@pytest.fixture(scope="session")
+def client(server):
+    from gradio_client import Client
+
+    return Client(server.url, verbose=False)
+
+
+@pytest.fixture(scope="session")
+def media(tmp_path_factory):
+    import app_server
+
+    return app_server.media(str(tmp_path_factory.mktemp("app_media")))
+
+
+# ---------------------------------------------------------------- tinyworld (the test_tinyworld_*.py files)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from sage_engine.tinyworld.tokenizer import build_tokenizer, world_corpus
+
+    return build_tokenizer(world_corpus(200, 0))

@@ -1,7 +1,7 @@
 """Hostile and odd media, written on demand: what a stranger might upload to a public demo.
 
 Each builder writes one small file and returns its path. Shared by test_media.py (the engine's readers),
-test_app.py (the API) and test_cli.py (the CLI).
+test_app_inputs.py (the API) and test_cli.py (the CLI).
 """
 
 from __future__ import annotations

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import app_server
 import pytest
+from app_server import OUT, check_summary
 from gradio_client import Client, handle_file
 from gradio_client.utils import Status
-from test_app import OUT, check_summary
 
 pytestmark = pytest.mark.timeout(300)
 LONG_IMAGE = Path(__file__).resolve().parent.parent / "assets" / "examples" / "shapes_1.png"

@@ -202,7 +202,7 @@ def test_cached_example_click(page):
     rows = [e for e in load_examples() if e.media == "image"]
     if not rows:
         pytest.skip("needs an image example in assets/examples")
-    # the first image example (a long answer: several steps to scrub; test_app calls the last one)
+    # the first image example (a long answer: several steps to scrub; test_app_examples.py calls the last one)
     example = page.locator("#image-examples [data-testid='dataset-cell-0-1']")
     page.fill("#prompt textarea", "")
     t0 = time.perf_counter()

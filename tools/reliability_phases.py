@@ -1,6 +1,6 @@
 """The three phases of `python -m tools.reliability`: load, soak, leaving mid-run. Each talks to the server child
 (tools.reliability.Child) through gradio_client (the API the Run button uses) or Chromium, and returns plain
-figures for tools/reliability_report.py. Correctness is the suite's own check (tests/test_app.check_summary)."""
+figures for tools/reliability_report.py. Correctness is the suite's own check (tests/app_server.check_summary)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from tools.reliability_report import pct
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import app_server  # noqa: E402
-from test_app import OUT, check_summary  # noqa: E402
+from app_server import OUT, check_summary  # noqa: E402
 from test_app_load import LONG_IMAGE, LONG_PROMPT  # noqa: E402
 
 # Where each temp dir's files end (the soak reports the growth of each).

@@ -1,0 +1,197 @@
+"""The race behind a run, no server: the Stop switch, the untimed warm-up, the decoding threads, all model work on
+one device thread, the pacer of streamed updates, and the ZeroGPU contract (pickled arguments and rows)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import fields
+
+import app_server
+import pytest
+
+from sage_engine import SpecEngine, make_policy
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_stop_switch_ends_the_race_early():
+    """The Stop switch, on the real engine: the decoding thread quits within a step or two."""
+    from tiny_models import image, qwen25_pair
+
+    from app.device import DeviceThread
+    from app.race import Race, RunControl, Transcriber, consume
+    from app.record import Lane, RunRecord
+    from sage_engine import SpecEngine, make_policy, prepare_input
+
+    pair = qwen25_pair("noisy")
+    prepared = prepare_input(pair, "describe the image", images=[image(0)])
+    control = RunControl()
+    race = Race(SpecEngine(pair), prepared, make_policy("sage"), 500, DeviceThread(), control.switch).start()
+    record, transcriber = RunRecord("p", "q", 500, "sage", {}, {}, spec=Lane("spec", "sage")), Transcriber()
+    for batch in race.batches(every=lambda: 0.01):
+        consume(record, transcriber, batch)
+        if record.ar.steps:
+            control.stop()
+    assert race.stopped and not record.ar.done and not record.spec.steps
+    assert 1 <= len(record.ar.token_ids) < 100
+    control.arm()
+    assert not control.switch.is_set()
+
+
+def test_race_warms_up_untimed_before_its_lanes(monkeypatch):
+    """A race decodes WARM_TOKENS plain tokens of its input before the two timed lanes, and none of their events reach
+    the record: the autoregressive lane, which goes first, no longer pays for a machine that sat idle."""
+    from tiny_models import image, qwen25_pair
+
+    from app import race as race_module
+    from app.device import DeviceThread
+    from app.race import Race, Transcriber, consume
+    from app.record import Lane, RunRecord
+    from sage_engine import SpecEngine, make_policy, prepare_input
+
+    calls = []
+    real_stream = SpecEngine.stream
+
+    def spy(self, prepared, policy, max_new_tokens, *args, **kwargs):
+        calls.append((policy if isinstance(policy, str) else policy.name, max_new_tokens))
+        return real_stream(self, prepared, policy, max_new_tokens, *args, **kwargs)
+
+    monkeypatch.setattr(SpecEngine, "stream", spy)
+    pair = qwen25_pair("noisy")
+    prepared = prepare_input(pair, "describe the image", images=[image(0)])
+    race = Race(SpecEngine(pair), prepared, make_policy("sage"), 12, DeviceThread()).start()
+    record, transcriber = RunRecord("p", "q", 12, "sage", {}, {}, spec=Lane("spec", "sage")), Transcriber()
+    for batch in race.batches(every=lambda: 0.01):
+        consume(record, transcriber, batch)
+    assert calls == [("ar", race_module.WARM_TOKENS), ("ar", 12), ("sage", 12)]
+    assert record.ar.done and record.spec.done and len(record.ar.token_ids) == len(record.spec.token_ids) == 12
+    assert record.ar.token_ids == record.spec.token_ids
+
+
+def test_default_threads_follow_the_cpus_the_process_may_use(monkeypatch):
+    """The app's decoding threads come from the CPUs a container lets it use, not from os.cpu_count(), which gives the
+    host's (a CPU Space's count, 16, against its quota of 2): here a limit joblib's count honours as it does a cgroup
+    quota."""
+    from app import device
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)  # the host's cores
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    monkeypatch.setenv("LOKY_MAX_CPU_COUNT", "2")
+    assert (device.usable_cpus(), device.default_threads()) == (2, 1)
+    monkeypatch.setenv("LOKY_MAX_CPU_COUNT", "5")
+    assert (device.usable_cpus(), device.default_threads()) == (5, 4)
+
+
+def test_all_model_work_runs_on_one_device_thread(monkeypatch, media):
+    """Loading, engine building, input preparation and both lanes of every run happen on the pool's one device
+    thread, never on the calling (server) thread: each thread that starts torch's parallel work keeps an OpenMP
+    team, and a second team slows decoding (app/device.py). A queued race whose visitor left never starts."""
+    import threading
+
+    import app.handlers as handlers_module
+    from app.device import DeviceThread
+    from app.handlers import Handlers
+    from app.media import RunFiles
+    from app.pool import PairPool
+    from app.race import Race, RunControl
+
+    seen: dict[str, set] = {}
+
+    def spy(name, fn):
+        def wrapped(*args, **kwargs):
+            seen.setdefault(name, set()).add(threading.get_ident())
+            return fn(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(handlers_module, "prepare_input", spy("prepare", handlers_module.prepare_input))
+    monkeypatch.setattr(SpecEngine, "__init__", spy("engine", SpecEngine.__init__))
+    monkeypatch.setattr(SpecEngine, "stream", spy("decode", SpecEngine.stream))
+    table = app_server.presets()
+    pool = PairPool({"tiny-random": table["tiny-random"]}, spy("load", app_server.pair_factory))
+    h = Handlers(pool, RunFiles(), "tiny-random")
+    for prune in (False, True):  # two engines (draft pruning on and off), two runs
+        rows = list(h.compare(media.image, None, media.image_prompt, 8, "sage", "tiny-random", RunControl(),
+                              draft_prune=prune))
+        assert rows
+    assert set(seen) == {"load", "engine", "prepare", "decode"}
+    threads = set().union(*seen.values())
+    assert len(threads) == 1 and threading.get_ident() not in threads
+    assert pool.device.call(threading.get_ident) in threads
+    assert pool.device.call(pool.device.on_device) and not pool.device.on_device()
+
+    device = DeviceThread()
+    gate = threading.Event()
+    device.submit(gate.wait, 10)  # the device is busy with another visitor's run
+    loaded = pool.get("tiny-random")
+    queued = Race(loaded.engine(), h._prepare(loaded.pair, "q", media.image, None)[1], make_policy("ar"), 4, device)
+    queued.start().stop(wait=0.1)  # the visitor leaves while the race waits for the device
+    gate.set()
+    assert queued._job.cancelled() and device.call(lambda: 1) == 1
+
+
+def test_pacer_keeps_updates_within_their_share():
+    """Streamed updates are paid from a budget of `share` x wall time; the first token always shows."""
+    from app.pacing import Pacer
+
+    p = Pacer(share=0.04, text_every=0.25, plot_every=1.0, text_cost=0.005, plot_cost=0.05, start=0.0)
+    assert p.text_due(0.01)  # the first token, whatever it costs
+    p.sent_update(0.02, 0.03)
+    assert not p.text_due(0.2)  # too soon (text_every)
+    assert not p.text_due(0.3)  # spacing met, but 0.02 + 0.02 > 4% of 0.3 s
+    assert p.text_due(1.0)  # 0.04 <= 0.04
+    assert not p.plot_due(1.0)  # a 0.05 s figure on top would overspend: a short run keeps its figures for the end
+    # a long run: spent 0.02 + 0.02 (the update at 1.0 s); the figure comes once 4% of the elapsed time covers it
+    p.sent_update(0.02, 1.0)
+    assert not p.plot_due(2.5) and p.plot_due(2.8)  # 0.04 + 0.02 + 0.05 <= 4% of 2.8 s
+    p.plotted(0.05, 2.8)
+    p.sent_update(0.02, 2.8)
+    assert not p.plot_due(3.5)  # plot_every holds it back
+    assert not p.plot_due(4.0)  # and so does the budget: 0.11 + 0.07 > 0.16
+    assert p.plot_due(4.5)
+    # the speculative lane starts: what the autoregressive lane left unspent is not its to spend
+    assert p.text_due(5.0)
+    p.new_lane(5.0)
+    assert not p.text_due(5.3)  # 0.02 > 4% of its 0.3 s
+    assert p.text_due(5.5)  # 0.02 <= 4% of its 0.5 s
+
+
+def test_zero_gpu_contract(monkeypatch, media):
+    """On a ZeroGPU Space, `spaces.GPU` runs the decorated call in a forked worker: arguments and every yielded
+    row are pickled across. A stand-in `spaces` with that contract (pickle in, pickle out) runs a real race."""
+    import pickle
+    import sys
+    import types
+
+    from app.gpu import on_gpu
+    from app.handlers import Handlers
+    from app.media import RunFiles
+    from app.pool import PairPool
+
+    fn = lambda: None  # noqa: E731
+    assert on_gpu()(fn) is fn  # no ZeroGPU: the identity
+
+    calls = []
+
+    def GPU(duration):
+        def decorate(task):
+            def worker(*args, **kwargs):
+                args, kwargs = pickle.loads(pickle.dumps((args, kwargs)))  # fails on a threading.Event
+                calls.append((duration, args, kwargs))
+                for row in task(*args, **kwargs):
+                    yield pickle.loads(pickle.dumps(row))
+            return worker
+        return decorate
+
+    monkeypatch.setitem(sys.modules, "spaces", types.SimpleNamespace(GPU=GPU))
+    monkeypatch.setenv("SPACES_ZERO_GPU", "true")
+    table = app_server.presets()
+    h = Handlers(PairPool({"tiny-random": table["tiny-random"]}, app_server.pair_factory), RunFiles(), "tiny-random")
+    from app.race import RunControl
+
+    rows = list(h.compare(media.image, None, media.image_prompt, 16, "sage", "tiny-random", RunControl()))
+    assert len(calls) == 1 and calls[0][0] > 0
+    assert calls[0][1][6] is None  # the Stop switch stays in the main process
+    from app.view import View
+
+    final = dict(zip([f.name for f in fields(View)], rows[-1]))
+    assert final["summary"]["speculative"]["token_ids"] == final["summary"]["ar"]["token_ids"]
