@@ -13,7 +13,7 @@ from .errors import InputError, ModelError, SageError
 from .events import GenerationResult, RunStats, StepEvent
 from .inputs import PreparedInput, prepare_input
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, ModelPair, load_pair
-from .policy import POLICY_NAMES, make_policy
+from .policies import POLICY_NAMES, make_policy
 
 __all__ = [
     "POLICY_NAMES", "ChainConfig", "Eagle2Config", "SageConfig", "StaticConfig", "SpecEngine",

@@ -27,7 +27,7 @@ from .events import GenerationResult
 from .hf_reference import DEFAULT_SCHEDULE, HF_POLICIES, assistant_inputs, is_hf_spec, parse_hf_spec, run_hf
 from .inputs import PreparedInput, prepare_input
 from .models import ModelPair
-from .policy import POLICY_NAMES, make_policy
+from .policies import POLICY_NAMES, make_policy
 from .premise import premise
 from .pruning import VisualPruning
 from .sampling import Sampling

@@ -35,6 +35,22 @@ def near(got: torch.Tensor, ref: torch.Tensor, argmax: bool = False) -> bool:
     return within and (not argmax or torch.equal(got.argmax(-1), ref.argmax(-1)))
 
 
+def backend_name(net) -> str:
+    """What a runner's cached forwards run on: "fused+numba" (compiled.py), "fused+numpy" (host.py), "fused+packed" or
+    "fused" (fused.py), "layers" (stack.py) or "forward" (None: the model's forward())."""
+    from .compiled import CompiledDecoder  # compiled.py imports host.py: kept out of this module's import time
+
+    if net is None:
+        return "forward"
+    if isinstance(net, CompiledDecoder):
+        return "fused+numba"
+    if isinstance(net, HostDecoder):
+        return "fused+numpy"
+    if isinstance(net, FusedDecoder):
+        return "fused+packed" if net.packed else "fused"
+    return "layers"
+
+
 def sync(device: torch.device) -> None:
     """Wait for the device's queued work (CUDA), so that a timer around a call measures the call."""
     if device.type == "cuda":
@@ -57,6 +73,12 @@ class RunnerChecks:
         if not self.fused_prefill and self.vision is not None:  # the layers may be right where the vision is not
             self.vision = None
             self.fused_prefill = self._prompt_close(decoder, batch, logits)
+            self.notes.append("the fused vision tower turned down: the prompt's logits, keys or values differed from "
+                              "forward()'s" if self.fused_prefill else "")
+        if not self.fused_prefill:
+            self.notes.append("the fused prompt path turned down: its logits, keys or values differed from forward()'s;"
+                              " prompts run through forward()")
+        self.notes = [n for n in self.notes if n]
         self.check_ms += (time.perf_counter() - t1) * 1e3
         return logits, ms
 
@@ -83,6 +105,8 @@ class RunnerChecks:
                   for layer in self.cache.layers] if self._candidates else []  # only the fused check reads them
         compact(self.cache, start, [])
         if not self._try(self.stack, (ids, pos, mask), lambda got: torch.equal(got, ref)):
+            self.notes.append("its decoder layers called in turn did not give forward()'s logits bit for bit: "
+                              "cached forwards run through forward()")
             self.stack, self.fused, self._candidates = None, None, []
             return
 
@@ -92,6 +116,8 @@ class RunnerChecks:
                 near(k, rk) and near(v, rv) for (k, v), (rk, rv) in zip(kv, ref_kv))
 
         close_ones = [c for c in self._candidates if self._try(c, (ids, pos, mask), close)]
+        self.notes += [f"{backend_name(c)} turned down: logits, keys or values not within 1e-3 of forward()'s or "
+                       "another argmax" for c in self._candidates if not any(c is k for k in close_ones)]
         self._candidates = []
         self.fused = self._fastest(close_ones, (ids, pos, mask)) if close_ones else None
 

@@ -16,7 +16,7 @@ from .errors import SageError
 from .events import summarize
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET
 from .placement import DTYPES
-from .policy import POLICY_NAMES
+from .policies import POLICY_NAMES
 
 
 class _Parser(argparse.ArgumentParser):
@@ -62,7 +62,7 @@ def _sampling(args):
 
 def _check_policy(spec: str) -> None:
     """A policy name, or a spec with knobs as bench takes them, checked before anything loads (SageError)."""
-    from .policy import make_policy
+    from .policies import make_policy
 
     try:
         make_policy(spec)
@@ -165,7 +165,7 @@ def cmd_generate(args) -> int:
     from .engine import SpecEngine
     from .inputs import prepare_input
     from .media import load_image
-    from .policy import make_policy
+    from .policies import make_policy
     from .sampling import Sampling
 
     _check_policy(args.policy)

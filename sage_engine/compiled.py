@@ -11,10 +11,10 @@ step between them as plain loops; and `top_candidates` gives each row's softmax 
 `CompiledDecoder` is a HostDecoder (same folded weights, same call contract, same keys and values buffer scheme:
 the cache's layers view one preallocated buffer) whose `run` is that one call. The runner offers it where it offers
 the NumPy layers, checks it against forward() and times it like every candidate (runner.py). Numba compiles the
-functions on their first call on a machine (~17 s here with levels.py's), caches them on disk (next to this file,
+functions on their first call on a machine (with draft_compiled.py's), caches them on disk (next to this file,
 or in the user's cache directory where that is read-only), and later processes load them in under a second; the
 engine makes those first calls when it is built (the layer check, and `warm` for the top-k), not in a run. Without
-Numba the NumPy layers are used. levels.py drafts a whole step's levels in one call on top of these functions.
+Numba the NumPy layers are used. draft_compiled.py drafts a whole step in one call on top of these functions.
 """
 
 from __future__ import annotations
@@ -248,7 +248,7 @@ class CompiledDecoder(HostDecoder):
         ls = self.layers
         H, KV, hd = ls[0].heads, ls[0].kv_heads, ls[0].head_dim
         width, D = (H + 2 * KV) * hd, self.embed.shape[1]
-        # `_forward`'s weight arguments after cos and sin, in its order (levels.py passes them on too)
+        # `_forward`'s weight arguments after cos and sin, in its order (draft_compiled.py passes them on too)
         self.weights = (
             np.array([f.floor1 for f in ls]), _stack([f.qkv[:, :width] for f in ls], 0),
             _stack([None if f.qkv_bias is None else f.qkv_bias[:width] for f in ls], width), H, ls[0].scaling,

@@ -157,7 +157,7 @@ def sage_problem(cfg: SageConfig) -> str | None:
     return None
 
 
-# Each policy's config dataclass (None: no knobs), by policy name; policy.py pairs them with the classes.
+# Each policy's config dataclass (None: no knobs), by policy name; policies/ pairs them with the classes.
 POLICY_CONFIGS: dict[str, type | None] = {
     "ar": None, "chain": ChainConfig, "static": StaticConfig, "eagle2": Eagle2Config, "sage": SageConfig,
 }

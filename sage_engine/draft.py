@@ -1,9 +1,10 @@
 """Drafting: the draft model grows the step's token tree level by level, and keeps its own cache in step.
 
-One draft forward per level over the whole frontier (not one per node), under a tree mask:
+One draft forward per level over the whole frontier (not one per node), under a tree mask (rules.level_pattern):
 every frontier node sees the prompt, the accepted text, its own ancestors and itself. Where the draft's layers are
-the compiled ones (compiled.py), a greedy chain's or SAGE's levels run in one compiled call (levels.py), drawing
-the same trees.
+the compiled ones (compiled.py) and the policy's hooks allow it (Policy.draft_path), a step's read, shape and levels
+run in one compiled call, or its levels alone (draft_compiled.py): the same rules (rules.py), the same trees. Each
+Draft names the path it took and why not a faster one (policy_io.DraftPath).
 The draft's KV cache region of a step holds the pending tokens (accepted text the draft has
 not read yet; the last one is the root) followed by the fed tree nodes in feeding order;
 `tree.draft_slots` records each node's column, and `settle()` keeps the accepted ones.
@@ -23,13 +24,13 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from . import cache, compiled, levels
+from . import cache, compiled, draft_compiled, rules
 from .costs import Quote
-from .policy import Policy
+from .policies import Policy
+from .policy_io import COMPILED_LEVELS, COMPILED_STEP, PYTHON, DraftPath, Frontier, Probe, TreeShape
 from .pruning import VisualPruning
 from .runner import ModelRunner
 from .sampling import DraftSampler, Sampling
-from .shapes import Frontier, Probe, TreeShape, confidence
 from .tree import DraftTree, chain_allowed
 
 
@@ -42,6 +43,7 @@ class Draft(NamedTuple):
     forwards: int = 0  # draft forwards this step (prompt prefill excluded)
     ms: float = 0.0  # their time
     prefill_ms: float = 0.0  # the draft's prompt prefill, when this step was the run's first to draft
+    path: DraftPath | None = None  # how the draft was drawn (None: no draft this step)
 
 
 class Drafter:
@@ -57,9 +59,10 @@ class Drafter:
         self.sampler: DraftSampler | None = None  # a sampled run's draft distribution and draws; None: greedy
         self.ends: frozenset[int] = frozenset()  # tokens that end the run: no node is drafted below one
         self._end_ids = np.zeros(0, np.int64)
-        compiled.warm()  # the compiled top-k, read, levels and compaction loaded now, not in a first drafted step
-        levels.warm()
+        compiled.warm()  # the compiled top-k, read, step, levels and compaction loaded now, not in a first drafted step
+        draft_compiled.warm()
         cache.warm()
+        self._paths: tuple[Policy, bool, DraftPath] | None = None  # the last run's policy, sampled?, path
 
     def start(self, prompt: dict[str, torch.Tensor], first: int, sampling: Sampling | None = None,
               ends: Iterable[int] = ()) -> None:
@@ -90,7 +93,24 @@ class Drafter:
             frontier.drawn_tokens = drawn.tolist()
             frontier.drawn_probs = torch.gather(probs, -1, drawn).tolist()
             qs.update(zip(rows, probs))
-        return frontier, confidence([row[: policy.entropy_k] for row in frontier.top_probs]) if alphas else None
+        if not alphas:
+            return frontier, None
+        k = policy.entropy_k
+        return frontier, [rules.confidence(np.asarray(row[:k], np.float64)) for row in frontier.top_probs]
+
+    def path(self, policy: Policy) -> DraftPath:
+        """The fastest path `policy`'s drafts may take on this draft (Policy.draft_path, where the draft's layers are
+        the compiled ones), asked once per run."""
+        sampled = self.sampler is not None
+        held = self._paths
+        if held is None or held[0] is not policy or held[1] != sampled:
+            runner = self.runner
+            if not (runner.compiled and draft_compiled.AVAILABLE):
+                path = DraftPath(PYTHON, f"the draft's layers run on {runner.tree_forward}, not compiled")
+            else:
+                path = policy.draft_path(sampled)
+            held = self._paths = (policy, sampled, path)
+        return held[2]
 
     def grow(self, policy: Policy, quote: Quote | None = None, max_depth: int | None = None) -> Draft:
         """Read the pending tokens (the prompt first, on the run's first drafted step), then draft the tree, no
@@ -104,15 +124,20 @@ class Drafter:
         pending, p, start = self.pending, len(self.pending), runner.seq_len
         self._region = (start, p)
         root_pos = start + p - 1  # sequence index of the root
-        # a chain's or SAGE's read, shape and levels in one compiled call where the draft's layers are compiled
         sampling = None if self.sampler is None else self.sampler.sampling
-        plan = levels.step_plan(policy, quote, sampling) if runner.compiled else None
-        if plan is not None:
-            depth_left = plan.reach if max_depth is None else max_depth
-            nodes, root_alpha, shape, forwards, ms = runner.draft_step(plan, pending, root_pos, depth_left,
-                                                                       self._end_ids)
-            tree = levels.tree_of(nodes, root_alpha)
-            return Draft(shape, policy.finalize(tree), len(tree), forwards, ms, prefill_ms)
+        path = self.path(policy)
+        if path.name == COMPILED_STEP:  # the read, the shape and the levels in one compiled call
+            rule = policy.step_rule(quote)
+            if rule is not None:
+                t0 = time.perf_counter()
+                depth_left = max(rule.depth_cap, rule.max_nodes) if max_depth is None else max_depth
+                nodes, root_alpha, shape, forwards = draft_compiled.draft_step(
+                    runner.fused, rule, sampling, max(policy.top_k, policy.entropy_k), policy.entropy_k, pending,
+                    root_pos + runner.rope_delta, depth_left, self._end_ids, runner.vocab_limit, runner.cache)
+                tree = draft_compiled.tree_of(nodes, root_alpha)
+                ms = (time.perf_counter() - t0) * 1e3
+                return Draft(shape, policy.finalize(tree), len(tree), forwards, ms, prefill_ms, path)
+            path = DraftPath(COMPILED_LEVELS, "this step's shape reads more than alpha (a try after plain steps)")
         k = 0 if self.sampler is not None else max(policy.top_k, policy.entropy_k)  # the root's candidates, greedy
         read = runner.forward(pending, list(range(root_pos - p + 1, root_pos + 1)), chain_allowed(p), top=k)
         qs: dict[int, torch.Tensor] = {}  # a sampled draft's q per expanded node (-1: the root)
@@ -121,17 +146,16 @@ class Drafter:
         shape = policy.shape(tree.root_alpha, quote, self._probe(read.logits))
         if max_depth is not None and shape.depth > max_depth:
             shape = shape._replace(depth=max_depth)
-        # a chain's or SAGE's levels (greedy, or a sampled draft that ranks its candidates) in one compiled call where
-        # the draft's layers are compiled (levels.py)
-        rule = levels.level_rule(policy, shape, sampling) if shape.depth > 0 else None
-        done = None if rule is None else runner.draft_levels(
-            rule, (frontier.top_probs[0], frontier.top_tokens[0]), self._end_ids, p, root_pos)
-        if done is None:
-            forwards, ms = self._levels(policy, shape, tree, frontier, qs, p, root_pos)
+        if path.name != PYTHON and shape.depth > 0:  # the levels in one compiled call
+            t0 = time.perf_counter()
+            nodes, forwards = draft_compiled.draft_levels(
+                runner.fused, policy.level_rule(), shape, sampling, (frontier.top_probs[0], frontier.top_tokens[0]),
+                self._end_ids, p, root_pos + runner.rope_delta, runner.vocab_limit, runner.cache)
+            ms = (time.perf_counter() - t0) * 1e3
+            tree = draft_compiled.tree_of(nodes, tree.root_alpha)
         else:
-            nodes, forwards, ms = done
-            tree = levels.tree_of(nodes, tree.root_alpha)
-        return Draft(shape, policy.finalize(tree), len(tree), 1 + forwards, read.ms + ms, prefill_ms)
+            forwards, ms = self._levels(policy, shape, tree, frontier, qs, p, root_pos)
+        return Draft(shape, policy.finalize(tree), len(tree), 1 + forwards, read.ms + ms, prefill_ms, path)
 
     def _levels(self, policy: Policy, shape: TreeShape, tree: DraftTree, frontier: Frontier,
                 qs: dict[int, torch.Tensor], p: int, root_pos: int) -> tuple[int, float]:
@@ -147,14 +171,10 @@ class Drafter:
                 grow = [n for n in grow if tree.tokens[n] not in self.ends]
             if not grow:
                 break
-            allowed = np.zeros((len(grow), p + fed + len(grow)), dtype=bool)  # [g, p + fed + g]
-            allowed[:, :p] = True  # pending tokens: the root and what precedes it
             for j, node in enumerate(grow):
                 tree.draft_slots[node] = fed + j
-                a = node
-                while a >= 0:
-                    allowed[j, p + tree.draft_slots[a]] = True
-                    a = tree.parents[a]
+            allowed = rules.level_pattern(np.array(grow, np.int64), np.array(tree.parents, np.int64),
+                                          np.array(tree.draft_slots, np.int64), p, fed)  # [g, p + fed + g]
             level_pass = self.runner.forward(
                 [tree.tokens[n] for n in grow], [root_pos + tree.depths[n] for n in grow], allowed
             )  # [g, V]

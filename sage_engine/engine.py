@@ -4,12 +4,12 @@ Contract: `stream()` is the one generator every consumer reads (CLI, benchmark, 
 `generate()` consumes it. The engine knows the ORDER of the stages and nothing else:
   0. prefill   the target reads the prompt; its argmax is the first token (the draft reads the prompt
                with the first step that drafts: a run of plain steps never pays for it)
-  1. draft     the policy shapes a tree, the draft grows it            (draft.py, policy.py)
+  1. draft     the policy shapes a tree, the draft grows it            (draft.py, policies/)
   2. verify    one target forward over [root, tree]                     (verify.py)
   3. accept    longest agreeing path + the target's bonus token         (verify.py)
   4. compact   both KV caches keep only the accepted path               (cache.py via runner.py)
   5. observe   the policy learns from the outcome (alpha, D_max), the
-               engine's cost meter from the step's timings             (policy.py, costs.py)
+               engine's cost meter from the step's timings             (policies/, costs.py)
 The output equals the target's own decoding: greedy, every emitted token is a target argmax; sampling
 (sampling.py), the output has the target's sampling distribution (under the tree rule, the very draws the
 target alone makes with the same seed).
@@ -33,11 +33,11 @@ from .events import Deferred, GenerationResult, StepEvent, TreeView, summarize
 from .families import shared_vocab
 from .inputs import PreparedInput, prepare_input
 from .models import ModelPair
-from .policy import Policy, make_policy
+from .policies import Policy, make_policy
+from .policy_io import StepOutcome
 from .pruning import VisualPruning
 from .runner import ModelRunner
 from .sampling import RatioAcceptance, SampledAcceptance, Sampling
-from .shapes import StepOutcome
 from .tree import DraftTree
 from .tree import warm as warm_verify_inputs
 from .verify import GreedyAcceptance, Verdict, verify_tree
@@ -194,6 +194,16 @@ class SpecEngine:
             return
         for runner in runners:
             runner.check_prompt(prep.target_inputs if runner is self.target else prep.for_draft())
+
+    def backends(self) -> dict[str, dict]:
+        """What each model runs on, and why a faster path was turned down (the runners' checks, one line each):
+        {"target": {"cached": ..., "prompt": ..., "notes": [...]}, "draft": {...}}. bench, `generate --json` and the
+        app's run record carry it, so that no fallback is silent."""
+        out = {}
+        for role, runner in (("target", self.target), ("draft", self.draft)):
+            if runner is not None:
+                out[role] = {"cached": runner.tree_forward, "prompt": runner.prompt_path, "notes": list(runner.notes)}
+        return out
 
     @property
     def keep_prompt(self) -> bool:
@@ -385,6 +395,8 @@ class SpecEngine:
             node_price=None if price is None else price.node,
             level_price=None if price is None else price.level,
             draft_prefill_ms=d_prefill,
+            draft_path=None if draft is None or draft.path is None else draft.path.name,
+            draft_path_why="" if draft is None or draft.path is None else draft.path.why,
         )
         event.other_ms = max(0.0, (time.perf_counter() - t0) * 1e3 - d_prefill - target_ms - d_ms)
         return event

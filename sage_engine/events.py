@@ -7,6 +7,7 @@ All of them serialise to plain JSON with `to_dict()`.
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -102,6 +103,9 @@ class StepEvent:
     # the start of new_text that the accepted draft tokens wrote (the rest: the target's); Deferred like new_text
     accepted_text: str = field(default=_DeferredField(""), kw_only=True)
     bonus_text: str | None = None  # the bonus token alone, special tokens shown (e.g. an end of sequence)
+    # how the draft was drawn (policy_io.DraftPath): "compiled step", "compiled levels" or "python"; None: no draft
+    draft_path: str | None = None
+    draft_path_why: str = ""  # what kept it off a faster path ("" on the fastest)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -131,6 +135,8 @@ class RunStats:
     other_seconds: float
     overhead_fraction: float  # share of decode time outside model forwards
     finish_reason: str | None
+    draft_paths: dict[str, int] = field(default_factory=dict)  # drafted steps per draft path (StepEvent.draft_path)
+    draft_path_why: list[str] = field(default_factory=list)  # what kept drafted steps off a faster path, each once
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -174,4 +180,6 @@ def summarize(steps: list[StepEvent], token_ids: list[int], seconds: float) -> R
         other_seconds=other_s,
         overhead_fraction=other_s / decode_s if decode_s > 0 else 0.0,
         finish_reason=steps[-1].finish_reason if steps else None,
+        draft_paths=dict(Counter(s.draft_path for s in decode if s.draft_path)),
+        draft_path_why=list(dict.fromkeys(s.draft_path_why for s in decode if s.draft_path_why)),
     )

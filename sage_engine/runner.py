@@ -28,9 +28,8 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from . import levels
 from .cache import compact, copy_cache
-from .checks import RunnerChecks, sync
+from .checks import RunnerChecks, backend_name, sync
 from .compiled import CompiledDecoder, compiled_decoder
 from .families import Family, adapter_for
 from .fused import WARM_ROWS, FusedDecoder, fused_decoders
@@ -111,6 +110,11 @@ class ModelRunner(RunnerChecks):
         # its vision tower computed in fewer calls (vision.py) inside that prompt path, where the tower allows; dropped
         # if the prompt check fails with it and passes without it
         self.vision: FusedVision | None = fused_vision(model) if self._candidates else None
+        # why a faster path was turned down or not offered, one line each (SpecEngine.backends reports them)
+        self.notes: list[str] = [] if layer_stack else ["forward() asked for: no other path offered"]
+        if not row_invariant and self._candidates and not any(
+                isinstance(c, CompiledDecoder) for c in self._candidates):
+            self.notes.append("no compiled layers offered (Numba missing, or layers of unequal heads)")
         self.check_ms = 0.0  # time spent checking so far (once per runner: not a cost of the step it falls in)
         emb = model.get_input_embeddings()
         self.device = emb.weight.device  # where input ids go (first shard)
@@ -308,38 +312,11 @@ class ModelRunner(RunnerChecks):
         """Are the kept layers the compiled ones (compiled.py), which can run a drafted step in one call?"""
         return self.stack_checked and isinstance(self.fused, CompiledDecoder)
 
-    @inference
-    def draft_step(self, plan: levels.StepPlan, pending: list[int], root_pos: int, max_depth: int, ends: np.ndarray):
-        """A draft's greedy step in one compiled call (levels.draft_step): the read of `pending` (the root last, at
-        sequence index root_pos), the tree's shape, its levels. # -> nodes (levels.tree_of), root alpha, shape,
-        forwards, ms"""
-        t0 = time.perf_counter()
-        done = levels.draft_step(self.fused, plan, pending, root_pos + self.rope_delta, max_depth, ends,
-                                 self.vocab_limit, self.cache)
-        return *done, (time.perf_counter() - t0) * 1e3
-
-    @inference
-    def draft_levels(self, rule: levels.LevelRule, root: tuple[list, list], ends: np.ndarray, p: int, root_pos: int):
-        """A draft's levels after its read in one compiled call (levels.py, `rule` from levels.level_rule) where its
-        kept layers are the compiled ones, else None.  # -> nodes (levels.tree_of), forwards, ms"""
-        if not self.compiled:
-            return None
-        t0 = time.perf_counter()
-        done = levels.draft_levels(self.fused, rule, root, ends, p, root_pos + self.rope_delta, self.vocab_limit,
-                                   self.cache)
-        return *done, (time.perf_counter() - t0) * 1e3
-
     @property
     def tree_forward(self) -> str:
         """How cached steps run: "fused+packed" or "fused" (fused.py), "fused+numpy" (host.py), "fused+numba"
         (compiled.py), "layers" (stack.py) or "forward" (the model's forward())."""
-        if isinstance(self.fused, CompiledDecoder):
-            return "fused+numba"
-        if isinstance(self.fused, HostDecoder):
-            return "fused+numpy"
-        if self.fused is not None:
-            return "fused+packed" if self.fused.packed else "fused"
-        return "layers" if self.stack is not None else "forward"
+        return backend_name(self.fused or self.stack)
 
     @property
     def prompt_path(self) -> str:

@@ -16,10 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-try:
-    import numba
-except ImportError:  # the verify pass's inputs built by the same function in Python
-    numba = None
+from . import rules
 
 
 @dataclass
@@ -36,8 +33,8 @@ class DraftTree:
     root_alpha: float | None = None  # confidence of the root's next-token distribution
     # a sampled draft (chain under the ratio rule): the distribution q each node's token was drawn from, else None
     q_dists: list[torch.Tensor | None] = field(default_factory=list)
-    # (tokens, parents) as int64 arrays where the compiled draft made them (levels.tree_of), for the compiled verify
-    # inputs; `columns()` reads them while the tree has not grown since
+    # (tokens, parents) as int64 arrays where the compiled draft made them (draft_compiled.tree_of), for the compiled
+    # verify inputs; `columns()` reads them while the tree has not grown since
     arrays: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False, compare=False)
 
     def columns(self) -> tuple[np.ndarray, np.ndarray]:
@@ -116,30 +113,15 @@ class DraftTree:
         return tree
 
 
-def ancestor_matrix(parents: list[int]) -> np.ndarray:
-    """anc[i, j] = True when node j is node i or one of its ancestors.  # [n, n] bool"""
-    n = len(parents)
-    anc = np.zeros((n, n), dtype=bool)
-    for i, p in enumerate(parents):
-        if p >= 0:
-            anc[i] = anc[p]
-        anc[i, i] = True
-    return anc
-
-
 def verify_allowed(parents: list[int]) -> np.ndarray:
-    """Attention pattern of a verify pass over [root, node_0, ..., node_{n-1}].  # [n+1, n+1] bool
+    """Attention pattern of a verify pass over [root, node_0, ..., node_{n-1}] (rules.verify_pattern).
+    # [n+1, n+1] bool
 
-    The root sees itself; every node sees the root, its ancestors and itself. An empty tree (a plain step) gets the
-    cached, read-only one-token pattern: nothing to build.
+    An empty tree (a plain step) gets the cached, read-only one-token pattern: nothing to build.
     """
     if not parents:
         return chain_allowed(1)
-    n = len(parents)
-    allowed = np.zeros((n + 1, n + 1), dtype=bool)
-    allowed[:, 0] = True
-    allowed[1:, 1:] = ancestor_matrix(parents)
-    return allowed
+    return rules.verify_pattern(np.array(parents, np.int64))
 
 
 @functools.lru_cache(maxsize=64)
@@ -164,51 +146,39 @@ def additive_mask(allowed: np.ndarray, past_len: int, dtype: torch.dtype, device
     return out.to(device=device, dtype=dtype) if (dtype != torch.float32 or str(device) != "cpu") else out
 
 
+@rules.rule
 def _verify_inputs(tokens, parents, root, start, past, blocked):
     """The inputs of a verify pass over [root, nodes] appended after `past` cached columns: ids and positions [1, q]
-    (the root at `start`, a node at start + its depth), the additive mask [1, 1, q, past + q] (every row sees the past
-    and the root, a node also its ancestors and itself; value `blocked` elsewhere: the same as
-    `additive_mask(verify_allowed(parents), past)`), and the tree's depth, in one pass over the tree.
-    # tokens, parents [n] int64"""
+    (the root at `start`, a node at start + its depth), the additive mask [1, 1, q, past + q] (0 over the past and
+    where rules.verify_pattern allows, `blocked` elsewhere: `additive_mask(verify_allowed(parents), past)`), and the
+    tree's depth, in one call.  # tokens, parents [n] int64"""
     n = tokens.shape[0]
     q = n + 1
+    allowed, depth = rules.verify_pattern(parents), rules.tree_depths(parents)
     ids, pos = np.empty((1, q), np.int64), np.empty((1, q), np.int64)
     ids[0, 0], pos[0, 0] = root, start
+    for i in range(n):
+        ids[0, i + 1], pos[0, i + 1] = tokens[i], start + depth[i]
     mask4 = np.zeros((1, 1, q, past + q), np.float32)
     mask = mask4[0, 0]
-    mask[:, past + 1 :] = blocked
-    depth = np.empty(n, np.int64)
-    deepest = 0
-    for i in range(n):
-        p = parents[i]
-        depth[i] = 1 if p < 0 else depth[p] + 1
-        deepest = max(deepest, depth[i])
-        ids[0, i + 1], pos[0, i + 1] = tokens[i], start + depth[i]
-        a = i
-        while a >= 0:
-            mask[i + 1, past + 1 + a] = 0.0
-            a = parents[a]
-    return ids, pos, mask4, deepest
-
-
-# right after the target's forward, the three NumPy and five torch calls that made these (verify_allowed,
-# additive_mask, the ids) took ~65 us; this one call ~10. It returns the depth too: the tree's own property (a max
-# over its list) took ~5 us in a step
-_verify_inputs_jit = numba.njit(cache=True, nogil=True)(_verify_inputs) if numba is not None else None
+    for i in range(q):
+        for j in range(q):
+            if not allowed[i, j]:
+                mask[i, past + j] = blocked
+    return ids, pos, mask4, depth.max() if n else 0
 
 
 def verify_inputs(tree: DraftTree, root: int, start: int, past: int,
                   blocked: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """ids and positions [1, 1 + n], the additive mask [1, 1, 1 + n, past + 1 + n] and the depth of a verify pass over
     `tree` (`_verify_inputs`), compiled where Numba is installed."""
-    return (_verify_inputs_jit or _verify_inputs)(*tree.columns(), root, start, past, blocked)
+    return _verify_inputs(*tree.columns(), root, start, past, blocked)
 
 
 def warm() -> None:
     """Load the compiled builder now (compiled on a machine's first call, else read from Numba's cache), not in a
     run's first verify pass."""
-    if _verify_inputs_jit is not None:
-        verify_inputs(DraftTree([0, 0], [-1, 0]), 0, 1, 1, -1.0)
+    verify_inputs(DraftTree([0, 0], [-1, 0]), 0, 1, 1, -1.0)
 
 
 def accept_greedy(tree: DraftTree, target_next: list[int]) -> tuple[list[int], int]:

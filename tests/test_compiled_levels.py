@@ -1,6 +1,6 @@
-"""A draft's levels in one compiled call (sage_engine/levels.py, `_draft_levels`): the compiled expansion is
-SagePolicy's and ChainPolicy's own, number for number, and drafting every level in one call draws the same trees as
-the engine's level loop (end tokens, a cut vocabulary), lossless, only where the compiled layers are kept."""
+"""A draft's step in one compiled call (sage_engine/draft_compiled.py): its expansion appends the nodes SagePolicy's
+and ChainPolicy's expand() add, number for number (both run rules.py), and drafting a step in one call draws the same
+trees as the engine's level loop (end tokens, a cut vocabulary), lossless, only where the compiled layers are kept."""
 
 import copy
 import random
@@ -12,14 +12,14 @@ from test_equivalence import MAX_NEW, sharp_case
 from test_host import _prefer
 from test_stack import pair_for
 
-from sage_engine import SpecEngine, make_policy
-from sage_engine import levels as levels_mod
+from sage_engine import SpecEngine, make_policy, rules
+from sage_engine import draft_compiled as levels_mod
 from sage_engine.config import SageConfig
 from sage_engine.costs import BreakEven
-from sage_engine.policy import ChainPolicy, SagePolicy
-from sage_engine.runner import ModelRunner
+from sage_engine.draft import Drafter
+from sage_engine.policies import ChainPolicy, SagePolicy
+from sage_engine.policy_io import COMPILED_LEVELS, COMPILED_STEP, PYTHON, DraftPath, Frontier, TreeShape
 from sage_engine.sampling import Sampling, warped
-from sage_engine.shapes import Frontier, TreeShape, confidence
 from sage_engine.tree import DraftTree
 
 K = 10  # candidates per row (SAGE's and the chain's: max(top_k, entropy_k))
@@ -51,13 +51,15 @@ def _random_case(rng: random.Random, chain: bool):
 
 
 def _compiled_expand(policy, shape, level, tree: DraftTree, frontier: Frontier):
-    """compiled._expand on the tree's arrays: the nodes it appends and whether it grows them."""
-    rule = levels_mod.level_rule(policy, shape)
+    """draft_compiled._expand on the tree's arrays: the nodes it appends and whether it grows them."""
+    rule = policy.level_rule()
+    node, level_price = (np.nan, np.nan) if shape.price is None else (shape.price.node, shape.price.level)
+    numbers = (shape.width, rule.bias, rule.theta_scale, node, level_price, shape.max_nodes, shape.depth)
     size = len(tree) + len(frontier.nodes) * K + 1
     arrays = [np.zeros(size, np.int64), np.zeros(size, np.int64), np.zeros(size), np.zeros(size)]
     for a, values in zip(arrays, (tree.tokens, tree.parents, tree.probs, tree.cum_probs)):
         a[: len(tree)] = values
-    count, go = levels_mod._expand_jit(rule.kind, level, rule.numbers, np.array(frontier.nodes, np.int64),
+    count, go = levels_mod._expand(rule.kind, level, numbers, np.array(frontier.nodes, np.int64),
                                          np.array(frontier.top_probs, np.float64),
                                          np.array(frontier.top_tokens, np.int64), *arrays, len(tree))
     return [tuple(a[len(tree) : count].tolist()) for a in arrays], go, count
@@ -84,27 +86,16 @@ def test_the_compiled_expansion_is_the_policys_own(chain):
 
 
 def _levels_off(monkeypatch):
-    monkeypatch.setattr(levels_mod, "level_rule", lambda policy, shape, sampling=None: None)
-    monkeypatch.setattr(levels_mod, "step_plan", lambda policy, quote, sampling: None)
+    monkeypatch.setattr(Drafter, "path", lambda self, policy: DraftPath(PYTHON, "the test's level loop"))
 
 
 def _count_compiled(monkeypatch) -> list:
-    """Steps whose levels a compiled call drafted: "step" (read, shape and levels in one call, levels.draft_step) or
-    "levels" (the levels after the read, levels.draft_levels)."""
+    """Steps whose levels a compiled call drafted: "step" (read, shape and levels in one call,
+    draft_compiled.draft_step) or "levels" (the levels after the read, draft_compiled.draft_levels)."""
     calls = []
-    levels, step = ModelRunner.draft_levels, ModelRunner.draft_step
-
-    def counted_levels(self, *args):
-        done = levels(self, *args)
-        calls.extend(["levels"] if done is not None else [])
-        return done
-
-    def counted_step(self, *args):
-        calls.append("step")
-        return step(self, *args)
-
-    monkeypatch.setattr(ModelRunner, "draft_levels", counted_levels)
-    monkeypatch.setattr(ModelRunner, "draft_step", counted_step)
+    levels, step = levels_mod.draft_levels, levels_mod.draft_step
+    monkeypatch.setattr(levels_mod, "draft_levels", lambda *a: calls.append("levels") or levels(*a))
+    monkeypatch.setattr(levels_mod, "draft_step", lambda *a: calls.append("step") or step(*a))
     return calls
 
 
@@ -152,8 +143,8 @@ def test_a_sampled_draft_that_ranks_its_candidates_draws_the_level_loops_trees_a
     _prefer(monkeypatch, "numba")
     engine = SpecEngine(pair)
     sampling = Sampling(temperature=temperature, top_p=top_p, seed=3)
-    assert levels_mod.level_rule(make_policy("sage:draw=sample"), TreeShape(3, 2, 8), sampling) is None  # the loop
-    assert levels_mod.level_rule(make_policy("sage:draw=sample"), TreeShape(3, 2, 8)) is not None  # greedy: ranked
+    assert make_policy("sage:draw=sample").draft_path(sampled=True).name == PYTHON  # the loop
+    assert make_policy("sage:draw=sample").draft_path(sampled=False).name == COMPILED_STEP  # greedy: ranked
     reference = engine.generate(prep, "ar", max_new_tokens=MAX_NEW, sampling=sampling).token_ids  # the target alone
     calls = _count_compiled(monkeypatch)
     runs = {}
@@ -187,7 +178,7 @@ def test_the_warped_top_k_is_the_samplers_distribution():
     for temperature, top_p in [(0.7, 1.0), (1.0, 0.9), (1.3, 0.5), (0.5, 0.05)]:
         sampling = Sampling(temperature=temperature, top_p=top_p, seed=0)
         want = warped(torch.from_numpy(logits), sampling).numpy()
-        probs, tokens = levels_mod._warped_top_jit(logits, 12, temperature, top_p)
+        probs, tokens = levels_mod._warped_top(logits, 12, temperature, top_p)
         for row in range(4):
             assert np.allclose(probs[row], want[row, tokens[row]], rtol=1e-12, atol=0)
             kept = want[row] > 0
@@ -204,29 +195,45 @@ def test_the_compiled_levels_run_only_where_the_compiled_layers_are_kept(monkeyp
     _prefer(monkeypatch, "numpy")
     engine = SpecEngine(pair)
     assert engine.draft.tree_forward == "fused+numpy"
-    rule = levels_mod.level_rule(make_policy("chain"), TreeShape(depth=3, width=1, max_nodes=3))
-    assert engine.draft.draft_levels(rule, ([1.0], [1]), np.zeros(0, np.int64), 1, 0) is None
-    assert levels_mod.level_rule(make_policy("eagle2"), TreeShape(3, 2, 8)) is None  # other policies: the loop
-    assert levels_mod.level_rule(make_policy("sage:alpha_source=prev_path"), TreeShape(3, 2, 8)) is None
+    path = engine.drafter.path(make_policy("chain"))
+    assert path.name == PYTHON and "fused+numpy" in path.why  # said, with the reason
+    assert make_policy("eagle2").draft_path(False).name == PYTHON  # other policies: the loop
+    assert make_policy("sage:alpha_source=prev_path").draft_path(False) == DraftPath(
+        PYTHON, "it reads every node's alpha (alpha_source=prev_path)")
+    assert make_policy("sage").draft_path(False).name == COMPILED_STEP
 
 
-def test_the_engine_loads_the_compiled_levels_when_it_is_built(monkeypatch):
+def test_a_subclass_keeps_the_fastest_path_its_overrides_allow():
+    class Wide(SagePolicy):
+        def width_for(self, alpha):
+            return 3
+
+    class Mine(SagePolicy):
+        def expand(self, shape, level, tree, frontier):
+            return super().expand(shape, level, tree, frontier)
+
+    assert Wide().draft_path(False) == DraftPath(COMPILED_LEVELS, "Wide overrides width_for")
+    assert Mine().draft_path(False) == DraftPath(PYTHON, "Mine overrides expand")
+    assert SagePolicy().draft_path(False) == DraftPath(COMPILED_STEP)
+
+
+def test_the_engine_loads_the_compiled_step_when_it_is_built(monkeypatch):
     """Loaded inside a run, their first call would fall in its first drafted step (~0.4 s from Numba's cache)."""
     calls = []
-    for name in ("_levels_jit", "_step_jit"):
+    for name in ("_draft_levels", "_draft_step"):
         jit = getattr(levels_mod, name)
         monkeypatch.setattr(levels_mod, name, lambda *a, jit=jit, name=name: calls.append(name) or jit(*a))
     SpecEngine(pair_for("qwen2.5-vl"))
-    assert set(calls) == {"_levels_jit", "_step_jit"}
+    assert set(calls) == {"_draft_levels", "_draft_step"}
 
 
-def test_the_compiled_confidence_is_the_policys_number_for_number():
-    """The compiled step plans SAGE's depth and width from its own alpha: a last-bit difference from
-    shapes.confidence could move a depth across a rounding edge."""
+def test_the_compiled_confidence_is_the_python_functions_number_for_number():
+    """The compiled step plans SAGE's depth and width from alpha: compiled without fast-math, rules.confidence gives
+    the plain Python function's number exactly (a last-bit difference could move a depth across a rounding edge)."""
     rng = np.random.default_rng(5)
     rows = [rng.dirichlet(np.full(10, a)).astype(np.float32) for a in (0.05, 0.3, 1.0, 5.0) for _ in range(500)]
     rows += [np.array([1.0] + [0.0] * 9, np.float32), np.array([0.3, 0.2, 0.0, 0.0, 0.1], np.float32)]
     rows += [np.sort(rng.random(k, dtype=np.float32))[::-1] * 0.01 for k in (2, 3, 10) for _ in range(100)]
     for row in rows:
-        want = confidence([row.tolist()])[0]
-        assert levels_mod._confidence(np.ascontiguousarray(row)) == want, row
+        row = np.ascontiguousarray(row, dtype=np.float64)
+        assert rules.confidence(row) == rules.confidence.py_func(row), row

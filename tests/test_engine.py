@@ -74,6 +74,7 @@ def test_sage_reports_its_tree_shape_and_controller(setup):
 
 def test_engine_meters_every_step_and_the_cost_threshold_prices_from_it(setup, monkeypatch):
     from sage_engine import SageConfig, costs, make_policy
+    from sage_engine.policies import SagePolicy
     # no step counts as stalled here (a busy machine can slow one past SPIKE x its peers; the meter then leaves it out
     # of the windows, and the rate below, over every step the meter was handed, would differ): stalls are tested in
     # test_policy.py
@@ -89,6 +90,9 @@ def test_engine_meters_every_step_and_the_cost_threshold_prices_from_it(setup, m
     paper = engine.generate(prep, "sage:threshold=paper", max_new_tokens=30, ignore_eos=True)  # drafted steps
     assert len(paper.steps) > 4 and sum(not t.plain for t in engine.costs.steps) == len(paper.steps) - 1
     policy = make_policy("sage", SageConfig(threshold="cost", fallback_steps=0))  # every step drafts (priced)
+    quoted = []  # the prices each drafted step was shaped with, as the policy read them
+    prices = SagePolicy.prices
+    monkeypatch.setattr(SagePolicy, "prices", lambda self, quote: quoted.append(prices(self, quote)) or quoted[-1])
     res = engine.generate(prep, policy, max_new_tokens=30, ignore_eos=True)
     assert res.token_ids == ar.token_ids  # prices shape the tree, never the output
     mine = engine.costs.by_policy[policy.key]
@@ -98,12 +102,13 @@ def test_engine_meters_every_step_and_the_cost_threshold_prices_from_it(setup, m
     # (plain steps, which the cost threshold may take, draft nothing and carry no price)
     last = max(i for i, s in enumerate(res.steps[1:]) if s.depth > 0)
     before = [t for t in engine.costs.steps if t.policy == policy.key][:last][-engine.costs.policy_window:]
-    assert policy.price is not None
-    assert policy.price.rate == pytest.approx(sum(t.tokens for t in before) / sum(t.wall_ms for t in before))
+    price = quoted[-1]
+    assert price is not None
+    assert price.rate == pytest.approx(sum(t.tokens for t in before) / sum(t.wall_ms for t in before))
     # each step's event carries the prices its tree was shaped with (the app draws them); ar's carry none
     priced = [s for s in res.steps[1:] if s.node_price is not None]
-    assert priced and res.steps[1 + last].node_price == policy.price.node
-    assert res.steps[1 + last].level_price == policy.price.level
+    assert priced and res.steps[1 + last].node_price == price.node
+    assert res.steps[1 + last].level_price == price.level
     assert all(s.node_price is None for s in res.steps[1:] if s.depth == 0)
     for s in priced:   # no node of a priced tree is below its step's node price (cumulative draft probability);
         # the prices are least-squares slopes of noisy wall times, clamped at zero (a free level is possible)
@@ -182,7 +187,7 @@ def test_the_draft_gives_each_fed_node_an_alpha_only_for_a_policy_that_reads_the
     """`prev_path` plans the next tree from the accepted path's alphas (each the draft's confidence after that node,
     the root's included); other sources read only the root's, and the drafter skips the per-node ones."""
     from sage_engine import SageConfig, make_policy
-    from sage_engine.shapes import confidence
+    from sage_engine.rules import confidence
 
     pair, engine, prep = setup
     policy = make_policy("sage", SageConfig(threshold="paper", alpha_source=source, d_min=4, d_max=4))
@@ -206,7 +211,7 @@ def test_the_draft_gives_each_fed_node_an_alpha_only_for_a_policy_that_reads_the
         tokens = [3] + [tree.tokens[i] for i in path]
         logits = runner.forward(tokens, list(range(n, n + len(tokens))), np.tril(np.ones((len(tokens),) * 2, bool)))
         top = torch.softmax(logits.logits[-1], -1).topk(policy.entropy_k).values.tolist()
-        assert tree.alphas[node] == pytest.approx(confidence([top])[0], abs=1e-4)
+        assert tree.alphas[node] == pytest.approx(confidence(np.array(top)), abs=1e-4)
 
 
 def test_the_transcript_decodes_as_the_tokenizer_does(setup):

@@ -295,7 +295,7 @@ def test_negative_control_a_wrong_mrope_delta_everywhere_is_caught(monkeypatch):
 def test_plain_steps_between_drafted_ones_keep_the_output(family, media, kind, pattern):
     """A drafting policy that decodes some steps plain (sage's fallback): the draft reads the prompt with the
     first drafted step and catches up on every token it missed; nothing changes the output."""
-    from sage_engine.policy import SagePolicy
+    from sage_engine.policies import SagePolicy
 
     class Scripted(SagePolicy):
         def __init__(self):
@@ -337,7 +337,7 @@ def teacher_forced_guesses(pair, prep, ids: list[int]) -> list[int]:
 def test_tries_turned_down_after_the_drafts_read_keep_the_output_and_count_its_agreement(family, media, kind):
     """sage's try after a plain stretch: the draft reads the tokens it missed, and its top choices among them (the
     probe) decide whether the step drafts a tree; a turned-down try is a plain step whose read the draft keeps."""
-    from sage_engine.policy import SagePolicy
+    from sage_engine.policies import SagePolicy
 
     class Declining(SagePolicy):  # three plain steps, then a try; every other try turned down
         def __init__(self):

@@ -8,9 +8,15 @@ import pytest
 import torch
 
 from sage_engine.config import MEDUSA_25, Eagle2Config, SageConfig, parse_spec
-from sage_engine.policy import ChainPolicy, Eagle2Policy, SagePolicy, StaticTreePolicy, make_policy
-from sage_engine.shapes import Frontier, StepOutcome, confidence
+from sage_engine.policies import ChainPolicy, Eagle2Policy, SagePolicy, StaticTreePolicy, make_policy
+from sage_engine.policies.fallback import PROBING
+from sage_engine.policy_io import Frontier, StepOutcome
+from sage_engine.rules import confidence as _alpha
 from sage_engine.tree import DraftTree
+
+
+def confidence(rows):
+    return [_alpha(np.asarray(row, np.float64)) for row in rows]
 
 
 def frontier(nodes, probs):
@@ -173,7 +179,7 @@ def test_unknown_policy_is_refused():
 
 
 def test_policy_specs_change_scalar_knobs():
-    from sage_engine.policy import make_policy
+    from sage_engine.policies import make_policy
 
     pol = make_policy("sage:n_max=32:theta_scale=0.2:alpha_source=prev_root")
     assert (pol.cfg.n_max, pol.cfg.theta_scale, pol.cfg.alpha_source) == (32, 0.2, "prev_root")
@@ -282,12 +288,13 @@ def test_cost_threshold_prices_nodes_and_levels():
     paper = SagePolicy(SageConfig(threshold="paper"))
     quote = primed_meter(key=paper.key).quote(paper.key)  # a meter does nothing under the paper's threshold
     tree = DraftTree()
-    assert len(paper.expand(paper.shape(None, quote), 1, tree, frontier([-1], probs))) == 6 and paper.price is None
+    shape = paper.shape(None, quote)
+    assert len(paper.expand(shape, 1, tree, frontier([-1], probs))) == 6 and shape.price is None
 
     cost = SagePolicy(SageConfig(threshold="cost"))
     quote = primed_meter(key=cost.key).quote(cost.key)  # node price 0.25 tok/ms * 0.2 ms = 0.05, level 0.275
     shape = cost.shape(None, quote)
-    assert cost.price is not None and cost.price.node == pytest.approx(0.05)
+    assert shape.price is not None and shape.price.node == pytest.approx(0.05)
     tree = DraftTree()
     grow = cost.expand(shape, 1, tree, frontier([-1], probs))
     assert tree.probs == [0.5, 0.2, 0.1] and grow == [0, 1, 2]  # 0.04 and below do not pay for themselves
@@ -328,15 +335,15 @@ def test_cost_threshold_falls_back_to_plain_steps_while_drafting_loses_and_retri
     assert [pol.skip_draft(q) for _ in range(2)] == [True, True]  # fallback_steps plain steps
     assert pol.plain_shape().depth == 0
     pol.observe(StepOutcome(DraftTree(), [], 1, 1.0, drafted=False))  # a plain step teaches the policy nothing
-    assert pol._drafted == [(2, 4.0), (2, 4.0)]
+    assert pol.fallback.drafted == [(2, 4.0), (2, 4.0)]
     drafted(pol, q, 3, 4.0)  # the try (drafted whatever the window says); still losing: 7 / 12 ms
     assert [pol.skip_draft(q) for _ in range(4)] == [True] * 4  # the wait doubles
     drafted(pol, q, 20, 4.0)  # a winning try: 27 tokens in 16 ms over the window
     drafted(pol, q, 3, 3.0)  # so the policy drafts on, and the wait is back to fallback_steps
-    assert pol._backoff == 2
+    assert pol.fallback.wait == 2
     drafted(pol, q, 5, 400.0)  # a step another process slowed 100x is left out of the judgement
     drafted(pol, q, 5, 4.0)
-    assert pol._backoff == 2
+    assert pol.fallback.wait == 2
     # the same history never falls back under the paper's threshold, nor without a quote
     for cfg, meter in [(SageConfig(threshold="paper"), plain_meter(1.0)), (SageConfig(threshold="cost"), None)]:
         other = SagePolicy(cfg)
@@ -396,7 +403,7 @@ def drafted_wall_ms(meter, nodes: int, forwards: int) -> float:
 
 def test_a_chain_pays_when_its_expected_tokens_beat_plain_steps_at_the_fitted_wall_times():
     from sage_engine.costs import StepTiming
-    from sage_engine.shapes import Probe
+    from sage_engine.policy_io import Probe
     quote = probe_meter().quote("sage")
     assert drafted_wall_ms(quote.meter, 2, 2) == pytest.approx(2.0)
     assert drafted_wall_ms(quote.meter, 0, 0) == pytest.approx(1.0)
@@ -414,7 +421,7 @@ def test_a_chain_pays_when_its_expected_tokens_beat_plain_steps_at_the_fitted_wa
 
 
 def test_a_try_drafts_only_when_the_drafts_agreement_with_the_plain_tokens_would_pay():
-    from sage_engine.shapes import Probe
+    from sage_engine.policy_io import Probe
     pol = SagePolicy(SageConfig(threshold="cost", fallback_steps=2, fallback_window=4))
     q = probe_meter().quote(pol.key)
     drafted(pol, q, 1, 4.0)
@@ -424,7 +431,7 @@ def test_a_try_drafts_only_when_the_drafts_agreement_with_the_plain_tokens_would
     turned_down = pol.shape(0.9, q, Probe(2, 0))  # it guessed neither
     assert turned_down.depth == 0 and turned_down.price is None
     pol.observe(StepOutcome(DraftTree(), [], 1, 1.3))  # the read's step is not a drafted step to judge
-    assert pol._drafted == [(1, 4.0), (1, 4.0)]
+    assert pol.fallback.drafted == [(1, 4.0), (1, 4.0)]
     assert [pol.skip_draft(q) for _ in range(3)] == [True] * 3  # this step and 3 more were plain: the wait doubled
     assert pol.skip_draft(q) is False  # the next try
     shape = pol.shape(0.9, q, Probe(4, 4))  # the draft agrees again
@@ -434,7 +441,7 @@ def test_a_try_drafts_only_when_the_drafts_agreement_with_the_plain_tokens_would
     # no pairs (the draft had missed nothing plain steps made) or no measured costs: the try drafts, as before
     for probe, quote in [(Probe(), q), (Probe(3, 0), plain_meter(1.0).quote(pol.key))]:
         other = SagePolicy(SageConfig(threshold="cost"))
-        other.probing = True
+        other.fallback.state = PROBING  # a try after plain steps
         assert other.shape(0.9, quote, probe).depth > 0
 
 
@@ -443,7 +450,7 @@ def test_a_try_the_probe_lets_through_is_judged_on_a_window_of_its_own_steps(tok
     """After the probe's yes, the try drafts fallback_window (4) steps before the window judges it: two one-token
     steps do not send it back to plain steps; four of them do (4 tokens in 16 ms against plain steps' 1 per ms),
     four of 3 tokens at 2.5 ms (1.2 per ms) draft on."""
-    from sage_engine.shapes import Probe
+    from sage_engine.policy_io import Probe
     pol = SagePolicy(SageConfig(threshold="cost", fallback_steps=2, fallback_window=4))
     q = probe_meter().quote(pol.key)
     drafted(pol, q, 1, 4.0)
@@ -455,10 +462,10 @@ def test_a_try_the_probe_lets_through_is_judged_on_a_window_of_its_own_steps(tok
     pol.observe(StepOutcome(DraftTree(), [], tokens, wall))
     for _ in range(3):  # the rest of its window: drafted whatever the first steps made
         drafted(pol, q, tokens, wall)
-    assert pol._drafted[-4:] == [(tokens, wall)] * 4
+    assert pol.fallback.drafted[-4:] == [(tokens, wall)] * 4
     assert pol.skip_draft(q) is falls_back  # then judged on those four steps alone
     if falls_back:
-        assert pol._backoff == 8  # a losing try doubled the wait (4 -> 8)
+        assert pol.fallback.wait == 8  # a losing try doubled the wait (4 -> 8)
 
 
 def test_plain_rate_is_measured_or_estimated_from_the_verify_intercept():
@@ -598,7 +605,7 @@ def test_a_step_the_meter_found_stalled_does_not_judge_the_draft():
     for _ in range(4):  # 0.05 tokens per ms, each slowed by something else (the engine passes the meter's verdict)
         assert pol.skip_draft(q) is False
         pol.observe(StepOutcome(DraftTree(), [], 2, 40.0, stalled=True))
-    assert pol._drafted == [] and pol.skip_draft(q) is False
+    assert pol.fallback.drafted == [] and pol.skip_draft(q) is False
     pol.observe(StepOutcome(DraftTree(), [], 2, 40.0))
     drafted(pol, q, 2, 40.0)  # the same steps, not stalled: the draft loses
     assert pol.skip_draft(q) is True

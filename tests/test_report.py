@@ -7,7 +7,7 @@ import pytest
 
 from sage_engine.bench import find_inputs
 from sage_engine.errors import SageError
-from sage_engine.policy import POLICY_NAMES
+from sage_engine.policies import POLICY_NAMES
 from sage_engine.report import TABLE_HEAD, default_policies, policy_row, write_markdown
 from sage_engine.suites import REAL, materialise_real, packaged_file
 

@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from sage_engine.tree import DraftTree, accept_greedy, additive_mask, ancestor_matrix, verify_allowed
+from sage_engine.tree import DraftTree, accept_greedy, additive_mask, verify_allowed
 
 
 def small_tree():
@@ -20,7 +20,11 @@ def small_tree():
     return t
 
 
-def test_ancestor_matrix_marks_self_and_ancestors_only():
+def ancestor_matrix(parents):
+    return verify_allowed(parents)[1:, 1:]
+
+
+def test_a_nodes_pattern_marks_self_and_ancestors_only():
     anc = ancestor_matrix(small_tree().parents)
     assert anc[5].nonzero()[0].tolist() == [0, 2, 5]
     assert anc[4].nonzero()[0].tolist() == [1, 4]

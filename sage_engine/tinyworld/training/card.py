@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from ...policy import POLICY_NAMES
+from ...policies import POLICY_NAMES
 from ..language import DESCRIPTION_KINDS
 from ..world import CLIP_FPS, CLIP_FRAMES, MODEL_FRAMES, OCCLUSION, SIZE
 from .data import IMAGE_TOKENS, VIDEO_TOKENS

@@ -1,15 +1,14 @@
-"""What passes between the engine, the drafter and a policy (policy.py), and the confidence alpha they read.
+"""What passes between the engine, the drafter and a policy (policies/): small typed messages, no logic.
 
 A step's tree shape (`TreeShape`, the policy's answer to `shape()`), the candidates of the nodes being expanded
 (`Frontier`, read by `expand()`), what the draft's read showed of its agreement after plain steps (`Probe`), what a
-verified step taught (`StepOutcome`, given to `observe()`), and alpha itself (`confidence`, Eq. 7-9), which the
-drafter computes from each read and level (levels.py computes the same numbers in its compiled step).
+verified step taught (`StepOutcome`, given to `observe()`), and the policy's rules as numbers for the draft's compiled
+step (`LevelRule`, `StepRule`; the rules themselves are in rules.py), with the path a step's draft took
+(`DraftPath`).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -68,18 +67,40 @@ class StepOutcome(NamedTuple):
     stalled: bool = False  # the engine's meter found something else slowed the step (costs.py): not the draft's cost
 
 
-def confidence(top_probs: Sequence[Sequence[float]]) -> list[float]:
-    """alpha = 1 - H(p) / log k over the renormalised top-k probabilities (Eq. 7-9).  # [F][k] -> [F]
+CHAIN, SAGE = 0, 1  # LevelRule.kind: a chain's one best child, or rules.sage_children
 
-    With s = sum(top_probs) and p = top_probs / s: H(p) = log s - sum(top_probs log top_probs) / s. Plain Python on
-    a few rows of k numbers, once per draft level: cheaper there than numpy calls from cold caches."""
-    out = []
-    for row in top_probs:
-        s = t = 0.0  # left-to-right sums, as levels._confidence adds them (Python 3.12's sum() compensates)
-        for p in row:
-            s += p
-            if p > 0:
-                t += p * math.log(p)
-        h = math.log(s) - t / s
-        out.append(1.0 - h / math.log(len(row)))
-    return out
+
+class LevelRule(NamedTuple):
+    """A policy's expansion of one level, as numbers the compiled draft step reads: the chain's best child (CHAIN) or
+    SAGE's rules.sage_children with these settings and the step's shape (SAGE)."""
+
+    kind: int  # CHAIN or SAGE
+    bias: float = 0.0  # Eq. 12's width_parent_bias (SAGE)
+    theta_scale: float = 0.0  # theta_l = theta_scale * l / D (SAGE)
+
+
+class StepRule(NamedTuple):
+    """A whole step's shape as numbers, frozen for the step: depth and width from the root's alpha by rules.depth_for
+    and rules.width_for (a chain: D_min = D_max = k and W = 1, whatever alpha), then the levels by `level`."""
+
+    level: LevelRule
+    alpha: float  # alpha planned before the read; nan: the new root's own (alpha_source "current_root")
+    d_min: int
+    d_max: int
+    depth_cap: int
+    w_min: int
+    w_max: int
+    max_nodes: int  # N_max
+    price: BreakEven | None = None  # this step's node and level prices (SAGE's cost rule), None: none
+
+
+COMPILED_STEP, COMPILED_LEVELS, PYTHON = "compiled step", "compiled levels", "python"
+
+
+class DraftPath(NamedTuple):
+    """How a step's draft was drawn: "compiled step" (the draft's read, the shape and the levels in one compiled
+    call), "compiled levels" (the read and the policy's shape() in Python, the levels in one call) or "python" (level
+    by level through the policy's expand()); `why` says what kept it off a faster path ("" on the fastest)."""
+
+    name: str
+    why: str = ""
