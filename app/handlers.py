@@ -21,7 +21,7 @@ from sage_engine import InputError, PreparedInput, SageConfig, SageError, StepEv
 from sage_engine.config import parse_spec, spec_knobs
 from sage_engine.inputs import DEFAULT_NUM_FRAMES, video_frames_for
 from sage_engine.media import sample_video
-from sage_engine.policy import Policy
+from sage_engine.policies import Policy
 from sage_engine.pruning import VisualPruning
 from sage_engine.sampling import Sampling
 

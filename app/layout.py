@@ -10,7 +10,7 @@ import gradio as gr
 
 from sage_engine import SageConfig
 from sage_engine.config import ALPHA_SOURCES
-from sage_engine.policy import SPECULATIVE_POLICIES
+from sage_engine.policies import SPECULATIVE_POLICIES
 
 from . import plots, replay, text
 from .components import UploadedImage

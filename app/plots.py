@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from sage_engine import SageConfig
-from sage_engine.policy import SagePolicy
+from sage_engine.policies import SagePolicy
 
 from .record import Lane, RunRecord
 from .theme import AMBER, BLUE, GREEN, ORANGE, PALE, SLATE, VIOLET, figure, lane_title, layout

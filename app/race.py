@@ -21,7 +21,7 @@ from concurrent.futures import wait as wait_for
 from dataclasses import dataclass
 
 from sage_engine import PreparedInput, SpecEngine, StepEvent
-from sage_engine.policy import Policy, make_policy
+from sage_engine.policies import Policy, make_policy
 from sage_engine.sampling import Sampling
 
 from .device import DeviceThread
