@@ -15,10 +15,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-try:
-    import numba
-except ImportError:  # the compaction's NumPy gather instead
-    numba = None
+from .jit import jit, numba
 
 
 def _move_columns(keys, values, start, keep):
@@ -29,7 +26,7 @@ def _move_columns(keys, values, start, keep):
 
 # one compiled call: right after a model forward, NumPy's index arithmetic and fancy-indexed copy took ~50 us there
 # (each NumPy call's first touch of its own code and data comes back from L3), the compiled gather ~15-25 us
-_move_jit = numba.njit(cache=True, nogil=True)(_move_columns) if numba is not None else None
+_move_jit = jit(_move_columns) if numba is not None else None  # without Numba: the compaction's NumPy gather
 
 
 def warm() -> None:

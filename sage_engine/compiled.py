@@ -26,11 +26,7 @@ import numpy as np
 import torch
 
 from .host import HostDecoder, blas_one_thread
-
-try:
-    import numba
-except ImportError:  # an unsupported platform: the NumPy layers (host.py) instead
-    numba = None
+from .jit import jit, numba  # no Numba (an unsupported platform): the NumPy layers (host.py) instead
 
 # Numba's fast-math flags minus "nnan" and "ninf": masked attention scores are -inf, and the loops must keep them
 _FAST = {"contract", "reassoc", "nsz", "arcp", "afn"}
@@ -42,8 +38,7 @@ def _jit(fn, inline: bool = False):
     # error_model "numpy": a division by zero gives inf or nan instead of raising, which keeps divisions in
     # vectorised loops (Python's check is a branch per element); nogil: another thread (the demo's other lane) runs
     # meanwhile
-    return numba.njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy",
-                      inline="always" if inline else "never")(fn)
+    return jit(fn, fastmath=_FAST, error_model="numpy", inline="always" if inline else "never")
 
 
 _POW2 = np.array([2.0**k for k in range(-126, 128)], dtype=np.float32)  # 2^k of every normal float32 exponent

@@ -15,7 +15,12 @@ token over recent drafted steps. A draft that is overconfident on an input it ha
 photo for the embedded pair) earns a low trust within a few steps, and its trees shrink with it.
 
 The engine records every decode step of every policy (`StepTiming`) and hands each step's policy a `Quote`
-(its view of these figures) as an argument.
+(these figures as they stood when the step began) as an argument.
+
+One engine, one meter, on purpose: what the machine charges (a plain step's rate, a node's and a draft level's price)
+is measured over every policy's steps and carries over from run to run and from policy to policy (a `chain` run
+teaches a later `sage` run what a node costs, and a first step is priced from the start); what a policy earns (its
+rate, its trust, its drafted rate) is kept per policy key.
 Only the tree's shape depends on these timings, never the output: every emitted token is still the
 target's own choice.
 """
@@ -24,34 +29,14 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
 from operator import attrgetter
 from typing import NamedTuple
 
-from .windows import DRAFT, FORWARDS, NODES, VERIFY, WALL, Moments, Window
+from .windows import DRAFT, FORWARDS, NODES, VERIFY, WALL, Moments, StepTiming, Window
 
 # a window's steps are read through map() with these where they are read at all (`CostMeter.typical_rate`): C loops,
 # where a generator expression runs a Python frame per step
 _TOKENS, _WALL = attrgetter("tokens"), attrgetter("wall_ms")
-
-
-class StepTiming(NamedTuple):
-    """One decode step as the engine measured it (a named tuple: made every step, in under half a frozen dataclass's
-    time)."""
-
-    policy: str
-    tokens: int  # tokens the step produced (accepted + bonus)
-    nodes: int  # tree nodes the target verified (root excluded)
-    wall_ms: float  # the whole step
-    verify_ms: float  # the target's verification forward
-    draft_ms: float  # the draft's forwards
-    draft_forwards: int
-    forecast: float = 0.0  # sum of the verified nodes' cumulative draft probabilities (the draft's own tau - 1)
-
-    @property
-    def plain(self) -> bool:
-        """One target forward and nothing else (ar, or a drafting policy that skipped its draft)."""
-        return self.nodes == 0 and self.draft_forwards == 0
 
 
 class BreakEven(NamedTuple):
@@ -139,7 +124,6 @@ class CostMeter:
         self._line: tuple[int, tuple[float, float] | None] | None = None  # (drafted count, drafted_line) for `stalled`
         self._stalled_run = 0  # stalled steps in a row, the last recorded
         self.stalls = 0  # stalled steps left out of the windows
-        self._quotes: dict[str, Quote] = {}
 
     def record(self, timing: StepTiming) -> bool:
         """Add a step to every window, unless something else slowed it (`stalled`): such steps are left out of the
@@ -276,38 +260,48 @@ class CostMeter:
         return BreakEven(rate=rate, node_ms=prices[0], level_ms=prices[1], trust=self.trust(policy))
 
     def quote(self, policy: str) -> Quote:
-        """The prices `policy` (a policy key) decides a step with; computed only when asked for (a Quote is a view of
-        the meter, made once per key)."""
-        quote = self._quotes.get(policy)
-        if quote is None:
-            quote = self._quotes[policy] = Quote(self, policy)
-        return quote
+        """The prices `policy` (a policy key) decides this step with (the engine asks once a step)."""
+        return Quote(self, policy)
+
+    def timing(self, measured: StepTiming) -> StepTiming:
+        """The timing the meter and the step's policy judge a step by: as measured. A subclass may put a model of the
+        machine here (tests do, so that what a policy decides does not depend on how busy the machine is)."""
+        return measured
 
 
-@dataclass(frozen=True)
 class Quote:
-    """The engine's measured costs as one policy setting sees them at one step: handed to the policy with
-    each step (a policy that prices nothing asks nothing, and pays nothing for it)."""
+    """The meter's figures as one policy setting sees them at one step, handed to the policy with the step. Each
+    figure is read from the meter when first asked and kept: the engine records the step only after the policy has
+    decided, so every figure of a quote is the meter as it stood when the step began (a policy that prices nothing
+    asks nothing, and pays nothing for it)."""
 
-    meter: CostMeter
-    policy: str
+    __slots__ = ("meter", "policy", "_seen")
+
+    def __init__(self, meter: CostMeter, policy: str):
+        self.meter, self.policy, self._seen = meter, policy, {}
+
+    def _kept(self, name, make):
+        seen = self._seen
+        if name not in seen:
+            seen[name] = make()
+        return seen[name]
 
     def break_even(self) -> BreakEven | None:
-        return self.meter.break_even(self.policy)
+        return self._kept("break_even", lambda: self.meter.break_even(self.policy))
 
     def plain_rate(self) -> float | None:
-        return self.meter.plain_rate()
+        return self._kept("plain", self.meter.plain_rate)
 
     def drafted_rate(self, z: float = 0.0) -> float | None:
         """This policy's typical rate over its last drafted steps on the engine (earlier runs included), plus z
         standard errors."""
-        return self.meter.drafted_rate(self.policy, z)
+        return self._kept(("drafted", z), lambda: self.meter.drafted_rate(self.policy, z))
 
     def chain_pays(self, agreement: float, max_depth: int) -> bool | None:
         """Would drafted steps beat plain ones for a draft whose next token is the target's with probability
         `agreement`: is there a chain depth D <= max_depth whose expected tokens (1 + a + ... + a^D) per its
         measured wall time (D nodes, D draft forwards) beat the plain rate? None while either is unmeasured."""
-        plain, line = self.meter.plain_rate(), self.meter.drafted_line()
+        plain, line = self.plain_rate(), self._kept("line", self.meter.drafted_line)
         if plain is None or line is None:
             return None
         base, per_unit = line  # base >= a plain step's time > 0

@@ -18,7 +18,8 @@ import math
 import numpy as np
 
 from . import rules
-from .compiled import CompiledDecoder, _forward_jit, _largest, _top_jit, numba, toy_weights
+from .compiled import CompiledDecoder, _forward_jit, _largest, _top_jit, toy_weights
+from .jit import jit, numba
 from .policy_io import CHAIN, LevelRule, StepRule, TreeShape
 from .tree import DraftTree, chain_allowed
 
@@ -159,9 +160,7 @@ def _draft_step(kind, plan, temperature, nucleus, max_depth, vocab, tokens, posi
 
 
 if numba is not None:  # the rules' arithmetic exactly as Python does it: no fast-math, Python's errors
-    _jit = functools.partial(numba.njit, cache=True, nogil=True)
-    _expand, _warped_top = _jit(_expand), _jit(_warped_top)
-    _draft_levels, _draft_step = _jit(_draft_levels), _jit(_draft_step)
+    _expand, _warped_top, _draft_levels, _draft_step = map(jit, (_expand, _warped_top, _draft_levels, _draft_step))
 AVAILABLE = numba is not None and _forward_jit is not None
 
 

@@ -17,19 +17,16 @@ target alone makes with the same seed).
 
 from __future__ import annotations
 
-import functools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import torch
 from PIL import Image
-from transformers.tokenization_utils_base import PreTrainedTokenizerBase
-from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
 from .costs import CostMeter, Quote, StepTiming
 from .draft import Draft, Drafter
 from .errors import InputError
-from .events import Deferred, GenerationResult, StepEvent, TreeView, summarize
+from .events import Deferred, GenerationResult, StepEvent, summarize
 from .families import shared_vocab
 from .inputs import PreparedInput, prepare_input
 from .models import ModelPair
@@ -38,104 +35,11 @@ from .policy_io import StepOutcome
 from .pruning import VisualPruning
 from .runner import ModelRunner
 from .sampling import RatioAcceptance, SampledAcceptance, Sampling
+from .telemetry import Telemetry
+from .transcript import Transcript
 from .tree import DraftTree
 from .tree import warm as warm_verify_inputs
-from .verify import GreedyAcceptance, Verdict, verify_tree
-
-
-def text_decoder(tokenizer) -> Callable[[list[int]], str]:
-    """ids -> text as `tokenizer.decode(ids, skip_special_tokens=True)` gives it. Where that call is only the Rust
-    tokenizer's own decode (a `tokenizers`-backed tokenizer with transformers' own decode, no clean-up of spaces), the
-    Rust decode is called directly: a third of the time (~2 against ~5.5 us a call on this CPU), and the transcript
-    decodes up to four short windows a step."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    cls = type(tokenizer)
-    plain = cls.decode is PreTrainedTokenizerBase.decode and getattr(cls, "_decode", None) is TokenizersBackend._decode
-    if plain and backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", True):
-        return functools.partial(backend.decode, skip_special_tokens=True)
-    return functools.partial(tokenizer.decode, skip_special_tokens=True)
-
-
-class Transcript:
-    """The output so far, with the stopping rules: EOS, token budget, stop strings. Its text is decoded when first
-    asked for (`texts`), step by step in order: a consumer that reads no step's text (the benchmark) never pays for it,
-    as transformers' generate() decodes only for a streamer."""
-
-    def __init__(self, tokenizer, eos: set[int], budget: int, stop: tuple[str, ...]):
-        self.eos, self.budget, self.stop = eos, budget, tuple(s for s in stop if s)
-        self.decode = text_decoder(tokenizer)
-        self.ids: list[int] = []
-        self.text = ""  # the text of the steps decoded so far
-        self.finish_reason: str | None = None
-        self._prefix = self._read = 0  # incremental detokenisation window: ids[_prefix:] is re-decoded
-        # per step: ids after its drafted tokens, ids after it, did it draft, was it the run's last; appended after its
-        # ids, so that another thread reading the texts (the app's) never sees a step whose ids are not there yet
-        self._marks: list[tuple[int, int, bool, bool]] = []
-        self._texts: list[tuple[str, str]] = []  # per decoded step: (text of its drafted tokens, of the rest)
-
-    def extend(self, tokens: list[int], drafted: int = 0) -> tuple[list[int], int]:
-        """Append what a step produced (its first `drafted` tokens from the draft, the rest the target's own),
-        truncated by the stopping rules; returns (ids added, the step's index for `texts`)."""
-        take = tokens[: max(0, self.budget - len(self.ids))]
-        if self.eos and not self.eos.isdisjoint(take):  # cut after the first end-of-sequence token
-            take = take[: next(i for i, tok in enumerate(take) if tok in self.eos) + 1]
-            self.finish_reason = "eos"
-        if self.stop:
-            take = self._cut_at_stop(take)
-        if len(self.ids) + len(take) >= self.budget and self.finish_reason is None:
-            self.finish_reason = "length"
-        start = len(self.ids)
-        self.ids += take
-        self._marks.append((start + min(drafted, len(take)), start + len(take), drafted > 0, self.finished))
-        return take, len(self._marks) - 1
-
-    def step_text(self, step: int) -> str:
-        """The text step `step` added."""
-        return "".join(self.texts(step))
-
-    def drafted_text(self, step: int) -> str:
-        """The start of it that the step's accepted draft tokens wrote."""
-        return self.texts(step)[0]
-
-    def texts(self, step: int) -> tuple[str, str]:
-        """(text of step `step`'s drafted tokens, text of the rest of it), decoding the steps up to it in order. A
-        character whose bytes are split between tokens is given with the token that completes it."""
-        while len(self._texts) <= step:
-            drafted_end, end, drafted, last = self._marks[len(self._texts)]
-            from_draft = self._new_text(drafted_end, last) if drafted else ""
-            self._texts.append((from_draft, self._new_text(end, last)))
-        return self._texts[step]
-
-    def _new_text(self, end: int, last: bool) -> str:
-        """Text of ids[_read:end], decoding only a short window (the previous chunk gives context); `last`: of the
-        run's final step (a split character is not waited for)."""
-        ids = self.ids
-        before = self.decode(ids[self._prefix : self._read])
-        window = self.decode(ids[self._prefix : end])
-        if window.endswith("\ufffd") and not last:
-            return ""  # an unfinished multi-byte character: wait for the next tokens
-        self._prefix, self._read = self._read, end
-        if window.startswith(before):
-            added = window[len(before) :]
-            self.text += added
-            return added
-        full = self.decode(ids[:end])  # bytes regrouped across the window edge: resynchronise
-        added = full[len(self.text) :] if full.startswith(self.text) else ""
-        self.text = full
-        return added
-
-    def _cut_at_stop(self, take: list[int]) -> list[int]:
-        for j in range(1, len(take) + 1):
-            tail = self.decode(self.ids + take[:j])[-(max(map(len, self.stop)) + 64) :]
-            if any(s in tail for s in self.stop):
-                self.finish_reason = "stop_string"
-                return take[:j]
-        return take
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
+from .verify import GreedyAcceptance, verify_tree
 
 # torch.inference_mode()'s own guard, which that context manager enters through a few Python frames of its own (~2.4
 # against ~0.5 us a call warm, several times that right after a model forward); the public one where torch has none
@@ -179,7 +83,7 @@ class SpecEngine:
         self.keep_prompt = keep_prompt
         self.accept = acceptance or GreedyAcceptance()
         self.costs = CostMeter()  # step timings of every run on this engine (cost-aware policies read them)
-        self._texts: dict[int, str] = {}
+        self.telemetry = Telemetry(self.tokenizer)
 
     def _check_prompts(self) -> None:
         """Each model's prompt path through its fused layers checked against forward() now, on a small picture (its
@@ -216,12 +120,6 @@ class SpecEngine:
                 runner.keep_prompt = on
 
     # ------------------------------------------------------------------ helpers
-    def token_text(self, tok: int) -> str:
-        text = self._texts.get(tok)
-        if text is None:
-            text = self._texts[tok] = self.tokenizer.decode([tok])
-        return text
-
     def _budget(self, prepared: PreparedInput, max_new_tokens: int) -> int:
         if max_new_tokens < 1:
             raise InputError("max_new_tokens must be at least 1")
@@ -231,28 +129,6 @@ class SpecEngine:
         if ctx is not None and n >= ctx:
             raise InputError(f"the prompt is too long for the model ({n} tokens; its context is {ctx})")
         return max_new_tokens if ctx is None else min(max_new_tokens, ctx - n)
-
-    def _tree_view(self, root: int, tree: DraftTree, drafted: int, verdict: Verdict, rule: str) -> TreeView:
-        target_p: list[float | None] = [None] * len(tree)
-        draft_q: list[float | None] = [None] * len(tree)
-        draw_u: list[float | None] = [None] * len(tree)
-        for t in verdict.trials:
-            target_p[t.node], draft_q[t.node], draw_u[t.node] = round(t.p, 5), round(t.q, 5), round(t.u, 5)
-        return TreeView(
-            root_token=root,
-            root_text=self.token_text(root),
-            tokens=list(tree.tokens),
-            texts=[self.token_text(t) for t in tree.tokens],
-            parents=list(tree.parents),
-            depths=list(tree.depths),
-            probs=[round(p, 5) for p in tree.probs],
-            cum_probs=[round(p, 5) for p in tree.cum_probs],
-            drafted_nodes=drafted,
-            rule=rule,
-            target_p=target_p,
-            draft_q=draft_q,
-            draw_u=draw_u,
-        )
 
     def _acceptance(self, policy: Policy, sampling: Sampling | None):
         """The run's acceptance rule: greedy; under sampling the ratio rule for a draft that samples its tokens,
@@ -289,16 +165,15 @@ class SpecEngine:
         prefill = self.target.prefill(prepared.target_inputs)
         first = accept.first(prefill.logits)
         ids, index = out.extend([first])
-        yield self._event(0, policy, out, ids, index, t0, target_ms=prefill.ms)
+        yield self.telemetry.event(0, policy, out, ids, index, t0, target_ms=prefill.ms)
         if drafting:
             self.drafter.start(prepared.for_draft(), first, sampling, ends=eos)
         root, step = first, 0
-        quote = self.costs.quote(policy.key)  # the policy's view of the meter, the same object every step
         while not out.finished:
             step += 1
             t0 = time.perf_counter()  # the step's clock starts here: entering it is part of its cost
             with _inference_mode(True):  # one entry for the step's dozen runner calls (runner.inference)
-                event = self._step(step, root, policy, quote, accept, out, t0)
+                event = self._step(step, root, policy, self.costs.quote(policy.key), accept, out, t0)
             root = event.bonus_token
             yield event
 
@@ -330,14 +205,14 @@ class SpecEngine:
         # one-off check of their layers (a first drafted step ~10 ms slower would turn a fresh engine's policy
         # to plain steps), both still in the event's times
         wall_ms = (time.perf_counter() - t0) * 1e3 - draft.prefill_ms - (self._check_ms() - checked_ms)
-        stalled = self.costs.record(StepTiming(key, len(verdict.accepted) + 1, len(tree), wall_ms, verify.ms,
-                                               draft.ms, draft.forwards, sum(tree.cum_probs)))
-        policy.observe(StepOutcome(tree, verdict.accepted, len(verdict.accepted) + 1, wall_ms, draft.forwards > 0,
-                                   stalled))
+        timing = self.costs.timing(StepTiming(key, len(verdict.accepted) + 1, len(tree), wall_ms, verify.ms,
+                                              draft.ms, draft.forwards, sum(tree.cum_probs)))
+        stalled = self.costs.record(timing)
+        policy.observe(StepOutcome(tree, verdict.accepted, timing.tokens, timing.wall_ms, draft.forwards > 0, stalled))
         ids, index = out.extend(verdict.accepted_tokens + [verdict.bonus], len(verdict.accepted_tokens))
         # the tree's view is made when a consumer first reads it (the app draws it; the benchmark never looks)
-        view = Deferred(self._tree_view, root, tree, draft.drafted, verdict, accept.name)
-        return self._event(step, policy, out, ids, index, t0, target_ms=verify.ms, draft=draft, view=view,
+        view = Deferred(self.telemetry.tree_view, root, tree, draft.drafted, verdict, accept.name)
+        return self.telemetry.event(step, policy, out, ids, index, t0, target_ms=verify.ms, draft=draft, view=view,
                            verdict=verdict)
 
     def generate(self, prepared: PreparedInput, policy: Policy | str = "sage", max_new_tokens: int = 128,
@@ -355,48 +230,3 @@ class SpecEngine:
     def _check_ms(self) -> float:
         """Time the runners have spent checking their layers against forward() (stack.py, fused.py) so far."""
         return self.target.check_ms + (0.0 if self.draft is None else self.draft.check_ms)
-
-    # ------------------------------------------------------------------ telemetry
-    def _event(self, step: int, policy: Policy, out: Transcript, ids: list[int], index: int, t0: float, *,
-               target_ms: float, draft: Draft | None = None, view: Deferred | None = None,
-               verdict: Verdict | None = None) -> StepEvent:
-        """The StepEvent of step `step` (0: prefill; no draft), from what its stages measured; its own making is part
-        of the step's other_ms (measured once it is made)."""
-        shape = None if draft is None else draft.shape
-        d_ms, d_fw, d_prefill = (0.0, 0, 0.0) if draft is None else (draft.ms, draft.forwards, draft.prefill_ms)
-        alpha = shape.alpha if shape is not None else None
-        price = shape.price if shape is not None else None
-        event = StepEvent(
-            step=step,
-            kind="prefill" if step == 0 else "decode",
-            policy=policy.name,
-            alpha=alpha,
-            entropy=None if alpha is None else 1.0 - alpha,
-            root_alpha=None if draft is None else draft.tree.root_alpha,
-            depth=0 if shape is None else shape.depth,
-            width=0 if shape is None else shape.width,
-            d_max=None if shape is None else shape.d_max,
-            tree=view,
-            accepted_nodes=[] if verdict is None else verdict.accepted,  # the verdict's lists: nothing changes them
-            accepted_tokens=[] if verdict is None else verdict.accepted_tokens,
-            bonus_token=None if verdict is None else verdict.bonus,
-            new_token_ids=ids,
-            new_text=Deferred(out.step_text, index),  # decoded when first read (Transcript.texts)
-            accepted_text=Deferred(out.drafted_text, index),
-            bonus_text=(self.token_text(verdict.bonus)
-                        if verdict is not None and len(ids) > len(verdict.accepted_tokens) else None),
-            target_ms=target_ms,
-            draft_ms=d_ms,
-            other_ms=0.0,
-            draft_forwards=d_fw,
-            total_tokens=len(out.ids),
-            finished=out.finished,
-            finish_reason=out.finish_reason,
-            node_price=None if price is None else price.node,
-            level_price=None if price is None else price.level,
-            draft_prefill_ms=d_prefill,
-            draft_path=None if draft is None or draft.path is None else draft.path.name,
-            draft_path_why="" if draft is None or draft.path is None else draft.path.why,
-        )
-        event.other_ms = max(0.0, (time.perf_counter() - t0) * 1e3 - d_prefill - target_ms - d_ms)
-        return event

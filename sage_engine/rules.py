@@ -25,20 +25,11 @@ import math
 
 import numpy as np
 
-try:
-    import numba
-except ImportError:  # the same functions run as Python
-    numba = None
+from .jit import jit, numba
 
-
-def rule(fn):
-    """`fn` compiled by Numba where it is installed (cached on disk, no fast-math, Python's float64 arithmetic and
-    errors; nogil so the demo's other lane runs meanwhile), else `fn` itself. `rule(fn).py_func` is always the plain
-    function."""
-    if numba is None:
-        fn.py_func = fn
-        return fn
-    return numba.njit(cache=True, nogil=True)(fn)
+# `fn` compiled where Numba is installed, without fast-math (float64 exactly as Python computes it, Python's errors),
+# else `fn` itself; `rule(fn).py_func` is always the plain function
+rule = jit
 
 
 @rule

@@ -8,10 +8,27 @@ from __future__ import annotations
 
 from collections import deque
 from operator import add, itemgetter, mul, sub
-from typing import TYPE_CHECKING
+from typing import NamedTuple
 
-if TYPE_CHECKING:
-    from .costs import StepTiming
+
+class StepTiming(NamedTuple):
+    """One decode step as the engine measured it (a named tuple: made every step, in under half a frozen dataclass's
+    time)."""
+
+    policy: str
+    tokens: int  # tokens the step produced (accepted + bonus)
+    nodes: int  # tree nodes the target verified (root excluded)
+    wall_ms: float  # the whole step
+    verify_ms: float  # the target's verification forward
+    draft_ms: float  # the draft's forwards
+    draft_forwards: int
+    forecast: float = 0.0  # sum of the verified nodes' cumulative draft probabilities (the draft's own tau - 1)
+
+    @property
+    def plain(self) -> bool:
+        """One target forward and nothing else (ar, or a drafting policy that skipped its draft)."""
+        return self.nodes == 0 and self.draft_forwards == 0
+
 
 NODES, FORWARDS, WALL, VERIFY, DRAFT = 1, 2, 3, 4, 5  # a drafted step's columns in `Moments` (0: the constant 1)
 _COLUMNS = 6

@@ -217,7 +217,7 @@ def test_the_draft_gives_each_fed_node_an_alpha_only_for_a_policy_that_reads_the
 def test_the_transcript_decodes_as_the_tokenizer_does(setup):
     """The transcript calls the Rust tokenizer's decode directly where transformers' decode is only that call, and
     transformers' decode where it does more (here: a clean-up of spaces); both give tokenizer.decode's text."""
-    from sage_engine.engine import text_decoder
+    from sage_engine.transcript import text_decoder
 
     pair, _, _ = setup
     tok = pair.tokenizer
