@@ -186,6 +186,7 @@ class Handlers:
     def _race(self, s: Setup, stop: threading.Event) -> Iterator[tuple]:
         record = s.record
         engine = s.loaded.engine(s.pruning)
+        record.backends = engine.backends()
         race = Race(engine, s.prepared, s.policy, record.max_new_tokens, self.pool.device, stop, s.sampling)
         transcriber = Transcriber()
         view = self._reset_view(record)

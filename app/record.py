@@ -71,6 +71,7 @@ class RunRecord:
     ar: Lane = field(default_factory=lambda: Lane("ar", "ar"))
     spec: Lane = field(default_factory=lambda: Lane("spec", "sage"))
     stopped: bool = False  # the user pressed Stop: the lanes may be incomplete
+    backends: dict = field(default_factory=dict)  # what each model ran on, and why a faster path was turned down
 
     @property
     def done(self) -> bool:
@@ -112,6 +113,7 @@ class RunRecord:
             "speedup": self.speedup(),
             "preset": self.preset,
             "stopped": self.stopped,
+            "backends": self.backends,
         }
 
     def export(self) -> dict:
@@ -152,4 +154,4 @@ class RunRecord:
             raise ValueError(f"not a sage-run/1 export: {run.get('format')!r}")
         return cls(run["preset"], run["prompt"], run["max_new_tokens"], run["policy"], run["policy_config"],
                    run["media"], ar=lane("ar", run["ar"]), spec=lane("spec", run["speculative"]),
-                   stopped=bool(run.get("stopped")))
+                   stopped=bool(run.get("stopped")), backends=run.get("backends") or {})

@@ -14,6 +14,7 @@ import json
 import os
 import resource
 import statistics
+from collections import Counter
 from dataclasses import dataclass
 from itertools import zip_longest
 from pathlib import Path
@@ -175,6 +176,8 @@ def _aggregate(runs: list[dict], ar_tps: float | None) -> dict:
         "tree_nodes_mean": sum(r["tree_nodes_mean"] * r["target_forwards"] for r in runs) / steps if steps else 0.0,
         "tree_depth_mean": sum(drafted) / steps if steps else 0.0,  # levels verified per step
         "accepted_by_depth": [a / d for a, d in zip(accepted, drafted)],  # P(accepted path reaches l | tree does)
+        "draft_paths": dict(sum((Counter(r.get("draft_paths") or {}) for r in runs), Counter())),
+        "draft_path_why": list(dict.fromkeys(w for r in runs for w in r.get("draft_path_why") or ())),
         "new_tokens": tokens,
         "seconds": seconds,
     }
@@ -235,6 +238,7 @@ def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], ma
                          "draft": None if engine.draft is None else engine.draft.tree_forward},
         "prompt_path": {"target": engine.target.prompt_path,
                         "draft": None if engine.draft is None else engine.draft.prompt_path},
+        "backends": engine.backends(),  # each model's paths, and why a faster one was turned down
         "inputs": len(inputs),
         "rounds": rounds,
         "policies": {},
@@ -337,4 +341,10 @@ def format_table(report: dict) -> str:
     if profiles:
         lines += ["", "accepted path reaches depth l, given the tree does (l = 1, 2, ...):"]
         lines += [f"{name:{w}} " + " ".join(f"{r:.2f}" for r in rates) for name, rates in profiles]
+    lines += ["", "backends: " + "; ".join(
+        f"{role} {b['cached']} (prompt {b['prompt']})" + "".join(f" - {n}" for n in b["notes"])
+        for role, b in report.get("backends", {}).items())]
+    slower = [(n, p["draft_paths"], p["draft_path_why"]) for n, p in report["policies"].items() if p.get("draft_paths")]
+    lines += ["draft paths:"] + [f"{name:{w}} " + ", ".join(f"{k} {v}" for k, v in paths.items())
+                                 + "".join(f" ({why})" for why in whys) for name, paths, whys in slower]
     return "\n".join(lines)

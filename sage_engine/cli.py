@@ -188,7 +188,8 @@ def cmd_generate(args) -> int:
         policy = make_policy(args.policy)  # a fresh policy per sample: its adaptive state is per run
         if args.json:
             res = engine.generate(prepared, policy, args.max_new_tokens, tuple(args.stop), sampling=sample)
-            print(json.dumps({**res.to_dict(), **({} if sampling.greedy else {"seed": seed})}), flush=True)
+            print(json.dumps({**res.to_dict(), "backends": engine.backends(),
+                              **({} if sampling.greedy else {"seed": seed})}), flush=True)
         else:
             _stream_text(engine.stream(prepared, policy, args.max_new_tokens, tuple(args.stop), sampling=sample),
                          f"{args.policy}" + ("" if sampling.greedy else f", seed {seed}"))

@@ -30,8 +30,21 @@ def cache_dir() -> Path:
     return Path(base) / f"numba-{digest}"
 
 
+def _prune(keep: Path, days: float = 7.0) -> None:
+    """Drop the caches of other source versions not used for `days` (a checkout's older commits leave them)."""
+    import shutil
+    import time
+
+    for old in keep.parent.glob("numba-*"):
+        if old != keep and time.time() - old.stat().st_mtime > days * 86400:
+            shutil.rmtree(old, ignore_errors=True)
+
+
 if numba is not None:
-    numba.config.CACHE_DIR = str(cache_dir())  # read by every @jit below when it is applied
+    _dir = cache_dir()
+    if not _dir.exists() and _dir.parent.is_dir():
+        _prune(_dir)
+    numba.config.CACHE_DIR = str(_dir)  # read by every @jit below when it is applied
 
 
 def jit(fn=None, **options):
