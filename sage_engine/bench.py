@@ -185,7 +185,7 @@ def _aggregate(runs: list[dict], ar_tps: float | None) -> dict:
 
 def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], max_new_tokens: int,
               warmup: int = 1, progress=None, draft_pruning: VisualPruning | None = None,
-              tree_forward: str = "fused", sampling: Sampling | None = None, rounds: int = 1) -> dict:
+              tree_forward: str = "auto", sampling: Sampling | None = None, rounds: int = 1) -> dict:
     """Decode every input with every policy (ar first in the list is added if missing); returns the report.
 
     rounds: decode each input with every policy this many times, the policies back to back in rotating order each

@@ -35,11 +35,11 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"], help="attention implementation")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--tree-forward", default="fused", choices=TREE_FORWARDS,
-                   help="cached decode steps: fused = both models' layers in fused products (on transposed or "
-                        "oneDNN-packed weight copies, or the draft's in NumPy, whichever is timed faster), checked "
-                        "close to forward() with the same argmax; layers ="
-                        " the target's own decoder layers, checked bit-identical to forward(); forward = forward()")
+    p.add_argument("--tree-forward", default="auto", choices=TREE_FORWARDS,
+                   help="the backend both models' passes run on: auto = the fastest that applies and passes its "
+                        "check against forward(); forward = forward(); layers = the model's own decoder layers in "
+                        "turn (bit-identical); fused = its layers as fewer torch products; numpy, numba = the "
+                        "draft's layers in NumPy or compiled (a target gets fused). Reports name what ran and why")
     p.add_argument("--draft-prune", default="off", type=_pruning,
                    help="draft-only visual-token pruning: off | paper (80%% image, 90%% video) | IMAGE,VIDEO ratios")
 

@@ -24,7 +24,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from . import cache, compiled, draft_compiled, rules
+from . import cache, draft_compiled, rules
+from .backends import numba_layers as compiled
 from .costs import Quote
 from .policies import Policy
 from .policy_io import COMPILED_LEVELS, COMPILED_STEP, PYTHON, DraftPath, Frontier, Probe, TreeShape

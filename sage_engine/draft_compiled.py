@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from . import rules
-from .compiled import CompiledDecoder, _forward_jit, _largest, _top_jit, toy_weights
+from .backends.numba_layers import CompiledDecoder, _forward_jit, _largest, _top_jit, toy_weights
 from .jit import jit, numba
 from .policy_io import CHAIN, LevelRule, StepRule, TreeShape
 from .tree import DraftTree, chain_allowed

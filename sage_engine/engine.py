@@ -23,6 +23,7 @@ from collections.abc import Iterator
 import torch
 from PIL import Image
 
+from .backends.choose import BACKENDS
 from .costs import CostMeter, Quote, StepTiming
 from .draft import Draft, Drafter
 from .errors import InputError
@@ -45,20 +46,18 @@ from .verify import GreedyAcceptance, verify_tree
 # against ~0.5 us a call warm, several times that right after a model forward); the public one where torch has none
 _inference_mode = getattr(torch._C, "_InferenceMode", torch.inference_mode)
 
-TREE_FORWARDS = ("fused", "layers", "forward")  # SpecEngine(tree_forward=...), the CLI's --tree-forward
+TREE_FORWARDS = BACKENDS  # SpecEngine(tree_forward=...), the CLI's --tree-forward: the backends both models may use
 
 
 class SpecEngine:
     """Lossless tree speculative decoding of a target VLM with a draft VLM (batch of one)."""
 
     def __init__(self, pair: ModelPair, acceptance=None, draft_pruning: VisualPruning | None = None,
-                 tree_forward: str = "fused", keep_prompt: bool = False):
+                 tree_forward: str = "auto", keep_prompt: bool = False):
         """draft_pruning: feed the draft only part of the visual tokens (draft-only; output unchanged).
-        tree_forward: how both models' cached steps run (runner.py): "fused", each model's layers computed with fused
-        products where checked close to forward() (fused.py; on transposed or oneDNN-packed weight copies, or for the
-        draft in NumPy (host.py), whichever the runner times faster);
-        "layers", the target's through its own decoder layers where checked bit-identical to forward() (stack.py),
-        the draft's fused; "forward", both through forward().
+        tree_forward: the backend both models' passes run on (backends/): "auto", the fastest of those that apply and
+        pass their check against forward(); "forward", "layers", "fused", "numpy" or "numba" that one where it applies
+        (a target is never offered "numpy" or "numba"; what each model got, and why, is in `backends()`).
         keep_prompt: runs on the same PreparedInput as the last one reuse both models' prefilled caches
         (runner.py); for many draws on one prompt, never where prefill is timed."""
         if tree_forward not in TREE_FORWARDS:
@@ -66,12 +65,11 @@ class SpecEngine:
         self.pair = pair
         self.draft_pruning = draft_pruning
         self.tokenizer = pair.tokenizer
-        stack = tree_forward != "forward"
-        self.target = ModelRunner(pair.target, layer_stack=stack, fused=tree_forward == "fused")
+        self.target = ModelRunner(pair.target, backend=tree_forward)
         self.draft = None
         if pair.draft is not None:
             self.draft = ModelRunner(pair.draft, vocab_limit=shared_vocab(pair.target, pair.draft),
-                                     layer_stack=stack, fused=stack, row_invariant=False)
+                                     backend=tree_forward, row_invariant=False)
         self.drafter = Drafter(self.draft, draft_pruning) if self.draft is not None else None
         if self.drafter is not None:
             warm_verify_inputs()  # the compiled builder of a verify pass's inputs, loaded now, not in a first step
@@ -106,7 +104,8 @@ class SpecEngine:
         out = {}
         for role, runner in (("target", self.target), ("draft", self.draft)):
             if runner is not None:
-                out[role] = {"cached": runner.tree_forward, "prompt": runner.prompt_path, "notes": list(runner.notes)}
+                out[role] = {"cached": runner.tree_forward, "prompt": runner.prompt_path,
+                             "notes": runner.notes + runner.prompts.notes}
         return out
 
     @property

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .checks import sync
+from .backends.choose import sync
 from .errors import InputError
 from .events import GenerationResult, RunStats
 from .inputs import PreparedInput

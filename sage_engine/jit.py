@@ -19,7 +19,7 @@ except ImportError:  # the same functions run as Python
     numba = None
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ("jit.py", "rules.py", "compiled.py", "draft_compiled.py", "tree.py", "cache.py")  # every module with @jit
+SOURCES = ("jit.py", "rules.py", "backends/numba_layers.py", "draft_compiled.py", "tree.py", "cache.py")  # @jit modules
 
 
 def cache_dir() -> Path:

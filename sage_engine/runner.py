@@ -4,23 +4,17 @@ The runner owns the model's KV cache and applies its family's position rule (fam
 speaks only in sequence positions, token ids and boolean attention patterns: a token at sequence position p is fed at
 position_ids [1, q] = p + rope_delta, where rope_delta is the text shift the family's rule reads after prefill (M-RoPE:
 the model's rope_deltas; 1D: 0; after a pruned draft prefill: what keeps the text at its unpruned positions).
-Cached forwards (decode steps, tree levels, verify passes) go through the model's own decoder layers called in turn
-(stack.py) once the first one has given bit-identical logits to forward(), else through forward(). With `fused`, the
-runner computes those layers with fused products instead (fused.py), kept once its first forward came out close to
-forward() with the same argmax on every row (their last bits may differ: see fused.py on exactness); where several
-ways of computing them pass (oneDNN-packed or transposed weights, and for a draft the same layers in NumPy, host.py,
-or compiled, compiled.py), the check (checks.py) times them and keeps the fastest. It runs once per model: on a short
-text prompt when the engine is built (`check_layers`), else on its first cached forward. A prompt goes through forward()
-until the fused layers are kept; then through the model's own forward only up to its text model (vision tower,
-merged visual features, positions: stack.prompt_inputs) and the fused layers (fused.FusedDecoder.prefill), once the
-first such prefill has come out close to forward()'s in logits, keys and values (`_check_prompt`). On that path a
-Qwen2.5-VL-style vision tower runs in fewer calls (vision.py), unless the check fails with it and passes without.
+How the model's passes are computed is its backend's business (backends/): the runner asks backends.choose which ones
+apply, has them checked against forward() once (when the engine is built, else at its first cached forward and first
+prefill) and calls the kept one; it knows nothing of policies or trees beyond an attention pattern.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -28,16 +22,14 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from .backends import choose
+from .backends.choose import sync
+from .backends.hf_forward import ModelForward
+from .backends.prompt_path import FusedPrompt
 from .cache import compact, copy_cache
-from .checks import RunnerChecks, backend_name, sync
-from .compiled import CompiledDecoder, compiled_decoder
 from .families import Family, adapter_for
-from .fused import WARM_ROWS, FusedDecoder, fused_decoders
-from .host import HostDecoder, host_decoder
 from .pruning import VisualPruning, pruned_prefill_inputs
-from .stack import DecoderStack, decoder_stack, prompt_inputs
 from .tree import DraftTree, additive_mask, verify_allowed, verify_inputs
-from .vision import FusedVision, fused_vision
 
 
 class Pass(NamedTuple):
@@ -84,37 +76,25 @@ def inference(fn):
     return run
 
 
-class ModelRunner(RunnerChecks):
+class ModelRunner:
     def __init__(self, model: torch.nn.Module, vocab_limit: int | None = None, family: Family | None = None,
-                 layer_stack: bool = True, fused: bool = False, row_invariant: bool = True):
-        """layer_stack: run cached forwards through the decoder layers directly (stack.py) where that is
-        checked to equal forward(); False: always forward(). fused: with the stack, compute the layers with
-        fused products where they are checked close to forward() (fused.py: logits that may differ from
-        forward()'s in the last bits). row_invariant: fused products give a token the same numbers in a one-token
-        step as in a pass over many (a target's `ar` steps and verify passes); False (a draft, whose numbers only
-        shape its guesses): a one-token step takes BLAS's cheaper one-row path (fused.Product), and the same layers
-        computed in NumPy (host.py) and compiled with Numba (compiled.py) are candidates too."""
+                 backend: str = "layers", row_invariant: bool = True):
+        """backend: the backends the model may run on (backends.choose.BACKENDS): "auto" every one that applies, the
+        fastest that passes its check kept; "forward" the model's forward() alone; "layers" its own decoder layers in
+        turn where checked bit-identical to forward(); "fused", "numpy", "numba" those layers computed another way,
+        where checked close to forward(). row_invariant: a row's numbers may not depend on how many rows share a
+        product (a target: its `ar` steps against its verify passes); False for a draft, whose numbers only shape its
+        guesses (then the NumPy and Numba layers may be offered too)."""
         self.model = model
         self.family = family or adapter_for(model)
-        self.stack: DecoderStack | None = decoder_stack(model, self.family) if layer_stack else None
-        # the ways its layers can be fused (fused.py): the check keeps the fastest of those close to forward()
-        self._candidates = fused_decoders(self.stack, row_invariant) if fused and self.stack is not None else []
-        if not row_invariant:  # a draft: its layers in NumPy (host.py) and compiled (compiled.py) too, where they can
-            hosts = [h for h in map(host_decoder, self._candidates) if h is not None]
-            self._candidates += hosts + [c for c in map(compiled_decoder, hosts) if c is not None]
-        self.fused: FusedDecoder | HostDecoder | None = self._candidates[0] if self._candidates else None
-        self.stack_checked = False  # the first tree forward compares the stack (and the fused layers) with forward()
-        # prompts through the fused layers too (fused.FusedDecoder.prefill): None until the first prefill after the
-        # layers' check has compared them with forward() on a real prompt (`_check_prompt`)
-        self.fused_prefill: bool | None = None
-        # its vision tower computed in fewer calls (vision.py) inside that prompt path, where the tower allows; dropped
-        # if the prompt check fails with it and passes without it
-        self.vision: FusedVision | None = fused_vision(model) if self._candidates else None
-        # why a faster path was turned down or not offered, one line each (SpecEngine.backends reports them)
-        self.notes: list[str] = [] if layer_stack else ["forward() asked for: no other path offered"]
-        if not row_invariant and self._candidates and not any(
-                isinstance(c, CompiledDecoder) for c in self._candidates):
-            self.notes.append("no compiled layers offered (Numba missing, or layers of unequal heads)")
+        self.reference = ModelForward(model)  # forward(): what every other backend is checked against
+        self.offered = choose.offer(model, self.family, backend, row_invariant)
+        self.stack = self.offered.stack
+        # the fused backend kept by the check (until checked: the first offered), None: none
+        self.fused = self.offered.candidates[0] if self.offered.candidates else None
+        self.stack_checked = False  # the first cached forward checks the offered backends against forward()
+        self.prompts = FusedPrompt(model, self.stack, self.offered.vision)
+        self.notes = list(self.offered.notes)  # why a faster path was not offered or turned down, one line each
         self.check_ms = 0.0  # time spent checking so far (once per runner: not a cost of the step it falls in)
         emb = model.get_input_embeddings()
         self.device = emb.weight.device  # where input ids go (first shard)
@@ -149,7 +129,7 @@ class ModelRunner(RunnerChecks):
         if self.cache is None:
             return 0
         keys = self.cache.layers[0].keys if self.cache.layers else None
-        buffers = getattr(self.fused, "buffers", None)
+        buffers = self.backend.buffers
         n = None if buffers is None else buffers.length_of(keys)
         if n is not None:
             return n
@@ -173,9 +153,14 @@ class ModelRunner(RunnerChecks):
         self.rope_delta = 0
         if pruning is not None:
             batch, self.rope_delta = pruned_prefill_inputs(self.model, batch, pruning, self.family)
-        decoder = self._prompt_decoder(batch) if pruning is None else None
-        if decoder is not None and self.fused_prefill is None:
-            logits, ms = self._check_prompt(decoder, batch, t0)
+        decoder = self.prompts.layers_for(self.fused, batch) if pruning is None and self.stack_checked else None
+        if decoder is not None and self.prompts.state is None:  # forward() runs it, then the fused path is checked
+            logits = self._own_prompt(batch)
+            sync(self.device)
+            ms = (time.perf_counter() - t0) * 1e3
+            t1 = time.perf_counter()
+            self.prompts.check(decoder, batch, logits, self.cache)
+            self.check_ms += (time.perf_counter() - t1) * 1e3
         else:
             logits = None if decoder is None else self._checked_prompt(decoder, batch)
             if logits is None:
@@ -196,37 +181,17 @@ class ModelRunner(RunnerChecks):
             self._empty = DynamicCache(config=self.model.config)
         return copy_cache(self._empty)
 
-    def _prompt_decoder(self, batch: dict) -> FusedDecoder | None:
-        """The fused layers a whole prompt can go through: the checked ones (a NumPy candidate's torch original), not
-        after their prompt check failed, and not packed ones over more rows than they were warmed for."""
-        if not self.stack_checked or self.fused is None or self.fused_prefill is False:
-            return None
-        decoder = self.fused.fused if isinstance(self.fused, HostDecoder) else self.fused
-        ids = batch.get("input_ids")
-        if decoder.packed and (ids is None or ids.shape[-1] > WARM_ROWS):
-            return None
-        return decoder
-
     def _own_prompt(self, batch: dict) -> torch.Tensor:
         """The prompt through the model's own forward() into the (empty) cache: the logits after its last token.
         # [V]"""
         return self.model(**batch, past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits[0, -1]
 
-    def _fused_prompt(self, decoder: FusedDecoder, batch: dict, cache: DynamicCache) -> torch.Tensor | None:
-        """The prompt's logits after its last token [V], its keys and values in `cache` (empty): the model's own
-        forward up to its text model (the vision tower, the merge of visual features, the positions), then the
-        fused layers; None where the forward's call to its text model is not plain (stack.prompt_inputs)."""
-        if self.vision is not None:
-            batch = self.vision.encoded(batch)
-        found = prompt_inputs(self.model, self.stack, batch, cache)
-        return None if found is None else decoder.prefill(*found, cache)
-
-    def _checked_prompt(self, decoder: FusedDecoder, batch: dict) -> torch.Tensor | None:
+    def _checked_prompt(self, decoder, batch: dict) -> torch.Tensor | None:
         """The prompt through the checked fused path into the (empty) cache: its logits [V]; None, the cache emptied
         again, where this prompt does not take that path (forward() then runs it, and raises if the input is at
         fault)."""
         try:
-            logits = self._fused_prompt(decoder, batch, self.cache)
+            logits = self.prompts.run(decoder, batch, self.cache)
         except Exception:  # noqa: BLE001 - a prompt the checked path does not take
             logits = None
         if logits is None:
@@ -244,7 +209,7 @@ class ModelRunner(RunnerChecks):
         q, r = allowed.shape
         shifted = [p + self.rope_delta for p in positions]
         sees_all = q == 1 and (r == 1 or allowed.all())  # one token that sees every column (itself at least): no mask
-        if self.stack_checked and isinstance(self.fused, HostDecoder):  # NumPy takes the lists and pattern as they are
+        if self.stack_checked and self.backend.takes_lists:  # NumPy takes the lists and pattern as they are
             t0 = time.perf_counter()
             logits = self.fused.run(tokens, shifted, None if sees_all else ~allowed, self.cache, top, self.vocab_limit)
             return Pass(self._logits(logits), (time.perf_counter() - t0) * 1e3, self.fused.top)
@@ -255,9 +220,9 @@ class ModelRunner(RunnerChecks):
         ids, pos = (ids_pos if self._cpu else ids_pos.to(self.device)).unbind()
         # [1, 1, q, past + r]; none for one token that sees every column (a plain step, a chain level)
         mask = None if sees_all else additive_mask(allowed, past, self.dtype, self.device)
-        if self.stack is not None and not self.stack_checked:
+        if not self.stack_checked:
             t0 = time.perf_counter()
-            self._check_stack(ids, pos, mask)
+            self._check_cached(ids, pos, mask)
             self.check_ms += (time.perf_counter() - t0) * 1e3
         return self._timed_pass(ids, pos, mask, max(shifted), argmax)
 
@@ -268,7 +233,7 @@ class ModelRunner(RunnerChecks):
         after each node. Once the layers are checked, their ids, positions and mask are built in one compiled call
         (tree.verify_inputs).  # [1 + n, V]"""
         L = self.seq_len if past is None else past
-        if not tree.tokens or not self.stack_checked or isinstance(self.fused, HostDecoder):
+        if not tree.tokens or not self.stack_checked or self.backend.takes_lists:
             return self.forward([root] + tree.tokens, [L] + [L + d for d in tree.depths], verify_allowed(tree.parents),
                                 argmax=argmax)
         blocked = self._blocked_value
@@ -296,39 +261,89 @@ class ModelRunner(RunnerChecks):
         """One cached forward of ids, positions [1, q] (`top` the largest) under `mask`, through the kept layers
         (else forward()), timed; with `argmax`, each row's argmax taken in it (`Pass.argmax`).  # -> logits [q, V]"""
         t0 = time.perf_counter()
-        net = self.fused or self.stack
-        if net is not None:
-            logits = net(ids, pos, mask, self.cache, top)
-        else:
-            logits = self._forward(ids, pos, mask)
-        logits = self._logits(logits[0])
+        logits = self._logits(self.backend(ids, pos, mask, self.cache, top)[0])
         best = rows_argmax(logits, self._cpu) if argmax else None
         if self._cuda:
             torch.cuda.synchronize(self.device)
         return Pass(logits, (time.perf_counter() - t0) * 1e3, argmax=best)
 
     @property
+    def backend(self):
+        """The backend cached forwards run on: the kept fused one, else the model's layers, else forward()."""
+        return self.fused or self.stack or self.reference
+
+    @property
     def compiled(self) -> bool:
-        """Are the kept layers the compiled ones (compiled.py), which can run a drafted step in one call?"""
-        return self.stack_checked and isinstance(self.fused, CompiledDecoder)
+        """Are the kept layers the compiled ones, on which a drafted step can run in one call (draft_compiled.py)?"""
+        return self.stack_checked and self.backend.compiled
 
     @property
     def tree_forward(self) -> str:
-        """How cached steps run: "fused+packed" or "fused" (fused.py), "fused+numpy" (host.py), "fused+numba"
-        (compiled.py), "layers" (stack.py) or "forward" (the model's forward())."""
-        return backend_name(self.fused or self.stack)
+        """The backend's name: "fused+packed", "fused", "fused+numpy", "fused+numba", "layers" or "forward"."""
+        return self.backend.name
 
     @property
     def prompt_path(self) -> str:
-        """How a whole prompt runs: "fused+vision" (the fused layers, the pictures through vision.py), "fused", or
-        "forward" (the model's forward(): the fused path unchecked or dropped, or none)."""
-        if not self.fused_prefill:
-            return "forward"
-        return "fused+vision" if self.vision is not None else "fused"
+        """How a whole prompt runs: "fused+vision", "fused" (backends/prompt_path.py), or "forward"."""
+        return self.prompts.name
 
     def _forward(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        return self.model(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=self.cache,
-                          use_cache=True).logits
+        return self.reference(ids, pos, mask, self.cache)
+
+    def _check_cached(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None) -> None:
+        """This forward run through forward() and every offered backend (backends.choose.check_cached); keep what
+        passes. Nothing offered: forward() is the backend, nothing to check."""
+        self.stack_checked = True
+        if self.stack is None:
+            return
+        kept = choose.check_cached(self._forward, self.offered, self.cache, lambda: self.seq_len, (ids, pos, mask),
+                                   self.device)
+        self.stack, self.fused = kept.stack, kept.fused
+        self.notes += kept.notes
+        if self.fused is None:
+            self.prompts.state = False  # the prompt path needs fused layers
+
+    @property
+    def prompt_unchecked(self) -> bool:
+        """Are fused layers kept and their prompt path not yet checked?"""
+        return self.stack_checked and self.fused is not None and self.prompts.state is None
+
+    def check_layers(self, ids: list[int]) -> None:
+        """Check the offered backends now, on a text prompt of `ids` and a 3-node tree after it, instead of inside the
+        first decode step; the cache is dropped after it. Where the model cannot take a text-only prompt, the check
+        stays where it was (the first cached forward of a run)."""
+        if self.stack is None or self.stack_checked or len(ids) < 4:
+            return
+        with self._scratch_check():
+            try:
+                prompt = torch.tensor([ids[:-3]])
+                self.prefill({"input_ids": prompt, "attention_mask": torch.ones_like(prompt)})
+                n = self.seq_len
+                self.forward(ids[-3:], [n, n + 1, n + 1], verify_allowed([-1, -1]))  # a root and two children
+            except Exception:  # noqa: BLE001 - e.g. a model that needs its images: checked on the first real forward
+                self.stack_checked = False
+
+    def check_prompt(self, inputs: dict[str, torch.Tensor]) -> None:
+        """Check the prompt path now, on `inputs`, instead of on the first prompt of a run; the cache is dropped after
+        it. A prompt the model cannot take leaves the check to the first real one."""
+        if not self.prompt_unchecked:
+            return
+        with self._scratch_check():
+            try:
+                self.prefill(inputs)  # forward() first: if it raises, the path stays unchecked
+            except Exception:  # noqa: BLE001 - checked on the first real prompt instead
+                pass
+
+    @contextlib.contextmanager
+    def _scratch_check(self) -> Iterator[None]:
+        """A check run when the engine is built, outside any run: its whole time (its prompt included) is checking
+        time, and the cache it filled is dropped after it."""
+        t0, before = time.perf_counter(), self.check_ms
+        try:
+            yield
+        finally:
+            self.cache, self.rope_delta, self._kept = None, 0, None
+            self.check_ms = before + (time.perf_counter() - t0) * 1e3
 
     @inference
     def keep(self, start: int, cols: list[int]) -> None:
@@ -336,12 +351,12 @@ class ModelRunner(RunnerChecks):
         hold the cache, its layers keep their longer views until the next pass (cache.KVBuffers): `seq_len` and every
         pass of the kept layers read the length from the buffers; code that reads the layers itself calls
         `sync_cache()` first."""
-        compact(self.cache, start, cols, getattr(self.fused, "buffers", None))
+        compact(self.cache, start, cols, self.backend.buffers)
 
     @inference
     def sync_cache(self) -> None:
         """Point the cache's layers at exactly the columns in use, where a compaction has left them longer."""
-        buffers = getattr(self.fused, "buffers", None)
+        buffers = self.backend.buffers
         if self.cache is not None and buffers is not None and buffers.owns(self.cache.layers):
             buffers.publish(self.cache.layers, buffers.length)
 

@@ -171,7 +171,7 @@ def test_the_fused_target_writes_its_steps_into_its_buffers_and_keeps_the_accept
     pair, prep, tree = _prompt_and_tree()
     runs = {}
     for name in ("buffers", "concatenation"):
-        r = ModelRunner(pair.target, fused=True)
+        r = ModelRunner(pair.target, backend="auto")
         r.prefill(prep.target_inputs)
         r.forward([9], [r.seq_len], np.ones((1, 1), dtype=bool))  # the layers' check, on a plain step
         assert r.tree_forward == "fused" and r.fused.buffers is not None

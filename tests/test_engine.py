@@ -124,13 +124,13 @@ def test_the_runners_one_off_check_is_not_metered_as_a_step_cost(monkeypatch, wh
     import time
 
     from sage_engine.runner import ModelRunner
-    real = ModelRunner._check_stack
+    real = ModelRunner._check_cached
 
     def slow_check(self, *args):
         time.sleep(0.05)
         return real(self, *args)
 
-    monkeypatch.setattr(ModelRunner, "_check_stack", slow_check)
+    monkeypatch.setattr(ModelRunner, "_check_cached", slow_check)
     if when == "first step":
         monkeypatch.setattr(ModelRunner, "check_layers", lambda self, ids: None)
     pair = qwen25_pair("noisy", seed=2)

@@ -11,11 +11,12 @@ from tiny_models import image
 
 from sage_engine import SpecEngine, prepare_input
 from sage_engine import families as fam
-from sage_engine import fused as fused_mod
-from sage_engine import rows as rows_mod
-from sage_engine.rows import NO_PADDING, padded
+from sage_engine.backends import choose
+from sage_engine.backends import fused_torch as fused_mod
+from sage_engine.backends import padding as rows_mod
+from sage_engine.backends.hf_layers import decoder_stack
+from sage_engine.backends.padding import NO_PADDING, padded
 from sage_engine.runner import ModelRunner
-from sage_engine.stack import decoder_stack
 from sage_engine.tree import additive_mask
 
 
@@ -30,7 +31,7 @@ def _tree_inputs(runner: ModelRunner):
 def test_fused_layers_are_close_to_forward_under_a_tree_mask(name):
     pair = pair_for(name)
     prep = prepare_input(pair, "describe what you see", images=[image(4)])
-    runner = ModelRunner(pair.draft, fused=True)
+    runner = ModelRunner(pair.draft, backend="auto")
     assert runner.fused is not None, f"{name}: the draft's layers were not fused"
     runner.prefill(prep.for_draft())
     start, ids, pos, mask = _tree_inputs(runner)
@@ -51,15 +52,14 @@ def test_fused_layers_are_close_to_forward_under_a_tree_mask(name):
 
 
 @pytest.mark.parametrize("name", ["qwen2.5-vl", "smolvlm"])
-def test_the_engine_fuses_both_models_and_layers_mode_keeps_the_targets_own(name):
+def test_the_engine_fuses_both_models_and_layers_mode_keeps_their_own(name):
     pair = pair_for(name)
     prep = prepare_input(pair, "describe what you see", images=[image(6)])
     exact = SpecEngine(pair, tree_forward="layers")
     reference = exact.generate(prep, "ar", max_new_tokens=24, ignore_eos=True).token_ids
     assert exact.generate(prep, "sage", max_new_tokens=24, ignore_eos=True).token_ids == reference
     assert exact.target.tree_forward == "layers" and exact.target.fused is None   # the target's own layers
-    # the draft fused (in torch or NumPy, whichever the runner timed faster: test_host.py), kept by the check
-    assert exact.draft.tree_forward in ("fused", "fused+numpy", "fused+numba") and exact.draft.stack_checked
+    assert exact.draft.tree_forward == "layers" and exact.draft.stack_checked   # --tree-forward applies to both
     engine = SpecEngine(pair)
     assert engine.generate(prep, "ar", max_new_tokens=24, ignore_eos=True).token_ids == reference
     assert engine.generate(prep, "sage", max_new_tokens=24, ignore_eos=True).token_ids == reference
@@ -83,8 +83,8 @@ def test_fused_layers_that_are_not_close_are_dropped_and_the_output_stays(monkey
         return x * cos + pairs * sin
 
     monkeypatch.setattr(fused_mod, "_rotate", interleaved)
-    assert ModelRunner(pair.draft, fused=True).fused is not None   # built ...
-    assert ModelRunner(pair.target, fused=True).fused is not None
+    assert ModelRunner(pair.draft, backend="auto").fused is not None   # built ...
+    assert ModelRunner(pair.target, backend="auto").fused is not None
     engine = SpecEngine(pair)
     for runner in (engine.target, engine.draft):   # ... and dropped by the check (when the engine was built); the
         # draft's NumPy layers (host.py) rotate on their own and may stay
@@ -93,7 +93,7 @@ def test_fused_layers_that_are_not_close_are_dropped_and_the_output_stays(monkey
     assert engine.target.fused is None
     assert engine.generate(prep, "sage", max_new_tokens=24, ignore_eos=True).token_ids == reference
     # the control is real: the slip does change the draft's logits
-    runner = ModelRunner(pair.draft, fused=True)
+    runner = ModelRunner(pair.draft, backend="auto")
     runner.prefill(prep.for_draft())
     start, ids, pos, mask = _tree_inputs(runner)
     with torch.inference_mode():
@@ -134,7 +134,7 @@ def test_layers_that_are_not_the_plain_block_are_not_fused(monkeypatch):
 
 def _prefilled(model):
     """A fused runner of `model` after the prompt 1..5."""
-    runner = ModelRunner(model, fused=True)
+    runner = ModelRunner(model, backend="auto")
     runner.prefill({"input_ids": torch.tensor([[1, 2, 3, 4, 5]]), "attention_mask": torch.ones(1, 5, dtype=torch.long)})
     return runner
 
@@ -172,7 +172,7 @@ def test_a_bf16_draft_keeps_its_fused_layers():
     pair = load_pair(dtype="bfloat16")
     example = Path(__file__).resolve().parents[1] / "assets" / "examples" / "shapes_1.png"
     prep = prepare_input(pair, "Describe the image.", images=[str(example)])
-    runner = ModelRunner(pair.draft, fused=True)
+    runner = ModelRunner(pair.draft, backend="auto")
     runner.prefill(prep.for_draft())
     start = runner.seq_len
     runner.forward([5, 7, 9], [start, start + 1, start + 2], np.tril(np.ones((3, 3), bool)))
@@ -195,8 +195,8 @@ def _wide_text_model(**over):
 
 def _prefer(monkeypatch, packed: bool) -> None:
     """Make the runner's timed choice between the fused candidates pick the packed one (or the other)."""
-    monkeypatch.setattr(ModelRunner, "_fastest", lambda self, candidates, args: next(
-        c for c in candidates if c.packed == packed))
+    monkeypatch.setattr(choose, "fastest", lambda candidates, *_: next(
+        (c for c in candidates if c.packed == packed), candidates[0]))
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
@@ -205,7 +205,7 @@ def test_packed_and_transposed_products_are_close_to_forward(monkeypatch, packed
     _prefer(monkeypatch, packed)
     model = _wide_text_model()
     runner = _prefilled(model)
-    kinds = sorted(c.packed for c in runner._candidates)
+    kinds = sorted(c.packed for c in runner.offered.candidates)
     assert kinds == [False, True]   # a wide float32 model on the CPU: both ways are candidates
     got, full = _chain_close_to_forward(runner, model)
     assert runner.tree_forward == ("fused+packed" if packed else "fused")

@@ -12,17 +12,18 @@ from test_stack import PAIRS, TREE, pair_for
 from tiny_models import image
 
 from sage_engine import SpecEngine, make_policy, prepare_input
-from sage_engine import compiled as compiled_mod
-from sage_engine import host as host_mod
+from sage_engine.backends import choose
+from sage_engine.backends import numba_layers as compiled_mod
+from sage_engine.backends import numpy_host as host_mod
+from sage_engine.backends.numba_layers import CompiledDecoder
+from sage_engine.backends.numpy_host import HostDecoder, pick
 from sage_engine.cache import copy_cache
-from sage_engine.compiled import CompiledDecoder
-from sage_engine.host import HostDecoder, pick
 from sage_engine.runner import ModelRunner
 from sage_engine.tree import additive_mask
 
 
 def _draft_runner(model) -> ModelRunner:
-    return ModelRunner(model, fused=True, row_invariant=False)
+    return ModelRunner(model, backend="auto", row_invariant=False)
 
 
 KINDS = {"numpy": HostDecoder, "numba": CompiledDecoder}  # the host layers' two implementations
@@ -30,7 +31,7 @@ FORWARD_NAMES = {"numpy": "fused+numpy", "numba": "fused+numba", None: "fused"} 
 
 
 def _host(runner: ModelRunner, kind: str = "numpy") -> HostDecoder:
-    hosts = [c for c in runner._candidates if type(c) is KINDS[kind]]
+    hosts = [c for c in runner.offered.candidates if type(c) is KINDS[kind]]
     assert len(hosts) == 1, f"no {kind} candidate for a float32 draft"
     return hosts[0]
 
@@ -38,8 +39,8 @@ def _host(runner: ModelRunner, kind: str = "numpy") -> HostDecoder:
 def _prefer(monkeypatch, kind: str | None) -> None:
     """Make the runner's timed choice between the fused candidates pick the `kind` host layers (None: torch's)."""
     want = KINDS.get(kind)
-    monkeypatch.setattr(ModelRunner, "_fastest", lambda self, candidates, args: next(
-        c for c in candidates if (type(c) is want if want else not isinstance(c, HostDecoder))))
+    monkeypatch.setattr(choose, "fastest", lambda candidates, *_: next(
+        (c for c in candidates if (type(c) is want if want else not isinstance(c, HostDecoder))), candidates[0]))
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -76,7 +77,8 @@ def test_the_buffer_survives_compaction_copies_and_growth(kind):
     pair = pair_for("qwen2.5-vl")
     prep = prepare_input(pair, "describe what you see", images=[image(5)])
     runner = _draft_runner(pair.draft)
-    host, torch_fused = _host(runner, kind), next(c for c in runner._candidates if not isinstance(c, HostDecoder))
+    host = _host(runner, kind)
+    torch_fused = next(c for c in runner.offered.candidates if not isinstance(c, HostDecoder))
     runner.prefill(prep.for_draft())
     start, ids, pos, mask = _tree_inputs(runner)
 
@@ -117,10 +119,10 @@ def test_the_buffer_survives_compaction_copies_and_growth(kind):
 
 def test_host_layers_are_offered_for_float32_drafts_only():
     pair = pair_for("qwen2.5-vl")
-    assert not any(isinstance(c, HostDecoder) for c in ModelRunner(pair.target, fused=True)._candidates)
-    assert {type(c) for c in _draft_runner(pair.draft)._candidates} >= {HostDecoder, CompiledDecoder}
+    assert not any(isinstance(c, HostDecoder) for c in ModelRunner(pair.target, backend="auto").offered.candidates)
+    assert {type(c) for c in _draft_runner(pair.draft).offered.candidates} >= {HostDecoder, CompiledDecoder}
     bf16 = _draft_runner(pair_for("llava").draft.to(torch.bfloat16))
-    assert bf16._candidates and not any(isinstance(c, HostDecoder) for c in bf16._candidates)
+    assert bf16.offered.candidates and not any(isinstance(c, HostDecoder) for c in bf16.offered.candidates)
     pair_for("llava").draft.to(torch.float32)
     assert host_mod.host_decoder(None) is None and compiled_mod.compiled_decoder(None) is None
 
@@ -132,7 +134,7 @@ def test_without_numba_the_numpy_layers_and_torchs_top_k_are_used(monkeypatch):
     prep = prepare_input(pair, "describe what you see", images=[image(8)])
     monkeypatch.setattr(compiled_mod, "_forward_jit", None)
     monkeypatch.setattr(compiled_mod, "_top_jit", None)
-    assert {type(c) for c in _draft_runner(pair.draft)._candidates} & set(KINDS.values()) == {HostDecoder}
+    assert {type(c) for c in _draft_runner(pair.draft).offered.candidates} & set(KINDS.values()) == {HostDecoder}
     assert compiled_mod.top_candidates(torch.zeros(1, 8), 2) is None
     _prefer(monkeypatch, "numpy")
     engine = SpecEngine(pair)
@@ -162,8 +164,8 @@ def test_host_layers_that_are_not_close_are_dropped_and_the_output_stays(monkeyp
     assert right.draft.tree_forward == FORWARD_NAMES[kind]   # checked and kept when right
     _ignore_the_tree_mask(monkeypatch, kind)
     kept = []
-    monkeypatch.setattr(ModelRunner, "_fastest", lambda self, candidates, args: kept.extend(candidates) or next(
-        c for c in candidates if type(c) is not KINDS[kind]))
+    monkeypatch.setattr(choose, "fastest", lambda candidates, *_: kept.extend(candidates) or next(
+        (c for c in candidates if type(c) is not KINDS[kind]), candidates[0]))
     engine = SpecEngine(pair)
     assert engine.draft.stack_checked and kept and not any(type(c) is KINDS[kind] for c in kept)  # dropped
     assert engine.generate(prep, "sage", max_new_tokens=24, ignore_eos=True).token_ids == reference
@@ -223,10 +225,12 @@ def test_numpys_and_scipys_own_blas_are_held_to_one_thread_and_torchs_threads_ar
 
 def test_the_numpy_layers_are_kept_unless_the_others_time_clearly_faster():
     """Timed back to back at build the torch layers come close to the NumPy ones; in a run they cost 1.5x (host.py)."""
-    torch_layers, numpy_layers = object(), HostDecoder.__new__(HostDecoder)
+    from types import SimpleNamespace
+
+    torch_layers, numpy_layers = SimpleNamespace(takes_lists=False), HostDecoder.__new__(HostDecoder)
     assert pick([1.0, 1.1], [torch_layers, numpy_layers]) == 1  # 10% slower when timed: the NumPy layers kept
     assert pick([1.0, 1.3], [torch_layers, numpy_layers]) == 0  # 30% slower: the torch layers
-    assert pick([1.2, 1.0], [object(), object()]) == 1  # no NumPy candidate: the fastest
+    assert pick([1.2, 1.0], [torch_layers, torch_layers]) == 1  # no NumPy candidate: the fastest
 
 
 def test_the_compiled_top_k_is_torchs_softmax_top_k():

@@ -9,15 +9,15 @@ from tiny_models import image
 from transformers import DynamicCache
 
 from sage_engine import SpecEngine, prepare_input
-from sage_engine import runner as runner_mod
-from sage_engine.fused import FusedDecoder
+from sage_engine.backends import prompt_path as prompt_path_mod
+from sage_engine.backends.fused_torch import FusedDecoder
+from sage_engine.backends.hf_layers import prompt_inputs
 from sage_engine.runner import ModelRunner
-from sage_engine.stack import prompt_inputs
 
 
 def _checked_runner(model, inputs: dict, row_invariant: bool = True) -> ModelRunner:
     """A runner whose layers and prompt path have been checked: prefill, one cached token, prefill again."""
-    runner = ModelRunner(model, fused=True, row_invariant=row_invariant)
+    runner = ModelRunner(model, backend="auto", row_invariant=row_invariant)
     runner.prefill(inputs)
     n = runner.seq_len
     runner.forward([5], [n], torch.ones(1, 1, dtype=torch.bool).numpy())  # the layers' check (if not done yet)
@@ -38,7 +38,7 @@ def test_a_prompt_through_the_fused_layers_is_close_to_forward(name, monkeypatch
     prep = prepare_input(pair, "describe what you see", images=[image(4)])
     for model, inputs, invariant in ((pair.target, prep.target_inputs, True), (pair.draft, prep.for_draft(), False)):
         runner = _checked_runner(model, inputs, invariant)
-        assert runner.fused_prefill is True, f"{name}: the prompt path was not kept"
+        assert runner.prompts.state is True, f"{name}: the prompt path was not kept"
         calls = []
         monkeypatch.setattr(FusedDecoder, "prefill", lambda self, *a, _orig=FusedDecoder.prefill, _calls=calls: (
             _calls.append(1), _orig(self, *a))[1])
@@ -68,13 +68,13 @@ def test_a_wrong_prompt_path_is_dropped_and_the_output_stays(monkeypatch):
     # the control is real: the slip does change the prompt's logits
     good = _checked_runner(pair.target, prep.target_inputs)
     right = good.prefill(prep.target_inputs).logits
-    monkeypatch.setattr(runner_mod, "prompt_inputs", flat_positions)
+    monkeypatch.setattr(prompt_path_mod, "prompt_inputs", flat_positions)
     wrong = good.prefill(prep.target_inputs).logits
     assert (wrong - right).abs().max() > 1e-2 * right.abs().max()
     # the check drops it, and the output is forward()'s
     engine = SpecEngine(pair)
     first = engine.generate(prep, "sage", max_new_tokens=24, ignore_eos=True).token_ids
-    assert engine.target.fused_prefill is False and engine.draft.fused_prefill is False
+    assert engine.target.prompts.state is False and engine.draft.prompts.state is False
     assert first == reference
     assert engine.generate(prep, "sage", max_new_tokens=24, ignore_eos=True).token_ids == reference
 
@@ -100,14 +100,14 @@ def test_a_padded_or_batched_prompt_is_not_taken_apart():
     # the runner's fallback for a prompt the path refuses: forward()'s numbers, the path still kept for others
     got = runner.prefill(padded).logits
     ref = runner._logits(_forward(pair.target, padded)[0])
-    assert torch.equal(got, ref) and runner.fused_prefill is True
+    assert torch.equal(got, ref) and runner.prompts.state is True
 
 
 def test_a_prompt_the_checked_path_fails_on_goes_through_forward(monkeypatch):
     pair = pair_for("qwen2.5-vl")
     prep = prepare_input(pair, "describe what you see", images=[image(5)])
     runner = _checked_runner(pair.target, prep.target_inputs)
-    assert runner.fused_prefill is True
+    assert runner.prompts.state is True
 
     def fails(self, *args):
         raise RuntimeError("a prompt this path cannot take")
@@ -125,7 +125,7 @@ def test_the_engine_checks_the_prompt_path_when_it_is_built(name):
     pair = pair_for(name)
     engine = SpecEngine(pair)
     for runner in (engine.target, engine.draft):
-        assert runner.fused_prefill is True and runner.cache is None and runner.check_ms > 0
+        assert runner.prompts.state is True and runner.cache is None and runner.check_ms > 0
     prep = prepare_input(pair, "describe what you see", images=[image(6)])
     reference = SpecEngine(pair, tree_forward="forward").generate(prep, "ar", max_new_tokens=16,
                                                                    ignore_eos=True).token_ids

@@ -12,7 +12,7 @@ from tiny_models import image, llava_pair, qwen25_pair
 
 from sage_engine import SpecEngine, prepare_input
 from sage_engine import families as fam
-from sage_engine import stack as stack_mod
+from sage_engine.backends import hf_layers as stack_mod
 from sage_engine.runner import ModelRunner
 from sage_engine.tree import additive_mask
 
@@ -139,7 +139,7 @@ def test_rotary_table_gives_the_rotary_modules_own_numbers(name):
 
 def test_a_model_that_cannot_be_checked_on_text_is_checked_on_its_first_forward(monkeypatch):
     pair = pair_for("qwen2.5-vl")
-    runner = ModelRunner(pair.target, fused=True)
+    runner = ModelRunner(pair.target, backend="auto")
 
     def needs_images(inputs, pruning=None):
         raise ValueError("this model needs pixel_values")

@@ -10,10 +10,10 @@ from tiny_models import image
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
 from sage_engine import SpecEngine, prepare_input
-from sage_engine import vision as vision_mod
-from sage_engine.checks import near
+from sage_engine.backends import vision_tower as vision_mod
+from sage_engine.backends.choose import near
+from sage_engine.backends.vision_tower import FusedVision, fused_vision
 from sage_engine.runner import ModelRunner
-from sage_engine.vision import FusedVision, fused_vision
 
 PATCH = 3 * 2 * 14 * 14  # channels x temporal patch x patch x patch
 
@@ -65,7 +65,7 @@ def test_the_runner_prompt_goes_through_the_fused_tower(monkeypatch):
     pair = pair_for("qwen2.5-vl")
     prep = prepare_input(pair, "describe what you see", images=[image(4)])
     runner = _checked_runner(pair.target, prep.target_inputs)
-    assert runner.fused_prefill is True and runner.vision is not None and runner.prompt_path == "fused+vision"
+    assert runner.prompts.state is True and runner.prompts.vision is not None and runner.prompt_path == "fused+vision"
     calls = []
     monkeypatch.setattr(FusedVision, "__call__", lambda self, *a, _orig=FusedVision.__call__: (
         calls.append(1), _orig(self, *a))[1])
@@ -79,16 +79,16 @@ def test_a_wrong_fused_tower_is_dropped_and_the_fused_layers_kept(monkeypatch):
     pair = pair_for("qwen2.5-vl")
     prep = prepare_input(pair, "describe what you see", images=[image(5)])
     monkeypatch.setattr(FusedVision, "__call__", lambda self, *a, _orig=FusedVision.__call__: 1.5 * _orig(self, *a))
-    runner = ModelRunner(pair.target, fused=True)
-    assert runner.vision is not None
+    runner = ModelRunner(pair.target, backend="auto")
+    assert runner.prompts.vision is not None
     # the control is real: the slip changes the prompt's logits beyond the check's tolerance
     with torch.inference_mode():
-        slipped = runner.vision.encoded(prep.target_inputs)
+        slipped = runner.prompts.vision.encoded(prep.target_inputs)
         ref = _forward(pair.target, prep.target_inputs)[0]
         bad = pair.target(**slipped, logits_to_keep=1).logits[0, -1]
     assert not near(bad, ref)
     runner = _checked_runner(pair.target, prep.target_inputs)
-    assert runner.vision is None and runner.fused_prefill is True and runner.prompt_path == "fused"
+    assert runner.prompts.vision is None and runner.prompts.state is True and runner.prompt_path == "fused"
     got = runner.prefill(prep.target_inputs).logits
     assert near(got, runner._logits(ref), argmax=True)
 
@@ -98,7 +98,7 @@ def test_the_engine_reads_pictures_through_the_fused_tower_only_with_fused_layer
     assert SpecEngine(pair).target.prompt_path == "fused+vision"
     assert SpecEngine(pair).draft.prompt_path == "fused+vision"
     exact = SpecEngine(pair, tree_forward="layers")  # the target on its own modules: its prompts through forward()
-    assert exact.target.prompt_path == "forward" and exact.target.vision is None
+    assert exact.target.prompt_path == "forward" and exact.target.prompts.vision is None
 
 
 def test_a_picture_of_more_patches_than_the_plans_take_goes_through_forward(monkeypatch):

@@ -19,11 +19,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .families import TEXT, Family
+from ..families import TEXT, Family
 
 
 @dataclass(frozen=True)
 class DecoderStack:
+    """The "layers" backend (see backends/__init__.py): the model's own modules called in turn."""
+
+    name = "layers"
+    takes_lists = compiled = False
+    buffers = prompt_layers = None  # appends to the cache by concatenation; prompts go through forward()
+
     embed: torch.nn.Module
     rotary: torch.nn.Module
     layers: tuple[torch.nn.Module, ...]

@@ -43,9 +43,9 @@ from dataclasses import dataclass, field, replace
 import torch
 import torch.nn.functional as F
 
-from .cache import KVBuffers
-from .rows import NO_PADDING, Rule, pad_rows, padded, row_rule
-from .stack import DecoderStack
+from ..cache import KVBuffers
+from .hf_layers import DecoderStack
+from .padding import NO_PADDING, Rule, pad_rows, padded, row_rule
 
 MAX_FUSED_PARAMS = 16_000_000  # fused weight copies above this (64 MB in fp32) are not worth their memory
 PACK_MIN_HIDDEN = 256  # narrower products are faster on a transposed copy than through oneDNN's fixed per-call cost
@@ -178,6 +178,10 @@ def _fuse(index: int, layer: torch.nn.Module, product, fold: bool) -> FusedLayer
 
 @dataclass(frozen=True)
 class FusedDecoder:
+    """The "fused" backend (see backends/__init__.py): the layers as fewer, larger torch products."""
+
+    takes_lists = compiled = False
+
     stack: DecoderStack  # embedding, rotary tables, final norm and head
     layers: tuple[FusedLayer, ...]
     norm: Norm
@@ -188,6 +192,15 @@ class FusedDecoder:
     # on the CPU, where every layer has the same key heads and head size: the cached steps' keys and values, written
     # in place (a concatenation per layer copied the cache each step) and compacted in one move (cache.KVBuffers)
     buffers: KVBuffers | None = None
+
+    @property
+    def name(self) -> str:
+        return "fused+packed" if self.packed else "fused"
+
+    @property
+    def prompt_layers(self) -> FusedDecoder:
+        """The layers a whole prompt can go through (`prefill`): these."""
+        return self
 
     @property
     def packed(self) -> bool:

@@ -28,8 +28,8 @@ import numpy as np
 import torch
 from threadpoolctl import ThreadpoolController
 
-from .cache import KVBuffers
-from .fused import FusedDecoder, FusedLayer
+from ..cache import KVBuffers
+from .fused_torch import FusedDecoder, FusedLayer
 
 _BLAS_LIMITED: dict = {}  # library path -> its threadpoolctl limit, held for the process
 
@@ -99,8 +99,12 @@ def _norm(h: np.ndarray, floor_sq: float) -> np.ndarray:
 
 
 class HostDecoder:
-    """FusedDecoder's computation in NumPy (see the module's note); same call contract as FusedDecoder, plus `run`,
-    which takes the runner's lists and attention pattern directly (no tensors to build)."""
+    """The "numpy" backend (see backends/__init__.py): FusedDecoder's computation in NumPy (see the module's note);
+    same call contract as FusedDecoder, plus `run`, which takes the runner's lists and attention pattern directly (no
+    tensors to build)."""
+
+    name = "fused+numpy"
+    takes_lists, compiled = True, False
 
     def __init__(self, fused: FusedDecoder, layers: tuple[HostLayer, ...] | None = None):
         """`layers`: the HostLayers of `fused` already built (another HostDecoder's, shared), else built here."""
@@ -114,6 +118,11 @@ class HostDecoder:
         self.head, self.head_bias = _np(fused.head.transposed), _np(fused.head.bias)
         self._cos = self._sin = np.zeros((0, 0), np.float32)
         self.top: tuple[list[list[float]], list[list[int]]] | None = None  # the last run's top-k (CompiledDecoder)
+
+    @property
+    def prompt_layers(self) -> FusedDecoder:
+        """A whole prompt goes through the torch layers these were made from (FusedDecoder.prefill)."""
+        return self.fused
 
     def _rope(self, top: int) -> tuple[np.ndarray, np.ndarray]:
         """(cos, signed sin) tables covering positions 0..top (fused.FusedDecoder.rotary's table).  # 2 x [n, hd]"""
@@ -212,5 +221,5 @@ HOST_EDGE = 0.8
 def pick(medians: list[float], candidates: list) -> int:
     """Index of the candidate to keep, from each one's median time (a HostDecoder's, NumPy or compiled, counted at
     HOST_EDGE)."""
-    cost = [m * (HOST_EDGE if isinstance(c, HostDecoder) else 1.0) for m, c in zip(medians, candidates)]
+    cost = [m * (HOST_EDGE if c.takes_lists else 1.0) for m, c in zip(medians, candidates)]
     return cost.index(min(cost))

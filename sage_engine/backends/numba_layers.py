@@ -25,8 +25,8 @@ import math
 import numpy as np
 import torch
 
-from .host import HostDecoder, blas_one_thread
-from .jit import jit, numba  # no Numba (an unsupported platform): the NumPy layers (host.py) instead
+from ..jit import jit, numba  # no Numba (an unsupported platform): the NumPy layers (host.py) instead
+from .numpy_host import HostDecoder, blas_one_thread
 
 # Numba's fast-math flags minus "nnan" and "ninf": masked attention scores are -inf, and the loops must keep them
 _FAST = {"contract", "reassoc", "nsz", "arcp", "afn"}
@@ -232,7 +232,12 @@ def _stack(arrays: list[np.ndarray | None], size: int) -> np.ndarray:
 
 
 class CompiledDecoder(HostDecoder):
-    """HostDecoder's computation, each forward one call of the compiled `_forward` (see the module's note)."""
+    """The "numba" backend (see backends/__init__.py): HostDecoder's computation, each forward one call of the
+    compiled `_forward` (see the module's note); a drafted step can run in one compiled call on it
+    (draft_compiled.py)."""
+
+    name = "fused+numba"
+    compiled = True
 
     def __init__(self, host: HostDecoder):
         super().__init__(host.fused, host.layers)

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 from transformers.vision_utils import get_vision_attention_seqlens, get_vision_position_ids, get_vision_window_index
 
-from .fused import MAX_FUSED_PARAMS, Norm, _norm, _rms, _rotate
+from .fused_torch import MAX_FUSED_PARAMS, Norm, _norm, _rms, _rotate
 
 PLANS_KEPT = 8  # grids whose plans are kept (a run's prompts mostly share a handful of picture sizes)
 # more patches than this: the tower's own forward (a plan's masks are [S, S]; a tower this small reads far fewer)
