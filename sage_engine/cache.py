@@ -59,7 +59,7 @@ class KVBuffers:
         self.shape = (layers, 1, kv_heads, 0, head_dim)
         self.keys = self.values = torch.empty(self.shape, dtype=dtype, device=device)
         self.views: list[tuple[torch.Tensor, torch.Tensor]] = []  # each layer's slice of the buffers [1, KV, cap, hd]
-        # the buffers as NumPy arrays [L, KV, cap, hd] (float32 on the CPU; else None), for host.py and compiled.py
+        # the buffers as NumPy arrays [L, KV, cap, hd] (float32 on the CPU; else None), for the numpy and numba backends
         self.arrays: tuple[np.ndarray, np.ndarray] | None = None
         # the keys the last publish gave the cache's layers: while every layer still holds exactly that tensor, nothing
         # else has touched the cache since

@@ -2,9 +2,9 @@
 
 One draft forward per level over the whole frontier (not one per node), under a tree mask (rules.level_pattern):
 every frontier node sees the prompt, the accepted text, its own ancestors and itself. Where the draft's layers are
-the compiled ones (compiled.py) and the policy's hooks allow it (Policy.draft_path), a step's read, shape and levels
-run in one compiled call, or its levels alone (draft_compiled.py): the same rules (rules.py), the same trees. Each
-Draft names the path it took and why not a faster one (policy_io.DraftPath).
+the compiled ones (backends/numba_layers.py) and the policy's hooks allow it (Policy.draft_path), a step's read,
+shape and levels run in one compiled call, or its levels alone (draft_compiled.py): the same rules (rules.py), the
+same trees. Each Draft names the path it took and why not a faster one (policy_io.DraftPath).
 The draft's KV cache region of a step holds the pending tokens (accepted text the draft has
 not read yet; the last one is the root) followed by the fed tree nodes in feeding order;
 `tree.draft_slots` records each node's column, and `settle()` keeps the accepted ones.

@@ -1,4 +1,4 @@
-"""The draft's drafted step in one compiled call, where its layers are the compiled ones (compiled.py).
+"""The draft's drafted step in one compiled call, where its layers are the compiled ones (backends/numba_layers.py).
 
 A chain's or SAGE's step, greedy or sampled with a draft that ranks its candidates, runs in one Numba call
 (`_draft_step`): the draft's read of the tokens it missed, the root's top-k and alpha, the tree's depth and width

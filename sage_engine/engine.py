@@ -227,5 +227,5 @@ class SpecEngine:
         return GenerationResult(name, text, ids, summarize(steps, ids, seconds), steps)
 
     def _check_ms(self) -> float:
-        """Time the runners have spent checking their layers against forward() (stack.py, fused.py) so far."""
+        """Time the runners have spent checking their backends against forward() (backends/choose.py) so far."""
         return self.target.check_ms + (0.0 if self.draft is None else self.draft.check_ms)

@@ -12,11 +12,9 @@ prefill) and calls the kept one; it knows nothing of policies or trees beyond an
 from __future__ import annotations
 
 import contextlib
-import functools
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -28,27 +26,9 @@ from .backends.hf_forward import ModelForward
 from .backends.prompt_path import FusedPrompt
 from .cache import compact, copy_cache
 from .families import Family, adapter_for
+from .passes import Pass, inference, rows_argmax
 from .pruning import VisualPruning, pruned_prefill_inputs
 from .tree import DraftTree, additive_mask, verify_allowed, verify_inputs
-
-
-class Pass(NamedTuple):
-    """One model forward: its logits and what it took."""
-
-    logits: torch.Tensor  # prefill: [V] after the prompt's last token; forward: [q, V]
-    ms: float  # wall time of the model call
-    # forward(top=k) on the compiled layers: the last row's softmax top-k over the shared vocabulary, same call
-    top: tuple[list[list[float]], list[list[int]]] | None = None  # ([1][k] probs, [1][k] tokens); else None
-    # forward(argmax=True) through the kept layers: each row's argmax, taken in the pass while its logits are in the
-    # cores' caches (~5 us there; the same op on them after the pass ~20-60 us on this project's CPUs)
-    argmax: np.ndarray | torch.Tensor | None = None  # [q] int64 (NumPy on the CPU)
-
-
-def rows_argmax(logits: torch.Tensor, on_cpu: bool) -> np.ndarray | torch.Tensor:
-    """Each row's argmax (the first of equal maxima, as torch's): NumPy's on the CPU, whose array's tolist() is a
-    shorter path than a tensor's right after a forward (torch's argmax and tolist took ~27 us there, NumPy's ~20);
-    torch's elsewhere.  # [q, V] -> [q]"""
-    return logits.numpy().argmax(-1) if on_cpu else logits.argmax(-1)
 
 
 @dataclass(frozen=True)
@@ -60,20 +40,6 @@ class _KeptPrompt:
     cache: DynamicCache  # after the prompt (copied on each reuse: a run appends to and crops its own)
     rope_delta: int
     logits: torch.Tensor  # [V] after the prompt's last token
-
-
-def inference(fn):
-    """`torch.inference_mode` around `fn`, entered only where the caller is not in it already: entering costs ~3 us,
-    and the engine runs each decode step, a dozen runner calls, inside one (engine.py)."""
-
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        if torch.is_inference_mode_enabled():
-            return fn(*args, **kwargs)
-        with torch.inference_mode():
-            return fn(*args, **kwargs)
-
-    return run
 
 
 class ModelRunner:

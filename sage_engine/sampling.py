@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .runner import Pass
+from .passes import Pass
 from .tree import DraftTree
 from .verify import Trial, Verdict
 

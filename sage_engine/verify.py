@@ -12,7 +12,8 @@ from typing import NamedTuple
 
 import torch
 
-from .runner import ModelRunner, Pass, rows_argmax
+from .passes import Pass, rows_argmax
+from .runner import ModelRunner
 from .tree import DraftTree, accept_greedy
 
 

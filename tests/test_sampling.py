@@ -10,7 +10,7 @@ import torch
 from tiny_models import image, llava_pair, qwen25_pair
 
 from sage_engine import SpecEngine, prepare_input
-from sage_engine.runner import Pass
+from sage_engine.passes import Pass
 from sage_engine.sampling import RatioAcceptance, SampledAcceptance, Sampling, inverse_cdf, warped
 from sage_engine.tree import DraftTree
 

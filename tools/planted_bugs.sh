@@ -17,7 +17,7 @@ PY
 }
 plant "a wrong width decay in the one rule" sage_engine/rules.py \
   "math.ceil(width / level * (bias" "math.ceil(width / (level + 1) * (bias" tests/test_rules.py tests/test_shipped_pair.py
-plant "the shipped pair knocked off its fast backend (RMSNorm eps x1000)" sage_engine/fused.py \
+plant "the shipped pair knocked off its fast backend (RMSNorm eps x1000)" sage_engine/backends/fused_torch.py \
   "floor = torch.tensor((d * eps) ** 0.5" "floor = torch.tensor((d * eps * 1000) ** 0.5" tests/test_shipped_pair.py
 plant "a cost rule that never drafts" sage_engine/policies/fallback.py \
   "if (robust_rate(recent, self.cfg.fallback_z) or 0.0) >= plain:" "if (robust_rate(recent, self.cfg.fallback_z) or 0.0) >= 100 * plain:" tests/test_shipped_pair.py

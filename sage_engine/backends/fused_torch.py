@@ -1,6 +1,6 @@
 """Decoder layers in fewer, larger calls: a small model's cached decode step is mostly per-call overhead.
 
-A level of a 1-layer, hidden-128 draft through its own modules (stack.py) is nearly all the cost of dozens of small
+A level of a 1-layer, hidden-128 draft through its own modules (hf_layers.py) is nearly all the cost of dozens of small
 calls: three projections for q, k and v, two for the MLP's gate and up, three RMSNorms of six operations each, the
 attention wrapper, the cache's update. `FusedDecoder` computes the same layer (pre-norm attention with rotary
 positions, SwiGLU MLP) with q/k/v as one product and gate/up as one, q and k rotated together, the norms' weights
@@ -14,10 +14,10 @@ Products. A float32 model's products run on a copy of each weight laid out for t
 on one 2-core Xeon the packed target step took 1.0 / 1.5 ms over 1 / 13 tokens against 1.2 / 2.6 ms through
 F.linear; on another, with AMX, 2.4 / 3.4 ms packed against 1.9 / 2.5 ms on transposed copies. `fused_decoders`
 builds both where both apply and the runner keeps the one its timing finds faster on this machine
-(`ModelRunner._fastest`, when it checks the layers). Narrower products (the draft's) are never packed: a packed call
+(`choose.fastest`, when it checks the layers). Narrower products (the draft's) are never packed: a packed call
 has a fixed cost of 13-27 us. oneDNN builds a kernel on the first call for each row count, so a packed decoder runs
 every row count up to WARM_ROWS once when it is built. For a draft, the same layers computed in NumPy from this
-decoder's weights (host.py) are one more candidate (the timings of each way: docs/SPEED.md).
+decoder's weights (numpy_host.py) are one more candidate (the timings of each way: docs/SPEED.md).
 
 Exactness. A fused product (with a norm's weight folded into it) sums and rounds in another order than the model's
 modules do, so the logits differ from forward()'s in the last bits (the embedded target: up to ~2e-5 on logits of
@@ -25,7 +25,7 @@ magnitude ~10-15). Differences of that size are already there without fusing: a 
 one-token step through the same modules take different BLAS paths and differ by as much. Every emitted token is the
 argmax of the target's logits as the engine computes them, in the `ar` lane and in verification alike; it equals
 transformers' own generate() wherever no two top logits are closer than that (every `bench` run checks `hf_generate`
-token for token against `ar`). `--tree-forward layers` keeps the target on its own modules (stack.py, bit-identical
+token for token against `ar`). `--tree-forward layers` keeps the target on its own modules (hf_layers.py, bit-identical
 to forward() at the same shapes) and fuses only the draft. The runner checks the fused layers once per model (when
 the engine is built, on a short text prompt; else on its first cached forward): the same argmax on every row and
 logits within 1e-3 of their scale, or they are dropped.
@@ -44,78 +44,26 @@ import torch
 import torch.nn.functional as F
 
 from ..cache import KVBuffers
+from .fused_products import (  # noqa: F401 - Product, PACK_MIN_HIDDEN and the rest are read from here too
+    MAX_FUSED_PARAMS,
+    PACK_MIN_HIDDEN,
+    WARM_ROWS,
+    Norm,
+    Product,
+    _folded,
+    _norm,
+    _product,
+    _rms,
+    _rms_norm,
+    _rotate,
+    _warm,
+)
 from .hf_layers import DecoderStack
 from .padding import NO_PADDING, Rule, pad_rows, padded, row_rule
 
-MAX_FUSED_PARAMS = 16_000_000  # fused weight copies above this (64 MB in fp32) are not worth their memory
-PACK_MIN_HIDDEN = 256  # narrower products are faster on a transposed copy than through oneDNN's fixed per-call cost
-WARM_ROWS = 96  # oneDNN builds a kernel per new row count (~0.4 ms): packed products run 1..96 rows when built
 _LAYER_PARTS = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
 _ATTN_PARTS = {"q_proj", "k_proj", "v_proj", "o_proj"}
 _MLP_PARTS = {"gate_proj", "up_proj", "down_proj", "act_fn"}
-
-
-@dataclass(frozen=True)
-class Product:
-    """One projection, y = x W^T + b. In float32, as x @ W^T on a contiguous copy of W^T, or by oneDNN on a copy of W
-    prepacked into its blocked layout (`packed`): either skips what `F.linear` does on every call with the module's
-    [out, in] weight (on this CPU, 128 -> 384 over 4 rows: 14.5 us by F.linear, 7.1 us on the transposed copy). A
-    row-invariant model's products pad their rows by `rows`, the rule its decoder found on this machine (rows.py): BLAS
-    computes one row, on some CPUs a few, with other kernels than many, so a token would get other numbers in an `ar`
-    step than in a verify pass. Attention is not padded: logits may still differ by ~1e-5 between the two lanes (see
-    the module's note on exactness). A padded one-row product costs about twice the one-row one, so a model whose
-    numbers only shape guesses (the draft) keeps the one-row path (NO_PADDING). Other dtypes: `F.linear`, whose bias
-    is added before the one rounding (a separate addition would round twice in bfloat16)."""
-
-    weight: torch.Tensor  # [out, in] (a view of `transposed` when there is one)
-    bias: torch.Tensor | None
-    packed: torch.Tensor | None = None  # W in oneDNN's layout (an opaque mkldnn tensor)
-    transposed: torch.Tensor | None = None  # W^T [in, out], contiguous
-    rows: Rule = NO_PADDING  # (least, multiple): the rows a call is padded to, for row-count invariance (rows.py)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        rule, q = self.rows, x.shape[-2]
-        if rule is not NO_PADDING and (q < rule[0] or q % rule[1]):  # the rows padded by the rule (`rows`)
-            return self(pad_rows(x, padded(q, rule)))[..., :q, :]
-        if self.packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-        if self.transposed is None:
-            return F.linear(x, self.weight, self.bias)
-        y = x @ self.transposed
-        return y if self.bias is None else y + self.bias
-
-
-@dataclass(frozen=True)
-class Norm:
-    """An RMSNorm as FusedDecoder computes it. In float32 its weight (times sqrt(D)) is folded into the columns of
-    the product that reads its output, so the norm itself is h / sqrt(||h||^2 + D eps) = h / (sqrt(D) rms(h)): a
-    reduction, a hypot and a division, against the half-dozen operations of torch's rms_norm (4.6 against 12 us a
-    call on this CPU; a 6-layer target has 13 norms per forward). Other dtypes: the model's own formula
-    (`_rms_norm`)."""
-
-    weight: torch.Tensor | None  # None: folded into the next product
-    eps: float
-    floor: torch.Tensor | None = None  # folded: sqrt(D eps), as a tensor for torch.hypot
-
-    def __call__(self, h: torch.Tensor) -> torch.Tensor:
-        if self.weight is None:
-            return h / torch.linalg.vector_norm(h, dim=-1, keepdim=True).hypot_(self.floor)
-        return _rms_norm(h, self.weight, self.eps)
-
-
-def _norm(norm: tuple[torch.Tensor, float], fold: bool) -> tuple[Norm, torch.Tensor | None]:
-    """The Norm, and with `fold` the per-column factor to fold into the next product's weight (else None)."""
-    weight, eps = norm
-    if not fold:
-        return Norm(weight, eps), None
-    d = weight.shape[-1]
-    floor = torch.tensor((d * eps) ** 0.5, dtype=weight.dtype, device=weight.device)
-    return Norm(None, eps, floor), weight.detach() * d**0.5
-
-
-def _folded(weight: torch.Tensor, factor: torch.Tensor | None) -> torch.Tensor:
-    """W diag(factor): a product that reads a folded Norm's output (`_product` detaches it)."""
-    return weight if factor is None else weight * factor
 
 
 @dataclass(frozen=True)
@@ -131,14 +79,6 @@ class FusedLayer:
     norm2: Norm  # post-attention RMSNorm
     gate_up: Product  # [2 I, D]: gate and up projections stacked
     down: Product  # down_proj
-
-
-def _rms(norm: torch.nn.Module) -> tuple[torch.Tensor, float] | None:
-    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
-    weight = getattr(norm, "weight", None)
-    if eps is None or weight is None or "RMSNorm" not in type(norm).__name__ or list(norm.children()):
-        return None
-    return weight, float(eps)
 
 
 def _fuse(index: int, layer: torch.nn.Module, product, fold: bool) -> FusedLayer | None:
@@ -244,7 +184,7 @@ class FusedDecoder:
 
     def prefill(self, embeds: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
         """A whole prompt into an empty `cache`, causal, from its input embeddings [1, q, D] and the rotary positions
-        its text model's rotary takes ([3, 1, q] for M-RoPE, else [1, q]; stack.prompt_inputs): the logits after its
+        its text model's rotary takes ([3, 1, q] for M-RoPE, else [1, q]; hf_layers.prompt_inputs): the logits after its
         last token.  # -> [V]"""
         cos, sin = self.stack.rotary(embeds, positions)  # the model's own rotary, called as its text model calls it
         h = self._layers(embeds, cos[:, None], (sin * self.sign)[:, None], None, cache, prompt=True)
@@ -293,24 +233,6 @@ class FusedDecoder:
         return self.stack.head(h) if self.head is None else self.head(h)
 
 
-def _rms_norm(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm as Llama / Qwen2 compute it: normalised in float32, cast back, then scaled in the input's dtype (in
-    float32 that is torch's rms_norm with the weight, one call)."""
-    if h.dtype == torch.float32:
-        return F.rms_norm(h, (h.shape[-1],), weight, eps)
-    return weight * F.rms_norm(h.float(), (h.shape[-1],), eps=eps).to(h.dtype)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding, the half-split convention of Llama / Qwen2: x cos + rotate_half(x) sin, where
-    rotate_half(x) = (-x2, x1) for the halves x1, x2 of x. With `signed_sin` = (-sin1, sin2) that is
-    x cos + (x2, x1) signed_sin, the same products and sum: a roll of x instead of a negation, two slices and a
-    concatenation (one fused multiply-add would round differently from the model in bfloat16)."""
-    if x.dtype == torch.float32:  # the sum and the second product in one call (not the model's rounding in bf16)
-        return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), signed_sin)
-    return x * cos + x.roll(x.shape[-1] // 2, -1) * signed_sin
-
-
 def packs(stack: DecoderStack) -> bool:
     """Whether the stack's products go through oneDNN on prepacked weights: float32 on the CPU, hidden size at least
     PACK_MIN_HIDDEN, and torch's oneDNN operators present and right on a small product."""
@@ -326,19 +248,9 @@ def packs(stack: DecoderStack) -> bool:
         return False
 
 
-def _product(weight: torch.Tensor, bias: torch.Tensor | None, pack: bool) -> Product:
-    weight = weight.detach()
-    if pack:
-        return Product(weight, bias, packed=torch.ops.mkldnn._reorder_linear_weight(weight))
-    if weight.dtype != torch.float32:
-        return Product(weight, bias)
-    transposed = weight.t().contiguous()
-    return Product(transposed.t(), bias, transposed=transposed)
-
-
 def fused_decoders(stack: DecoderStack, row_invariant: bool = True) -> list[FusedDecoder]:
     """The ways this stack's layers can be fused: products on transposed copies, and on packed ones where `packs`
-    (the runner keeps the faster of those close to forward(), `ModelRunner._check_stack`); none where a layer is not
+    (the runner keeps the faster of those close to forward(), `choose.check_cached`); none where a layer is not
     exactly the block FusedDecoder computes, the rotary is not a static table (`static_rope`) or the copies would
     hold more than MAX_FUSED_PARAMS weights. row_invariant: products give a row the same numbers alone as among
     others (`Product.rows`), as the target's must; False for a model whose numbers only shape guesses."""
@@ -348,7 +260,7 @@ def fused_decoders(stack: DecoderStack, row_invariant: bool = True) -> list[Fuse
 
 def fused_decoder(stack: DecoderStack, pack: bool = False, row_invariant: bool = True) -> FusedDecoder | None:
     """The stack's layers fused, their products on transposed copies of the weights or (`pack`) on packed ones;
-    `row_invariant` (float32): their rows padded by the rule rows.row_rule finds for them on this machine, and None
+    `row_invariant` (float32): their rows padded by the rule padding.row_rule finds for them on this machine, and None
     where no rule makes them invariant."""
     fused = _fused(stack, pack)
     weight = None if fused is None else fused.layers[0].qkv.weight
@@ -396,18 +308,4 @@ def _fused(stack: DecoderStack, pack: bool) -> FusedDecoder | None:
     return fused
 
 
-_WARMED: set[tuple] = set()  # kinds of packed product whose kernels this process has built (oneDNN keeps them)
 
-
-@torch.inference_mode()
-def _warm(products: list[Product], rows: int) -> None:
-    """Call one packed product of each kind (weight shape, with or without a bias, at this thread count) on 1..rows
-    rows, so that no decode step builds a kernel; a kind an earlier model of this process warmed is skipped."""
-    kinds = {(tuple(p.weight.shape), p.bias is None, torch.get_num_threads(), rows): p
-             for p in products if p.packed is not None}
-    for kind, p in kinds.items():
-        if kind in _WARMED:
-            continue
-        for m in range(1, rows + 1):
-            p(p.weight.new_zeros(1, m, p.weight.shape[1]))
-        _WARMED.add(kind)

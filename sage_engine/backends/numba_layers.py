@@ -1,6 +1,6 @@
 """A small draft's layers compiled with Numba: one call per drafted level instead of ~40 NumPy operations.
 
-host.py computes a draft's fused layers in NumPy. For a one-layer draft of hidden size 128 and 640 tokens (the
+numpy_host.py computes a draft's fused layers in NumPy. For a one-layer draft of hidden size 128 and 640 tokens (the
 embedded draft before it took a second layer) the arithmetic of a level is ~30 us, nearly all of it five products,
 while the ~40 NumPy calls around them (norms, the rotary, the cache's writes, the attention's softmax, SiLU) each
 cost ~1-3 us of NumPy's own overhead on a few rows,
@@ -25,7 +25,7 @@ import math
 import numpy as np
 import torch
 
-from ..jit import jit, numba  # no Numba (an unsupported platform): the NumPy layers (host.py) instead
+from ..jit import jit, numba  # no Numba (an unsupported platform): the NumPy layers (numpy_host.py) instead
 from .numpy_host import HostDecoder, blas_one_thread
 
 # Numba's fast-math flags minus "nnan" and "ninf": masked attention scores are -inf, and the loops must keep them

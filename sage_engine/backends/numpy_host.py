@@ -2,7 +2,7 @@
 
 A drafted level of a one-layer draft of hidden size 128 is ~25 tensor operations on a few rows; through
 torch each costs ~5-7 us of dispatch on this CPU, through NumPy ~1-2 us (the arithmetic itself is a few
-microseconds). `HostDecoder` computes what `FusedDecoder` (fused.py) computes, from the same folded,
+microseconds). `HostDecoder` computes what `FusedDecoder` (fused_torch.py) computes, from the same folded,
 transposed float32 weights (shared, not copied): embedding, per layer norm -> q/k/v product -> rotary -> attention
 over the cache -> output product -> norm -> SwiGLU MLP, then the final norm and the head. Two differences of form:
 the rotary's rotate-half is a permutation of the q/k product's columns, so it is folded into the product (one wider
@@ -11,10 +11,10 @@ view (`KVBuffers`), instead of growing the cache by concatenation.
 
 It is offered only for a draft (a model whose numbers only shape guesses: the emitted tokens are always the
 target's) in float32 on the CPU, and the runner checks and times it like the other fused candidates
-(runner.py, `ModelRunner._check_stack`): it is used only where its logits are near forward()'s with the same argmax
+(`choose.check_cached`): it is used only where its logits are near forward()'s with the same argmax
 on every row, and where it is the fastest on this machine. The BLAS that NumPy ships (OpenBLAS) is held to one thread
 when a HostDecoder is built: its threads would otherwise busy-wait on the core that torch's threads use (measured: a
-draft level nearly twice as slow with them). compiled.py computes the same layers in one Numba-compiled call per
+draft level nearly twice as slow with them). numba_layers.py computes the same layers in one Numba-compiled call per
 forward (`CompiledDecoder`, a HostDecoder too), another candidate beside this one.
 """
 
@@ -36,7 +36,7 @@ _BLAS_LIMITED: dict = {}  # library path -> its threadpoolctl limit, held for th
 
 def blas_one_thread() -> None:
     """Hold the BLAS libraries that NumPy's and SciPy's wheels ship (numpy.libs/, scipy.libs/ and their package
-    folders) to one thread; SciPy's is the one Numba's products call (compiled.py). Only those: a BLAS shared with
+    folders) to one thread; SciPy's is the one Numba's products call (numba_layers.py). Only those: a BLAS shared with
     torch (some conda builds) would take the target's threads with it, so it is left alone. A library loaded after a
     call is held by the next call."""
     roots = [Path(np.__file__).resolve().parent]
@@ -210,7 +210,7 @@ def host_decoder(fused: FusedDecoder | None) -> HostDecoder | None:
     return HostDecoder(fused)
 
 
-# When the runner keeps the fastest of a draft's candidate layers (ModelRunner._fastest), a NumPy one is counted at
+# When the runner keeps the fastest of a draft's candidate layers (choose.fastest), a NumPy one is counted at
 # HOST_EDGE of its measured time: timed back to back when the engine is built, the embedded draft's torch layers came
 # within 4-19% of its NumPy ones, while in a run, between target forwards, they took 1.5x as long a level (358 against
 # 236 us on the fresh images, sage 13% slower in tokens/s); one build in about twenty kept the torch layers on that

@@ -1,6 +1,6 @@
 """A Qwen2.5-VL-style vision tower in fewer, larger calls, for prompts that go through the fused layers.
 
-A small tower's forward is mostly per-call overhead, like a small decoder's (fused.py): on the embedded target, a
+A small tower's forward is mostly per-call overhead, like a small decoder's (fused_torch.py): on the embedded target, a
 6 x 6-patch picture took 2.2 ms through the tower's own forward, of which its products are a small part. It
 computes per call what only depends on the grid (rotary positions, the window order, the segment boundaries), runs
 its patch embedding as a Conv3d whose kernel is its stride, splits each attention into one SDPA call per window
@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 from transformers.vision_utils import get_vision_attention_seqlens, get_vision_position_ids, get_vision_window_index
 
-from .fused_torch import MAX_FUSED_PARAMS, Norm, _norm, _rms, _rotate
+from .fused_products import MAX_FUSED_PARAMS, Norm, _norm, _rms, _rotate
 
 PLANS_KEPT = 8  # grids whose plans are kept (a run's prompts mostly share a handful of picture sizes)
 # more patches than this: the tower's own forward (a plan's masks are [S, S]; a tower this small reads far fewer)

@@ -151,10 +151,10 @@ def _arch(model) -> str:
 
 def _tree_forward_text(report: dict) -> str:
     how = report.get("tree_forward") or {}
-    parts = {"layers": "through its decoder layers directly (sage_engine/stack.py)",
-             "fused": "with fused products (sage_engine/fused.py)",
-             "fused+packed": "with fused products on oneDNN-packed weights (sage_engine/fused.py)",
-             "fused+numpy": "with fused products computed in NumPy (sage_engine/host.py)"}
+    parts = {"layers": "through its decoder layers directly (sage_engine/backends/hf_layers.py)",
+             "fused": "with fused products (sage_engine/backends/fused_torch.py)",
+             "fused+packed": "with fused products on oneDNN-packed weights (sage_engine/backends/fused_torch.py)",
+             "fused+numpy": "with fused products computed in NumPy (sage_engine/backends/numpy_host.py)"}
     said = [f"the {who}'s {parts[how[who]]}" for who in ("target", "draft") if how.get(who) in parts]
     return "; decode steps: " + ", ".join(said) if said else ""
 
