@@ -24,6 +24,7 @@ import torch
 from PIL import Image
 
 from .backends.choose import BACKENDS
+from .backends.choose import known as known_backend
 from .costs import CostMeter, Quote, StepTiming
 from .draft import Draft, Drafter
 from .errors import InputError
@@ -60,7 +61,7 @@ class SpecEngine:
         (a target is never offered "numpy" or "numba"; what each model got, and why, is in `backends()`).
         keep_prompt: runs on the same PreparedInput as the last one reuse both models' prefilled caches
         (runner.py); for many draws on one prompt, never where prefill is timed."""
-        if tree_forward not in TREE_FORWARDS:
+        if not known_backend(tree_forward):
             raise ValueError(f"unknown tree_forward {tree_forward!r}; choose one of {', '.join(TREE_FORWARDS)}")
         self.pair = pair
         self.draft_pruning = draft_pruning

@@ -164,6 +164,12 @@ FAMILIES: dict[str, Family] = {t: f for f in (QWEN2_5_VL, QWEN2_VL, LLAVA_ONEVIS
 _warned: set[str] = set()
 
 
+def register_family(family: Family) -> None:
+    """Make `family` the adapter of every model type it names (a family of your own; docs/ARCHITECTURE.md)."""
+    for model_type in family.model_types:
+        FAMILIES[model_type] = family
+
+
 def _config(model_or_config):
     return model_or_config.config if isinstance(model_or_config, torch.nn.Module) else model_or_config
 

@@ -260,7 +260,7 @@ class ModelRunner:
         """This forward run through forward() and every offered backend (backends.choose.check_cached); keep what
         passes. Nothing offered: forward() is the backend, nothing to check."""
         self.stack_checked = True
-        if self.stack is None:
+        if self.stack is None and not self.offered.candidates:
             return
         kept = choose.check_cached(self._forward, self.offered, self.cache, lambda: self.seq_len, (ids, pos, mask),
                                    self.device)
@@ -278,7 +278,7 @@ class ModelRunner:
         """Check the offered backends now, on a text prompt of `ids` and a 3-node tree after it, instead of inside the
         first decode step; the cache is dropped after it. Where the model cannot take a text-only prompt, the check
         stays where it was (the first cached forward of a run)."""
-        if self.stack is None or self.stack_checked or len(ids) < 4:
+        if (self.stack is None and not self.offered.candidates) or self.stack_checked or len(ids) < 4:
             return
         with self._scratch_check():
             try:

@@ -27,6 +27,22 @@ from .vision_tower import FusedVision, fused_vision
 
 # --tree-forward: "auto" offers every backend that applies and keeps the fastest that passes its check
 BACKENDS = ("auto", "forward", "layers", "fused", "numpy", "numba")
+# backends of your own, by name (`register`): offered when asked for by that name, checked like the others
+REGISTERED: dict[str, Callable] = {}
+
+
+def register(name: str, factory: Callable) -> None:
+    """Make `name` a backend `--tree-forward` / SpecEngine(tree_forward=name) can ask for: `factory(model, stack,
+    row_invariant)` returns the backend for a model (stack: its hf_layers.DecoderStack, None where its layers cannot
+    be called in turn), or None where it does not apply (the model then runs on forward(), with a note). The check
+    against forward() and the notes are the same as for the built-in ones."""
+    if name in BACKENDS:
+        raise ValueError(f"{name!r} is a built-in backend")
+    REGISTERED[name] = factory
+
+
+def known(name: str) -> bool:
+    return name in BACKENDS or name in REGISTERED
 
 
 class Offer(NamedTuple):
@@ -42,10 +58,15 @@ def offer(model: torch.nn.Module, family, wanted: str = "auto", row_invariant: b
     """The backends `wanted` allows for `model` (BACKENDS). A target (row_invariant: its numbers must not depend on how
     many rows share a product, or its verify passes could part from its `ar` steps) is offered the torch fused layers
     at most: the NumPy and Numba layers take BLAS's one-row path; asked for them, it gets the torch ones and a note."""
-    if wanted not in BACKENDS:
-        raise ValueError(f"unknown backend {wanted!r}; choose one of {', '.join(BACKENDS)}")
+    if not known(wanted):
+        raise ValueError(f"unknown backend {wanted!r}; choose one of {', '.join([*BACKENDS, *REGISTERED])}")
     notes: list[str] = []
     stack = decoder_stack(model, family) if wanted != "forward" else None
+    if wanted in REGISTERED:
+        made = REGISTERED[wanted](model, stack, row_invariant)
+        if made is None:
+            notes.append(f"{wanted} does not apply to this model: forward() runs every pass")
+        return Offer(stack, [] if made is None else [made], None, notes)
     if stack is None and wanted != "forward":
         notes.append("its layers cannot be called in turn (unknown family, sliding-window layers, a device map or "
                      "missing parts): forward() runs every pass")
@@ -86,7 +107,7 @@ def check_cached(reference: Callable, offered: Offer, cache, length: Callable[[]
     ref_kv = [(layer.keys[:, :, start:].clone(), layer.values[:, :, start:].clone())
               for layer in cache.layers] if offered.candidates else []  # only the fused check reads them
     compact(cache, start, [])
-    if not _try(offered.stack, args, cache, length, lambda got: torch.equal(got, ref)):
+    if offered.stack is not None and not _try(offered.stack, args, cache, length, lambda got: torch.equal(got, ref)):
         return Kept(None, None, ["its decoder layers called in turn did not give forward()'s logits bit for bit: "
                                  "cached forwards run through forward()"])
 

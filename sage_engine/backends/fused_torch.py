@@ -17,7 +17,7 @@ builds both where both apply and the runner keeps the one its timing finds faste
 (`choose.fastest`, when it checks the layers). Narrower products (the draft's) are never packed: a packed call
 has a fixed cost of 13-27 us. oneDNN builds a kernel on the first call for each row count, so a packed decoder runs
 every row count up to WARM_ROWS once when it is built. For a draft, the same layers computed in NumPy from this
-decoder's weights (numpy_host.py) are one more candidate (the timings of each way: docs/SPEED.md).
+decoder's weights (numpy_host.py) are one more candidate (the timings of each way: docs/log/SPEED.md).
 
 Exactness. A fused product (with a norm's weight folded into it) sums and rounds in another order than the model's
 modules do, so the logits differ from forward()'s in the last bits (the embedded target: up to ~2e-5 on logits of
