@@ -42,6 +42,7 @@ from .report_markdown import (  # noqa: F401  (the writer's public names, import
     sampling_markdown,
     sources_markdown,
     suite_markdown,
+    with_readme_table,
     worst_input,
     write_markdown,
 )
@@ -87,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="python -m sage_engine.report", description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="markdown file to write, e.g. BENCHMARKS.md")
+    p.add_argument("--readme", default=None, help="also rewrite the results table of this README (between its "
+                   "'results' markers), e.g. README.md")
     p.add_argument("--json-dir", default=None, help="raw bench reports (default: docs/bench beside --out)")
     p.add_argument("--work-dir", default=str(Path(tempfile.gettempdir()) / "sage-report"),
                    help="where the suites are materialised (rewritten on every run)")
@@ -192,6 +195,9 @@ def write_report(args: argparse.Namespace, argv: list[str]) -> int:
     (json_dir / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(write_markdown(reports, meta))
+    if args.readme:
+        readme = Path(args.readme)
+        readme.write_text(with_readme_table(readme.read_text(), reports))
     print(f"wrote {out} and {len(reports)} reports in {json_dir}")
     return 0
 

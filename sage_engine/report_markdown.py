@@ -224,3 +224,36 @@ def write_markdown(reports: dict[str, dict], meta: dict) -> str:
     lines += sources_markdown(meta.get("sources", []))
     lines += notes_markdown(reports)
     return "\n".join(lines).rstrip() + "\n"
+
+
+README_SUITES = ("tinyworld-images", "tinyworld-clips", "real")  # the README's three columns
+README_START, README_END = "<!-- results: written by sage_engine.report -->", "<!-- /results -->"
+
+
+def readme_table(reports: dict[str, dict]) -> str:
+    """The README's one results table, from the greedy suites' reports: per policy, tau and speedup vs `ar` on each
+    suite, with the worst input of the real one; `ar`'s row gives its tokens/s."""
+    suites = [s for s in README_SUITES if s in reports]
+    head = "| policy | " + " | ".join(f"{s}: tau / speedup" for s in suites) + " |"
+    lines = [head, "|---" * (len(suites) + 1) + "|"]
+    for policy in reports[suites[0]]["policies"]:
+        cells = []
+        for s in suites:
+            p = reports[s]["policies"].get(policy)
+            if p is None:
+                cells.append("-")
+                continue
+            if policy == "ar":
+                cells.append(f"1.00 / {p['tokens_per_second']:.0f} tok/s")
+                continue
+            cell = f"{p['mean_accepted']:.2f} / {p['speedup_vs_ar'] or 0:.2f}x"
+            worst = worst_input(reports[s], policy) if s == "real" else None
+            cells.append(cell + (f" (worst {worst[0]:.2f}x)" if worst else ""))
+        lines.append(f"| `{policy}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def with_readme_table(readme: str, reports: dict[str, dict]) -> str:
+    """`readme` with the block between README_START and README_END replaced by `readme_table(reports)`."""
+    start, end = readme.index(README_START) + len(README_START), readme.index(README_END)
+    return readme[:start] + "\n" + readme_table(reports) + "\n" + readme[end:]

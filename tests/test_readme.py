@@ -64,3 +64,34 @@ def test_readme_command_runs_as_written(argv, tmp_path, monkeypatch, capsys):
         build_parser().parse_args(args)
     else:
         pytest.fail(f"the README shows a command this test does not know: {' '.join(argv)}")
+
+
+def test_the_readme_results_table_is_the_one_the_reports_give():
+    """The README's table is written from docs/bench/ by `sage_engine.report --readme` (no hand edits)."""
+    import json
+
+    from sage_engine.report_markdown import README_END, README_START, readme_table
+
+    text = (ROOT / "README.md").read_text()
+    block = text[text.index(README_START) + len(README_START) : text.index(README_END)].strip()
+    reports = {p.stem: json.loads(p.read_text()) for p in (ROOT / "docs" / "bench").glob("*.json") if p.stem != "meta"}
+    assert block == readme_table(reports)
+
+
+def test_the_readme_library_example_runs(monkeypatch, capsys):
+    import re
+
+    monkeypatch.chdir(ROOT)
+    code = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)[0]
+    assert "SpecEngine" in code
+    exec(compile(code.replace("max_new_tokens=96", "max_new_tokens=24"), "README.md", "exec"), {"__name__": "readme"})
+    assert capsys.readouterr().out.strip()
+
+
+def test_the_readme_is_for_users():
+    """At most 15 KB, and no run history (dates, run names, 'the run before')."""
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    assert len(text.encode()) <= 15 * 1024
+    assert not re.search(r"\b20[0-9]{2}-[0-9]{2}-[0-9]{2}\b|committed run|the run before|\brun [A-Z][0-9]\b", text)
