@@ -56,6 +56,10 @@ def main(argv=None) -> None:
         import torch
 
         torch.set_num_threads(args.threads)
+    from sage_engine import jit
+
+    if jit.defer_compile():  # a first start: Numba compiles in the background, the first runs take plain Python
+        logging.getLogger("sage.app").info("compiling the engine's Numba code in the background")
     try:
         presets = served(args.presets.split(","))
         # ZeroGPU: the pair must be on cuda before the first run (a lazy load would happen in the GPU worker)

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from sage_engine import ModelError, ModelPair, SpecEngine, load_pair
+from sage_engine import ModelError, ModelPair, SpecEngine, jit, load_pair
 from sage_engine.pruning import VisualPruning
 
 from .device import DeviceThread
@@ -43,9 +43,10 @@ class Loaded:
     def engine(self, draft_pruning: VisualPruning | None = None) -> SpecEngine:
         """The engine for `draft_pruning`, built on the device thread the first time (its runners time and check
         their layers there)."""
-        if draft_pruning not in self.engines:
-            self.engines[draft_pruning] = self.device.call(SpecEngine, self.pair, draft_pruning=draft_pruning)
-        return self.engines[draft_pruning]
+        engine = self.engines.get(draft_pruning)
+        if engine is None or (engine.compiled is False and jit.activate()):  # built before the compile finished
+            engine = self.engines[draft_pruning] = self.device.call(SpecEngine, self.pair, draft_pruning=draft_pruning)
+        return engine
 
     def describe(self) -> str:
         d = self.pair.describe()

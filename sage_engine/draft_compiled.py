@@ -17,10 +17,12 @@ import math
 
 import numpy as np
 
+from . import jit as jit_mod
 from . import rules
 from .backends.numba_layers import CompiledDecoder, _forward_jit, _largest, _top_jit, toy_weights
 from .jit import jit, numba
 from .policy_io import CHAIN, LevelRule, StepRule, TreeShape
+from .rules import confidence, depth_for, level_pattern, sage_children, width_for
 from .tree import DraftTree, chain_allowed
 
 
@@ -37,7 +39,7 @@ def _expand(kind, level, numbers, rows, top_p, top_t, t_tok, t_parent, t_prob, t
         for r in range(F):
             if rows[r] >= 0:
                 parent_prob[r], parent_cum[r] = t_prob[rows[r]], t_cum[rows[r]]
-        chosen_rows, chosen_ranks, grow = rules.sage_children(level, width, depth, bias, theta_scale, node_price,
+        chosen_rows, chosen_ranks, grow = sage_children(level, width, depth, bias, theta_scale, node_price,
                                                               level_price, parent_prob, parent_cum, top_p,
                                                               max(max_nodes - count, 0))
     for i in range(chosen_rows.shape[0]):
@@ -114,7 +116,7 @@ def _draft_levels(kind, numbers, temperature, nucleus, root_p, root_t, ends, p, 
         for j in range(g):
             t_slot[grow[j]] = fed + j
             tokens[j], positions[j] = t_tok[grow[j]], root_pos + level
-        blocked = ~rules.level_pattern(grow, t_parent, t_slot, p, fed)  # [g, p + fed + g]
+        blocked = ~level_pattern(grow, t_parent, t_slot, p, fed)  # [g, p + fed + g]
         logits = _forward_jit(tokens, positions, blocked, n + fed, embed, cos, sin, floor1, qkv, qkv_b, heads, scaling,
                               out_w, out_b, floor2, gate_up, down, down_b, floor, head, head_b, keys, values)
         fed += g
@@ -147,10 +149,10 @@ def _draft_step(kind, plan, temperature, nucleus, max_depth, vocab, tokens, posi
     else:
         probs32, top = _top_jit(np.ascontiguousarray(logits[p - 1 :, :vocab]), k)
         probs = probs32.astype(np.float64)  # exact: the Python path reads the same float32 numbers
-    root_alpha = rules.confidence(probs[0, :entropy_k])
+    root_alpha = confidence(probs[0, :entropy_k])
     alpha = root_alpha if math.isnan(fixed) else fixed
-    depth = min(rules.depth_for(alpha, d_min, d_max, cap), max_depth)
-    width = rules.width_for(alpha, w_min, w_max)
+    depth = min(depth_for(alpha, d_min, d_max, cap), max_depth)
+    width = width_for(alpha, w_min, w_max)
     numbers = (width, bias, theta_scale, node_price, level_price, max_nodes, depth)
     tok, parent, depths, prob, cum, slot, forwards, fed = _draft_levels(
         kind, numbers, temperature, nucleus, probs[0].copy(), top[0].copy(), ends, p, root_pos, n + p, vocab, embed,
@@ -234,7 +236,7 @@ def warm() -> None:
     """Load the compiled step and levels now (from Numba's cache; compiled on a machine's first call), with a
     one-layer toy decoder of the real argument types, so that they do not land in a run's first drafted step."""
     rules.warm()
-    if not AVAILABLE:
+    if not AVAILABLE or not jit_mod.ACTIVE:
         return
     nan = math.nan
     _draft_levels(CHAIN, (1, 0.0, 0.0, nan, nan, 1, 1), 0.0, 1.0, np.zeros(2), np.zeros(2, np.int64),

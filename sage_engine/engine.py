@@ -23,6 +23,7 @@ from collections.abc import Iterator
 import torch
 from PIL import Image
 
+from . import jit
 from .backends.choose import BACKENDS
 from .backends.choose import known as known_backend
 from .costs import CostMeter, Quote, StepTiming
@@ -64,6 +65,7 @@ class SpecEngine:
         if not known_backend(tree_forward):
             raise ValueError(f"unknown tree_forward {tree_forward!r}; choose one of {', '.join(TREE_FORWARDS)}")
         self.pair = pair
+        self.compiled = jit.ACTIVE if jit.numba is not None else None  # built with compiled code (None: no Numba)
         self.draft_pruning = draft_pruning
         self.tokenizer = pair.tokenizer
         self.target = ModelRunner(pair.target, backend=tree_forward)

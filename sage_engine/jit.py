@@ -1,16 +1,24 @@
-"""Numba, where it is installed: the one place that compiles the engine's array functions, and keeps their on-disk
-cache honest.
+"""Numba, where it is installed: the one place that compiles the engine's array functions, keeps their on-disk cache
+honest, and can take the compilation off a server's start.
 
 Numba's disk cache notices an edit to a compiled function's own file, not to the functions it calls in other files:
 a draft step cached before an edit of rules.py would go on running the old rule. So the cache lives in a folder named
 after a hash of every module with compiled code (`SOURCES`): an edit to any of them starts a fresh cache. The folder
 is under $NUMBA_CACHE_DIR if set, else the user's cache directory.
+
+Compiling everything takes ~20 s of one core on a machine's first start. A server that must answer at once (the demo,
+a Space that restarts cold) calls `defer_compile()`: a background process compiles into the cache while this one
+runs every function as plain Python (`Compiled.__call__`) and offers no compiled backend; once the cache is complete
+(`ready()`), an engine built after `activate()` uses the compiled code. Everything else compiles on first use.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
+import types
 from pathlib import Path
 
 try:
@@ -20,6 +28,7 @@ except ImportError:  # the same functions run as Python
 
 HERE = Path(__file__).resolve().parent
 SOURCES = ("jit.py", "rules.py", "backends/numba_layers.py", "draft_compiled.py", "tree.py", "cache.py")  # @jit modules
+ACTIVE = numba is not None  # Python callers use the compiled functions (False: deferred, see the module's note)
 
 
 def cache_dir() -> Path:
@@ -41,19 +50,98 @@ def _prune(keep: Path, days: float = 7.0) -> None:
 
 
 if numba is not None:
-    _dir = cache_dir()
-    if not _dir.exists() and _dir.parent.is_dir():
-        _prune(_dir)
-    numba.config.CACHE_DIR = str(_dir)  # read by every @jit below when it is applied
+    _DIR = cache_dir()
+    if not _DIR.exists() and _DIR.parent.is_dir():
+        _prune(_DIR)
+    numba.config.CACHE_DIR = str(_DIR)  # read by every @jit below when it is applied
+    _READY = _DIR / "ready"  # written once every compiled function is in the cache (`warm_all`)
 
 
-def jit(fn=None, **options):
-    """`fn` compiled by Numba where it is installed (cached on disk, nogil: the demo's other lane runs meanwhile; no
-    fast-math unless `options` ask for it), else `fn` itself; `.py_func` is always the plain function. Usable as
-    `@jit` or `jit(fn, fastmath=...)`."""
+# per module with compiled functions, the globals its compiled twins see: the module's own, each `Compiled` in it
+# replaced by its dispatcher, so that compiled code calls compiled code while Python code calls `Compiled` objects
+_NAMESPACES: dict[str, dict] = {}
+_FILLED: set[str] = set()
+
+
+def _fill() -> None:
+    """Give every imported module's compiled twins their globals (once per module)."""
+    for name, ns in _NAMESPACES.items():
+        module = sys.modules.get(name)
+        if name not in _FILLED and module is not None:
+            ns.update({k: v.jitted if isinstance(v, Compiled) else v for k, v in vars(module).items()})
+            _FILLED.add(name)
+
+
+class Compiled:
+    """A function compiled by Numba (cached on disk, nogil: the demo's other lane runs meanwhile), callable from Python
+    like the plain function it was made from: compiled where ACTIVE, else the plain function (compiling deferred, or
+    Numba missing). `.jitted` is the dispatcher of its compiled twin, whose calls to other `Compiled` functions of its
+    module's globals are compiled calls; `.py_func` the plain function."""
+
+    def __init__(self, fn, options: dict):
+        self.py_func, self.__doc__, self.__name__, self.__wrapped__ = fn, fn.__doc__, fn.__name__, fn
+        self.jitted = None
+        if numba is not None:
+            twin = types.FunctionType(fn.__code__, _NAMESPACES.setdefault(fn.__module__, {}), fn.__name__,
+                                      fn.__defaults__, fn.__closure__)
+            twin.__module__, twin.__qualname__, twin.__doc__ = fn.__module__, fn.__qualname__, fn.__doc__
+            self.jitted = numba.njit(cache=True, nogil=True, **options)(twin)
+
+    def __call__(self, *args):
+        if not ACTIVE:
+            return self.py_func(*args)
+        if len(_FILLED) < len(_NAMESPACES):
+            _fill()
+        return self.jitted(*args)
+
+
+def jit(fn=None, **options) -> Compiled:
+    """`fn` as a `Compiled` (no fast-math unless `options` ask for it). Usable as `@jit` or `jit(fn, fastmath=...)`."""
     if fn is None:
         return lambda f: jit(f, **options)
-    if numba is None:
-        fn.py_func = fn
-        return fn
-    return numba.njit(cache=True, nogil=True, **options)(fn)
+    return Compiled(fn, options)
+
+
+def ready() -> bool:
+    """Is every compiled function of this source version in the disk cache?"""
+    return numba is not None and _READY.exists()
+
+
+def defer_compile() -> bool:
+    """Where the cache is not complete: run plain Python from now on and compile in a background process of low
+    priority (`python -m sage_engine.jit`). True if deferred."""
+    global ACTIVE
+    if numba is None or ready():
+        return False
+    ACTIVE = False
+    preexec = (lambda: os.nice(10)) if hasattr(os, "nice") else None
+    subprocess.Popen([sys.executable, "-m", "sage_engine.jit"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL, preexec_fn=preexec, cwd=str(HERE.parent))
+    return True
+
+
+def activate() -> bool:
+    """Use the compiled functions from now on if the cache is complete (after `defer_compile`); whether they are."""
+    global ACTIVE
+    ACTIVE = ACTIVE or ready()
+    return ACTIVE
+
+
+def warm_all() -> None:
+    """Compile (or load) every compiled function of the engine with the argument types it is called with, then mark
+    the cache complete."""
+    global ACTIVE
+    from . import cache, draft_compiled, tree
+    from .backends import numba_layers
+
+    ACTIVE = True
+    for module in (numba_layers, draft_compiled, cache, tree):  # draft_compiled warms rules.py's functions too
+        module.warm()
+    _READY.touch()
+
+
+if __name__ == "__main__":  # the background compile of `defer_compile`, through the package's own module
+    from sage_engine import jit as _package_jit
+
+    if _package_jit.numba is not None:
+        _package_jit.warm_all()

@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from .jit import jit, numba
+from .jit import jit, numba  # noqa: F401 - numba: whether the rules are compiled
 
 # `fn` compiled where Numba is installed, without fast-math (float64 exactly as Python computes it, Python's errors),
 # else `fn` itself; `rule(fn).py_func` is always the plain function
@@ -155,7 +155,9 @@ def tree_depths(parents):
 def warm() -> None:
     """Compile (first run on a machine) or load (from Numba's cache) the rules called from Python, with the argument
     types the policies pass, so that no run's first step pays for it."""
-    if numba is None:
+    from . import jit
+
+    if numba is None or not jit.ACTIVE:
         return
     one = np.ones((1, 2), np.float64)
     confidence(one[0])

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from . import rules
+from .rules import tree_depths, verify_pattern
 
 
 @dataclass
@@ -154,17 +155,13 @@ def _verify_inputs(tokens, parents, root, start, past, blocked):
     tree's depth, in one call.  # tokens, parents [n] int64"""
     n = tokens.shape[0]
     q = n + 1
-    allowed, depth = rules.verify_pattern(parents), rules.tree_depths(parents)
+    allowed, depth = verify_pattern(parents), tree_depths(parents)
     ids, pos = np.empty((1, q), np.int64), np.empty((1, q), np.int64)
     ids[0, 0], pos[0, 0] = root, start
     for i in range(n):
         ids[0, i + 1], pos[0, i + 1] = tokens[i], start + depth[i]
     mask4 = np.zeros((1, 1, q, past + q), np.float32)
-    mask = mask4[0, 0]
-    for i in range(q):
-        for j in range(q):
-            if not allowed[i, j]:
-                mask[i, past + j] = blocked
+    mask4[0, 0, :, past:] = np.where(allowed, np.float32(0.0), np.float32(blocked))
     return ids, pos, mask4, depth.max() if n else 0
 
 

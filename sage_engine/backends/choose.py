@@ -18,7 +18,9 @@ from typing import NamedTuple
 import torch
 from transformers import DynamicCache
 
+from .. import jit
 from ..cache import compact
+from ..jit import numba as numba_installed
 from .fused_torch import fused_decoders
 from .hf_layers import DecoderStack, decoder_stack
 from .numba_layers import compiled_decoder
@@ -83,7 +85,9 @@ def offer(model: torch.nn.Module, family, wanted: str = "auto", row_invariant: b
     elif wanted == "numba" and not compiled and hosts:
         notes.append("numba asked for and not offered (Numba missing, or layers of unequal heads): NumPy instead")
     elif not row_invariant and fused and not compiled:
-        notes.append("no compiled layers offered (Numba missing, or layers of unequal heads)")
+        notes.append("no compiled layers offered: Numba compiles in the background (first start); an engine built "
+                     "after it has finished uses them" if numba_installed and not jit.ACTIVE else
+                     "no compiled layers offered (Numba missing, or layers of unequal heads)")
     candidates = {"auto": fused + hosts + compiled, "fused": fused, "numpy": hosts or fused,
                   "numba": compiled or hosts or fused}[wanted]
     return Offer(stack, candidates, fused_vision(model) if candidates else None, notes)

@@ -25,6 +25,7 @@ import math
 import numpy as np
 import torch
 
+from .. import jit as jit_mod
 from ..jit import jit, numba  # no Numba (an unsupported platform): the NumPy layers (numpy_host.py) instead
 from .numpy_host import HostDecoder, blas_one_thread
 
@@ -199,7 +200,8 @@ _forward_jit, _top_jit, _read_jit = _jit(_forward), _jit(_top_candidates), _jit(
 def top_candidates(logits: torch.Tensor, k: int) -> tuple[list[list[float]], list[list[int]]] | None:
     """The rows' softmax top-k (probabilities, tokens) as lists, through the compiled function; None where it does
     not apply (no Numba, or logits that are not float32 on the CPU).  # [F, V] -> [F][k], [F][k]"""
-    if _top_jit is None or logits.dtype != torch.float32 or logits.device.type != "cpu" or k > logits.shape[-1]:
+    if (_top_jit is None or not jit_mod.ACTIVE or logits.dtype != torch.float32 or logits.device.type != "cpu"
+            or k > logits.shape[-1]):
         return None
     probs, tokens = _top_jit(np.ascontiguousarray(logits.detach().numpy()), k)
     return probs.tolist(), tokens.tolist()
@@ -220,7 +222,7 @@ def warm() -> None:
     """Load the compiled top-k and read now (compiled on the first call in a process, else read from Numba's cache:
     ~0.4 s even then), so that they do not land in a run's first drafted step, where the cost meter would take them
     for the price of drafting."""
-    if _top_jit is not None:
+    if _top_jit is not None and jit_mod.ACTIVE:
         _top_jit(np.zeros((1, 2), np.float32), 1)
         one = np.zeros(1, np.int64)
         _read_jit(3, 1, one, one, np.zeros((1, 0), dtype=bool), 0, *toy_weights())
@@ -283,6 +285,8 @@ class CompiledDecoder(HostDecoder):
 def compiled_decoder(host: HostDecoder | None) -> CompiledDecoder | None:
     """`host`'s layers compiled, where Numba is there and every layer has the same query heads and scaling (one
     stacked set of weights; the key heads and head size are already one, `cache.KVBuffers`)."""
-    if host is None or _forward_jit is None or len({(f.heads, f.scaling) for f in host.layers}) != 1:
+    if host is None or _forward_jit is None or not jit_mod.ACTIVE:
+        return None
+    if len({(f.heads, f.scaling) for f in host.layers}) != 1:
         return None
     return CompiledDecoder(host)
