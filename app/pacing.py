@@ -1,8 +1,8 @@
 """When the handler may send an update while the decoding thread runs.
 
 Building an update (and Gradio serialising and sending it) takes the GIL, and on a small machine a
-core, from the decoding thread: a 50 ms figure rebuild in a 0.4 s speculative lane would slow the very
-speed the demo measures by 12%. So updates are paid from a budget: all the updates sent since the lane
+core, from the decoding thread: a figure rebuilt in the middle of a short speculative lane would slow the very
+speed the demo measures. So updates are paid from a budget: all the updates sent since the lane
 being decoded began may have cost at most `share` of its wall time so far (`new_lane`; with one budget for the
 whole race, the short speculative lane spent what the autoregressive lane before it had saved). Costs are measured
 (each update's round trip; each figure rebuild) and the last one of each kind is the estimate for the next. Two

@@ -46,7 +46,7 @@ class Failure:
 
 _END = object()
 RACING = "sage-race"  # the device thread's name while it decodes a race
-WARM_TOKENS = 8  # the untimed plain decode before the lanes (~25 ms on the embedded pair)
+WARM_TOKENS = 8  # the untimed plain decode before the lanes (a few target forwards: warms the caches)
 
 
 class RunControl:

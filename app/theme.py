@@ -54,7 +54,7 @@ def layout(title: str, height: int = 340, **extra) -> dict:
 
 def figure(data: list[dict], layout_: dict):
     """A Plotly figure from plain trace and layout dicts, without plotly.py's per-property validation
-    (30-40 ms a figure, paid on every streamed redraw); the tests validate the served figures."""
+    (paid on every streamed redraw, and costlier than building the figure); the tests validate the served figures."""
     import plotly.graph_objects as go
 
     return go.Figure(dict(data=data, layout=layout_), _validate=False)

@@ -5,7 +5,7 @@ is last because the `compare` API promises its JSON summary as the last output. 
 SKIP is not updated (gr.skip()), so an update never erases what is already on screen.
 
 gr.skip() and gr.Component(...) updates are not free in Gradio 6: each one rebuilds the component
-and its config (about 2 ms of server CPU per output per update, taken from decoding on a small CPU).
+and its config (server CPU per output per update, taken from decoding on a small CPU).
 Streamed updates therefore carry plain values for every output (the unchanged ones again; Gradio
 sends only the difference to the browser) and keep updates for the first and last view of a run.
 """

@@ -24,8 +24,8 @@ def _move_columns(keys, values, start, keep):
         a[:, :, start : start + keep.shape[0]] = a[:, :, keep + start]
 
 
-# one compiled call: right after a model forward, NumPy's index arithmetic and fancy-indexed copy took ~50 us there
-# (each NumPy call's first touch of its own code and data comes back from L3), the compiled gather ~15-25 us
+# one compiled call: right after a model forward each NumPy call's first touch of its own code and data comes back
+# from L3, and the index arithmetic and fancy-indexed copy are several such calls
 _move_jit = jit(_move_columns) if numba is not None else None  # without Numba: the compaction's NumPy gather
 
 
@@ -45,12 +45,11 @@ class KVBuffers:
     cache's own operations (length, compaction, copies) work on it unchanged, where growing it by concatenation would
     copy the whole cache every forward. A cache whose layers are not such views (after a prefill, or a copy) is copied
     in once. A compaction moves the kept columns of every layer in one operation per buffer (`move`), where the
-    layer-by-layer one costs a handful of tensor operations per layer (for the embedded target's six, ~0.3 ms against
-    ~0.1 ms right after a verify pass).
+    layer-by-layer one costs a handful of tensor operations per layer.
     A compaction does not re-point the layers: `length` says how many columns are in use, and the layers keep the
     longer views they had (their first `length` columns are the kept ones) until the next forward publishes its own,
-    which it does anyway. Making views takes four tensor operations and ~25-50 us right after a verify pass, and most
-    decode steps compact both models' caches. Until then the runner reads the length from here (`length_of`);
+    which it does anyway. Making views takes four tensor operations, and most decode steps compact both models'
+    caches. Until then the runner reads the length from here (`length_of`);
     code that reads such a cache's layers otherwise sees a longer prefix-correct view (the compaction's generic path
     crops and gathers from it correctly)."""
 
@@ -100,7 +99,7 @@ class KVBuffers:
 
     def at(self, n: int) -> zip:
         """Each layer's first n columns: (keys, values) views [1, KV, n, hd] of `views`, made by one narrow and one
-        unbind per buffer (a narrow per layer and buffer is a dozen calls for a six-layer model, ~1.8 us each)."""
+        unbind per buffer (a narrow per layer and buffer is a dozen calls for a six-layer model)."""
         return zip(self.keys.narrow(3, 0, n).unbind(0), self.values.narrow(3, 0, n).unbind(0))
 
     def publish(self, layers: list, n: int) -> None:

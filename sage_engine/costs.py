@@ -113,8 +113,8 @@ class CostMeter:
         self.policy_window = policy_window
         self.min_steps = min_steps
         self.recent = recent  # drafted steps that judge the draft now (trust, drafted rate)
-        # drafted steps between two fits: the prices move slowly over a window of 96 steps, and the fits cost ~40 us in
-        # a step (from cold caches), ~10 us a step on average when refitted every 4
+        # drafted steps between two fits: the prices move slowly over a window of 96 steps, and a fit costs a step
+        # more than the rest of the meter's work (it runs from cold caches)
         self.refit = refit
         self._counts = [0, 0]  # plain, drafted steps recorded so far
         self._moments = Moments(window, refit)  # the last `window` drafted steps (any policy), for the two fits

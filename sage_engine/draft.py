@@ -180,7 +180,7 @@ class Drafter:
                 [tree.tokens[n] for n in grow], [root_pos + tree.depths[n] for n in grow], allowed
             )  # [g, V]
             forwards, ms, fed = forwards + 1, ms + level_pass.ms, fed + len(grow)
-            # a node's own alpha only where the policy reads it: ~10 us of Python logarithms per level otherwise
+            # a node's own alpha only where the policy reads it: a logarithm per candidate per level otherwise
             frontier, alpha = self._top(level_pass.logits, policy, grow, qs, policy.node_alphas)
             for node, a in zip(grow, alpha or ()):
                 tree.alphas[node] = a

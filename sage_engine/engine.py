@@ -44,8 +44,8 @@ from .tree import DraftTree
 from .tree import warm as warm_verify_inputs
 from .verify import GreedyAcceptance, verify_tree
 
-# torch.inference_mode()'s own guard, which that context manager enters through a few Python frames of its own (~2.4
-# against ~0.5 us a call warm, several times that right after a model forward); the public one where torch has none
+# torch.inference_mode()'s own guard, which that context manager enters through a few Python frames of its own; the
+# public one where torch has none
 _inference_mode = getattr(torch._C, "_InferenceMode", torch.inference_mode)
 
 TREE_FORWARDS = BACKENDS  # SpecEngine(tree_forward=...), the CLI's --tree-forward: the backends both models may use
@@ -204,8 +204,8 @@ class SpecEngine:
             self.drafter.settle(tree, verdict.accepted, verdict.bonus)
         # 5. the policy learns from the outcome (and the meter from what the step cost).
         # the step's cost as the meter and the policy judge it: without the draft's prefill and the runners'
-        # one-off check of their layers (a first drafted step ~10 ms slower would turn a fresh engine's policy
-        # to plain steps), both still in the event's times
+        # one-off check of their layers (a first drafted step that slow would turn a fresh engine's policy to
+        # plain steps), both still in the event's times
         wall_ms = (time.perf_counter() - t0) * 1e3 - draft.prefill_ms - (self._check_ms() - checked_ms)
         timing = self.costs.timing(StepTiming(key, len(verdict.accepted) + 1, len(tree), wall_ms, verify.ms,
                                               draft.ms, draft.forwards, sum(tree.cum_probs)))

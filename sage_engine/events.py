@@ -39,7 +39,7 @@ class TreeView:
 class Deferred(functools.partial):
     """A value made when first read, as `Deferred(function, *args)`: the engine hands a step's tree view and texts to
     its event this way, so that a consumer that never looks at them (the benchmark) does not pay for them in the step
-    (~25 us a step for the tree view, ~30 us for the texts, right after a target forward). A `functools.partial`: made
+    (both run from cold caches right after a target forward). A `functools.partial`: made
     in C, with no Python frame of its own; calling it makes the value."""
 
 

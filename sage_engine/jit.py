@@ -141,7 +141,7 @@ def warm_all() -> None:
 
 
 if __name__ == "__main__":  # the background compile of `defer_compile`, through the package's own module
-    from sage_engine import jit as _package_jit
+    import importlib
 
-    if _package_jit.numba is not None:
-        _package_jit.warm_all()
+    if numba is not None:
+        importlib.import_module("sage_engine.jit").warm_all()

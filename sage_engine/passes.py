@@ -18,20 +18,20 @@ class Pass(NamedTuple):
     # forward(top=k) on the compiled layers: the last row's softmax top-k over the shared vocabulary, same call
     top: tuple[list[list[float]], list[list[int]]] | None = None  # ([1][k] probs, [1][k] tokens); else None
     # forward(argmax=True) through the kept layers: each row's argmax, taken in the pass while its logits are in the
-    # cores' caches (~5 us there; the same op on them after the pass ~20-60 us on this project's CPUs)
+    # cores' caches (the same op after the pass reads them back from memory)
     argmax: np.ndarray | torch.Tensor | None = None  # [q] int64 (NumPy on the CPU)
 
 
 def rows_argmax(logits: torch.Tensor, on_cpu: bool) -> np.ndarray | torch.Tensor:
     """Each row's argmax (the first of equal maxima, as torch's): NumPy's on the CPU, whose array's tolist() is a
-    shorter path than a tensor's right after a forward (torch's argmax and tolist took ~27 us there, NumPy's ~20);
+    shorter path than a tensor's right after a forward;
     torch's elsewhere.  # [q, V] -> [q]"""
     return logits.numpy().argmax(-1) if on_cpu else logits.argmax(-1)
 
 
 def inference(fn):
-    """`torch.inference_mode` around `fn`, entered only where the caller is not in it already: entering costs ~3 us,
-    and the engine runs each decode step, a dozen runner calls, inside one (engine.py)."""
+    """`torch.inference_mode` around `fn`, entered only where the caller is not in it already: entering costs a few
+    Python frames, and the engine runs each decode step, a dozen runner calls, inside one (engine.py)."""
 
     @functools.wraps(fn)
     def run(*args, **kwargs):

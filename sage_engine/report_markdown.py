@@ -193,19 +193,23 @@ def sampling_markdown(reports: dict[str, dict]) -> list[str]:
              "(same distribution as `ar`, a different draw, so their exact match is low); the other tree policies "
              "draw exactly `ar`'s tokens.", "",
              "| policy | " + " | ".join(f"T = {t:g}" for t in temps) + " |", "|---|" + "---|" * len(temps)]
-    for policy in dict.fromkeys(p for t in temps for p in runs[t]["policies"]):
-        cells = []
-        for t in temps:
-            agg = runs[t]["policies"].get(policy)
-            if agg is None:
-                cells.append("-")
-                continue
-            shape = ("" if not agg.get("tree_nodes_mean") else
-                     f" / α {_num(agg.get('alpha_mean'), '.2f')} / W {agg.get('root_width_mean') or 0:.1f}, "
-                     f"{agg['tree_nodes_mean']:.1f} nodes, depth {agg.get('tree_depth_mean') or 0:.1f}")
-            cells.append(f"{agg['mean_accepted']:.2f} / {_num(agg.get('speedup_vs_ar'), '.2f', 'x')}{shape}")
-        lines.append(f"| `{policy}` | " + " | ".join(cells) + " |")
-    return lines + [""]
+    def cell(policy: str, agg: dict, report: dict) -> str:
+        shape = ("" if not agg.get("tree_nodes_mean") else
+                 f" / α {_num(agg.get('alpha_mean'), '.2f')} / W {agg.get('root_width_mean') or 0:.1f}, "
+                 f"{agg['tree_nodes_mean']:.1f} nodes, depth {agg.get('tree_depth_mean') or 0:.1f}")
+        return f"{agg['mean_accepted']:.2f} / {_num(agg.get('speedup_vs_ar'), '.2f', 'x')}{shape}"
+
+    return lines + _policy_rows([runs[t] for t in temps], cell) + [""]
+
+
+def _policy_rows(reports: list[dict], cell) -> list[str]:
+    """A markdown row per policy of `reports` (in the order first met): `cell(policy, aggregate, report)` in each
+    report's column, "-" where a report lacks the policy."""
+    rows = []
+    for policy in dict.fromkeys(p for r in reports for p in r["policies"]):
+        cells = [cell(policy, r["policies"][policy], r) if policy in r["policies"] else "-" for r in reports]
+        rows.append(f"| `{policy}` | " + " | ".join(cells) + " |")
+    return rows
 
 
 def write_markdown(reports: dict[str, dict], meta: dict) -> str:
@@ -234,23 +238,16 @@ def readme_table(reports: dict[str, dict]) -> str:
     """The README's one results table, from the greedy suites' reports: per policy, tau and speedup vs `ar` on each
     suite, with the worst input of the real one; `ar`'s row gives its tokens/s."""
     suites = [s for s in README_SUITES if s in reports]
-    head = "| policy | " + " | ".join(f"{s}: tau / speedup" for s in suites) + " |"
-    lines = [head, "|---" * (len(suites) + 1) + "|"]
-    for policy in reports[suites[0]]["policies"]:
-        cells = []
-        for s in suites:
-            p = reports[s]["policies"].get(policy)
-            if p is None:
-                cells.append("-")
-                continue
-            if policy == "ar":
-                cells.append(f"1.00 / {p['tokens_per_second']:.0f} tok/s")
-                continue
-            cell = f"{p['mean_accepted']:.2f} / {p['speedup_vs_ar'] or 0:.2f}x"
-            worst = worst_input(reports[s], policy) if s == "real" else None
-            cells.append(cell + (f" (worst {worst[0]:.2f}x)" if worst else ""))
-        lines.append(f"| `{policy}` | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+
+    def cell(policy: str, agg: dict, report: dict) -> str:
+        if policy == "ar":
+            return f"1.00 / {agg['tokens_per_second']:.0f} tok/s"
+        worst = worst_input(report, policy) if report is reports.get("real") else None
+        return f"{agg['mean_accepted']:.2f} / {agg['speedup_vs_ar'] or 0:.2f}x" + (
+            f" (worst {worst[0]:.2f}x)" if worst else "")
+
+    head = ["| policy | " + " | ".join(f"{s}: tau / speedup" for s in suites) + " |", "|---" * (len(suites) + 1) + "|"]
+    return "\n".join(head + _policy_rows([reports[s] for s in suites], cell))
 
 
 def with_readme_table(readme: str, reports: dict[str, dict]) -> str:

@@ -69,7 +69,7 @@ class ModelRunner:
             self.device = torch.device(next(h.execution_device for h in hooks
                                             if getattr(h, "execution_device", None) is not None))
         self.dtype = emb.weight.dtype
-        # read once: right after a forward, asking the device's type and comparing dtypes took ~8 us a step
+        # read once: asking the device's type and comparing dtypes right after a forward is not free
         self._cpu, self._cuda = self.device.type == "cpu", self.device.type == "cuda"
         self._float32 = self.dtype == torch.float32
         self._cpu_float32 = self._cpu and self._float32
@@ -142,7 +142,7 @@ class ModelRunner:
 
     def _new_cache(self) -> DynamicCache:
         """An empty cache for a prompt: a copy of one made from the model's config once (making one reads the config's
-        layer types: ~28 us, ~70 us in a run's first drafted step, against a few for the copy)."""
+        layer types, several times the copy's cost)."""
         if self._empty is None:
             self._empty = DynamicCache(config=self.model.config)
         return copy_cache(self._empty)
@@ -213,8 +213,8 @@ class ModelRunner:
 
     def _one_token_pass(self, token: int, position: int, argmax: bool = False) -> Pass:
         """A pass of one token that sees every column, on the CPU once the layers are checked: its id and (shifted)
-        position written into a tensor pair made once, where building them from lists took ~15-20 us right after
-        the last forward, for two numbers.  # [1, V]"""
+        position written into a tensor pair made once, rather than built from lists after every forward, for two
+        numbers.  # [1, V]"""
         if self._one_io is None:
             buf = np.zeros((2, 1, 1), dtype=np.int64)
             self._one_io = (buf, *torch.from_numpy(buf).unbind())

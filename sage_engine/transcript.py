@@ -13,8 +13,8 @@ from transformers.tokenization_utils_tokenizers import TokenizersBackend
 def text_decoder(tokenizer) -> Callable[[list[int]], str]:
     """ids -> text as `tokenizer.decode(ids, skip_special_tokens=True)` gives it. Where that call is only the Rust
     tokenizer's own decode (a `tokenizers`-backed tokenizer with transformers' own decode, no clean-up of spaces), the
-    Rust decode is called directly: a third of the time (~2 against ~5.5 us a call on this CPU), and the transcript
-    decodes up to four short windows a step."""
+    Rust decode is called directly (a third of the time), and the transcript decodes up to four short windows a
+    step."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     cls = type(tokenizer)
     plain = cls.decode is PreTrainedTokenizerBase.decode and getattr(cls, "_decode", None) is TokenizersBackend._decode

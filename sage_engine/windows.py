@@ -43,12 +43,12 @@ class Moments:
     """Sums of the products of every two columns of (1, nodes, draft forwards, wall, verify and draft ms) over the last
     `window` drafted steps, kept as steps come and go: a least-squares fit of one column on others is then a small
     linear system. Plain Python, not numpy: the engine fits between model forwards, where the first numpy calls
-    after a forward run from cold caches (measured: numpy's lstsq over 96 rows took ~0.2 ms there, 10 us alone).
+    after a forward run from cold caches (numpy's lstsq there costs many times its own arithmetic).
     A step is queued when it comes (`add`); the sums take in the queued steps, and drop those that left the window,
     `batch` at a time as they come, or when a fit reads them: code run once a step runs from cold caches, where a
     few steps at a time run warm after the first. Taking them in as they come, not only when read, has each policy's
     steps pay for their own rows: a chain reads no fit, and its run would otherwise leave a whole run of rows to the
-    first step of the next run that reads one (~40 us there)."""
+    first step of the next run that reads one."""
 
     def __init__(self, window: int, batch: int = 4):
         self.batch = batch
@@ -150,7 +150,7 @@ _NO_STEP = _NoStep()
 class Window:
     """A policy's last `maxlen` steps (a deque), with their tokens and wall time, and the forecast and tokens of those
     that had a forecast, kept summed as steps come and go: a rate or the trust reads a few numbers, not the steps
-    (which lie all over the heap: summing 24 of them right after a model forward took ~15 us). The sums are made
+    (which lie all over the heap and come back from memory right after a model forward). The sums are made
     again from the steps every `maxlen` steps, so that rounding in the running sums cannot build up."""
 
     def __init__(self, maxlen: int):

@@ -292,9 +292,9 @@ def test_the_engine_loads_the_compiled_read_when_it_is_built(monkeypatch):
     _prefer(monkeypatch, "numba")
     pair = pair_for("qwen2.5-vl")
     engine = SpecEngine(pair)
-    loaded = list(compiled_mod._read_jit.signatures)
+    loaded = list(compiled_mod._read_jit.jitted.signatures)
     assert loaded and engine.draft.tree_forward == "fused+numba"
     prep = prepare_input(pair, "describe what you see", images=[image(4)])
     res = engine.generate(prep, "sage", max_new_tokens=12, ignore_eos=True)
     assert any(s.draft_forwards for s in res.steps)  # it drafted: the draft read with its top-k
-    assert list(compiled_mod._read_jit.signatures) == loaded
+    assert list(compiled_mod._read_jit.jitted.signatures) == loaded

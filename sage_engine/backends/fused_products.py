@@ -21,7 +21,7 @@ _WARMED: set[tuple] = set()  # kinds of packed product whose kernels this proces
 class Product:
     """One projection, y = x W^T + b. In float32, as x @ W^T on a contiguous copy of W^T, or by oneDNN on a copy of W
     prepacked into its blocked layout (`packed`): either skips what `F.linear` does on every call with the module's
-    [out, in] weight (on this CPU, 128 -> 384 over 4 rows: 14.5 us by F.linear, 7.1 us on the transposed copy). A
+    [out, in] weight (about half the cost of F.linear on a few rows). A
     row-invariant model's products pad their rows by `rows`, the rule its decoder found on this machine (padding.py):
     BLAS computes one row, on some CPUs a few, with other kernels than many, so a token would get other numbers in
     an `ar` step than in a verify pass. Attention is not padded: logits may still differ by ~1e-5 between the two
@@ -51,8 +51,8 @@ class Product:
 class Norm:
     """An RMSNorm as FusedDecoder computes it. In float32 its weight (times sqrt(D)) is folded into the columns of
     the product that reads its output, so the norm itself is h / sqrt(||h||^2 + D eps) = h / (sqrt(D) rms(h)): a
-    reduction, a hypot and a division, against the half-dozen operations of torch's rms_norm (4.6 against 12 us a
-    call on this CPU; a 6-layer target has 13 norms per forward). Other dtypes: the model's own formula
+    reduction, a hypot and a division, against the half-dozen operations of torch's rms_norm (a 6-layer target has 13
+    norms per forward). Other dtypes: the model's own formula
     (`_rms_norm`)."""
 
     weight: torch.Tensor | None  # None: folded into the next product

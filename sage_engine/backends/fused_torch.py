@@ -1,4 +1,8 @@
-"""Decoder layers in fewer, larger calls: a small model's cached decode step is mostly per-call overhead.
+"""The "fused" backend: decoder layers in fewer, larger calls; a small model's cached step is mostly per-call overhead.
+
+Where it applies: pre-norm attention + SwiGLU layers (q/k/v/o and gate/up/down projections, RMSNorms) with a static
+rotary, at most MAX_FUSED_PARAMS weights, the whole model on one device, float32 (products on weight copies laid out
+for the call) or bf16 (F.linear); every other model gets the "layers" backend, or forward().
 
 A level of a 1-layer, hidden-128 draft through its own modules (hf_layers.py) is nearly all the cost of dozens of small
 calls: three projections for q, k and v, two for the MLP's gate and up, three RMSNorms of six operations each, the
@@ -10,14 +14,13 @@ the weights called directly (no module calls).
 Products. A float32 model's products run on a copy of each weight laid out for the call, in one of two ways
 (`Product`): x @ W^T on a contiguous transposed copy, or, for a model on the CPU with hidden size >= PACK_MIN_HIDDEN
 (the embedded target), oneDNN on a copy packed into its blocked layout (`packs`; torch's own operators,
-`torch.ops.mkldnn`, what torch.compile's CPU backend uses for frozen weights). Which is faster depends on the CPU:
-on one 2-core Xeon the packed target step took 1.0 / 1.5 ms over 1 / 13 tokens against 1.2 / 2.6 ms through
-F.linear; on another, with AMX, 2.4 / 3.4 ms packed against 1.9 / 2.5 ms on transposed copies. `fused_decoders`
-builds both where both apply and the runner keeps the one its timing finds faster on this machine
-(`choose.fastest`, when it checks the layers). Narrower products (the draft's) are never packed: a packed call
-has a fixed cost of 13-27 us. oneDNN builds a kernel on the first call for each row count, so a packed decoder runs
-every row count up to WARM_ROWS once when it is built. For a draft, the same layers computed in NumPy from this
-decoder's weights (numpy_host.py) are one more candidate (the timings of each way: docs/log/SPEED.md).
+`torch.ops.mkldnn`, what torch.compile's CPU backend uses for frozen weights). Which is faster depends on the CPU
+(packed won on one 2-core Xeon, transposed on another with AMX: docs/log/SPEED.md). `fused_decoders` builds both
+where both apply and the runner keeps the one its timing finds faster on this machine (`choose.fastest`, when it
+checks the layers). Narrower products (the draft's) are never packed: a packed call has a fixed cost that a narrow
+product does not repay. oneDNN builds a kernel on the first call for each row count, so a packed decoder runs every
+row count up to WARM_ROWS once when it is built. For a draft, the same layers computed in NumPy from this decoder's
+weights (numpy_host.py) are one more candidate (the timings of each way: docs/log/SPEED.md).
 
 Exactness. A fused product (with a norm's weight folded into it) sums and rounds in another order than the model's
 modules do, so the logits differ from forward()'s in the last bits (the embedded target: up to ~2e-5 on logits of
@@ -25,8 +28,8 @@ magnitude ~10-15). Differences of that size are already there without fusing: a 
 one-token step through the same modules take different BLAS paths and differ by as much. Every emitted token is the
 argmax of the target's logits as the engine computes them, in the `ar` lane and in verification alike; it equals
 transformers' own generate() wherever no two top logits are closer than that (every `bench` run checks `hf_generate`
-token for token against `ar`). `--tree-forward layers` keeps the target on its own modules (hf_layers.py, bit-identical
-to forward() at the same shapes) and fuses only the draft. The runner checks the fused layers once per model (when
+token for token against `ar`). `--tree-forward layers` keeps both models on their own modules (hf_layers.py,
+bit-identical to forward() at the same shapes). The runner checks the fused layers once per model (when
 the engine is built, on a short text prompt; else on its first cached forward): the same argmax on every row and
 logits within 1e-3 of their scale, or they are dropped.
 

@@ -1,8 +1,11 @@
-"""Tree forwards through the model's own layers, without its wrapper: embed -> decoder layers -> norm -> head.
+"""The "layers" backend: tree forwards through the model's own layers, without its wrapper (embed -> layers -> head).
+
+Where it applies: a known family (families.py) whose text model is embed_tokens / rotary_emb / layers / norm, every
+layer full attention, the whole model on one device; bit-identical to forward() or not kept; otherwise forward().
 
 A cached tree forward of a small model spends much of its time outside its decoder layers: the VLM
-wrapper, the text model's mask building and output bookkeeping (a 1-layer draft: about half of a
-2 ms call on this CPU). A tree step needs none of it: the tokens are text, the engine brings its
+wrapper, the text model's mask building and output bookkeeping (for a 1-layer draft, about half of
+the call). A tree step needs none of it: the tokens are text, the engine brings its
 own 4D mask and positions, the cache is already there. `DecoderStack` calls the model's own modules
 (no modeling code is copied) in the order the text model's forward does.
 
@@ -48,7 +51,7 @@ class DecoderStack:
         """The model's rotary (cos, sin) for `positions` [1, q]. A static rotary ("default" rope type)
         depends on each position alone, so its outputs for 0..n-1 are computed once, by the model's own
         rotary module, and indexed: the same numbers for a fraction of the cost (an M-RoPE rotary
-        recomposes its three axes chunk by chunk, ~0.3 ms a call here, as long as a 1-layer draft's layer)."""
+        recomposes its three axes chunk by chunk, as long as a 1-layer draft's layer)."""
         if not self.static_rope:
             return self.rotary(h, self._rows(positions))
         need = (int(positions.max()) if top is None else top) + 1  # top: the largest position, when known

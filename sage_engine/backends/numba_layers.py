@@ -1,18 +1,21 @@
-"""A small draft's layers compiled with Numba: one call per drafted level instead of ~40 NumPy operations.
+"""The "numba" backend: a small draft's layers compiled with Numba, one call per drafted level.
 
-numpy_host.py computes a draft's fused layers in NumPy. For a one-layer draft of hidden size 128 and 640 tokens (the
-embedded draft before it took a second layer) the arithmetic of a level is ~30 us, nearly all of it five products,
-while the ~40 NumPy calls around them (norms, the rotary, the cache's writes, the attention's softmax, SiLU) each
-cost ~1-3 us of NumPy's own overhead on a few rows,
-and the softmax and top-k that the drafter reads after each level cost ~40 us more through torch. Here one compiled
+Where it applies: where the NumPy layers do (a draft in float32 on the CPU, numpy_host.py), Numba is installed and
+its code compiled (jit.py), and every layer has the same query heads; a target never (its rows must not depend on the
+row count); otherwise the NumPy layers.
+
+numpy_host.py computes a draft's fused layers in NumPy. For a small draft the arithmetic of a level is nearly all
+five products, while the ~40 NumPy calls around them (norms, the rotary, the cache's writes, the attention's softmax,
+SiLU) each cost more in NumPy's own overhead on a few rows than in arithmetic, and the softmax and top-k that the
+drafter reads after each level cost as much again through torch. Here one compiled
 function computes a whole forward (`_forward`): the products through BLAS (Numba calls SciPy's BLAS for `@`), every
 step between them as plain loops; and `top_candidates` gives each row's softmax top-k in one more call.
 
 `CompiledDecoder` is a HostDecoder (same folded weights, same call contract, same keys and values buffer scheme:
 the cache's layers view one preallocated buffer) whose `run` is that one call. The runner offers it where it offers
-the NumPy layers, checks it against forward() and times it like every candidate (runner.py). Numba compiles the
-functions on their first call on a machine (with draft_compiled.py's), caches them on disk (next to this file,
-or in the user's cache directory where that is read-only), and later processes load them in under a second; the
+the NumPy layers, checks it against forward() and times it like every candidate (choose.py). Numba compiles the
+functions on their first call on a machine (with draft_compiled.py's), caches them on disk (jit.py: a folder per
+version of the compiled modules' sources), and later processes load them in under a second; the
 engine makes those first calls when it is built (the layer check, and `warm` for the top-k), not in a run. Without
 Numba the NumPy layers are used. draft_compiled.py drafts a whole step in one call on top of these functions.
 """

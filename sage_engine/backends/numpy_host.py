@@ -1,13 +1,16 @@
-"""A small draft's fused layers computed in NumPy: fewer microseconds per operation than torch's dispatcher.
+"""The "numpy" backend: a small draft's fused layers computed in NumPy, cheaper per operation than torch's dispatcher.
 
-A drafted level of a one-layer draft of hidden size 128 is ~25 tensor operations on a few rows; through
-torch each costs ~5-7 us of dispatch on this CPU, through NumPy ~1-2 us (the arithmetic itself is a few
-microseconds). `HostDecoder` computes what `FusedDecoder` (fused_torch.py) computes, from the same folded,
-transposed float32 weights (shared, not copied): embedding, per layer norm -> q/k/v product -> rotary -> attention
-over the cache -> output product -> norm -> SwiGLU MLP, then the final norm and the head. Two differences of form:
-the rotary's rotate-half is a permutation of the q/k product's columns, so it is folded into the product (one wider
-product instead of a roll), and the keys and values are written into a preallocated buffer, which the cache's layers
-view (`KVBuffers`), instead of growing the cache by concatenation.
+Where it applies: a draft whose fused layers apply (fused_torch.py), in float32 on the CPU, every product on a
+transposed copy, the same key heads and head size in every layer; never a target; otherwise the torch fused layers.
+
+A drafted level of a one-layer draft of hidden size 128 is ~25 tensor operations on a few rows; each costs several
+times more in torch's dispatch than in NumPy's, and more than its arithmetic. `HostDecoder` computes what
+`FusedDecoder` (fused_torch.py) computes, from the same folded, transposed float32 weights (shared, not copied):
+embedding, per layer norm -> q/k/v product -> rotary -> attention over the cache -> output product -> norm -> SwiGLU
+MLP, then the final norm and the head. Two differences of form: the rotary's rotate-half is a permutation of the q/k
+product's columns, so it is folded into the product (one wider product instead of a roll), and the keys and values
+are written into a preallocated buffer, which the cache's layers view (`KVBuffers`), instead of growing the cache by
+concatenation.
 
 It is offered only for a draft (a model whose numbers only shape guesses: the emitted tokens are always the
 target's) in float32 on the CPU, and the runner checks and times it like the other fused candidates

@@ -1,7 +1,7 @@
 """A Qwen2.5-VL-style vision tower in fewer, larger calls, for prompts that go through the fused layers.
 
-A small tower's forward is mostly per-call overhead, like a small decoder's (fused_torch.py): on the embedded target, a
-6 x 6-patch picture took 2.2 ms through the tower's own forward, of which its products are a small part. It
+A small tower's forward is mostly per-call overhead, like a small decoder's (fused_torch.py): on the embedded target
+its products are a small part of a picture's pass through the tower's own forward. It
 computes per call what only depends on the grid (rotary positions, the window order, the segment boundaries), runs
 its patch embedding as a Conv3d whose kernel is its stride, splits each attention into one SDPA call per window
 and calls a dozen modules per block. `FusedVision` computes the same tower from its weights:
@@ -12,13 +12,12 @@ and calls a dozen modules per block. `FusedVision` computes the same tower from 
   - per block: q, k and v as one product with the RMSNorm's weight folded into it, q and k rotated together, one
     SDPA over every window under the mask, the gate and up products as one (the second norm folded in);
   - the merger's RMSNorm folded into its first product.
-Measured on the embedded pair (median of interleaved calls): the target's tower 2.2 -> 0.8 ms on a picture and
-3.0 -> 1.2 ms on a two-frame clip, the draft's 1.4 -> 0.4 and 1.7 -> 0.5 ms.
+On the embedded pair the towers take a third of their own forward's time or less (docs/log/SPEED.md).
 
 Exactness: the same sums in another order, so the features differ from the tower's own in the last bits (there:
 ~7e-6 on features of magnitude ~17, ~5e-5 on ~140). The runner uses it only inside the fused prompt path, which
 is already close to forward() rather than bit-identical, and keeps it only once a real prompt through it came out
-close to forward() with the same argmax (`ModelRunner._check_prompt`); the features reach the model's forward
+close to forward() with the same argmax (`prompt_path.FusedPrompt.check`); the features reach the model's forward
 through its `mm_encoder_outputs` argument, so the merge into the text and the positions are the model's own.
 
 Used where the tower is exactly this block structure in float32 on the CPU (patch embedding without bias, pre-norm
