@@ -14,7 +14,7 @@ from .handlers import Handlers
 from .layout import build_layout
 from .media import Example, RunFiles, load_examples
 from .pool import PairFactory, PairPool, load_preset
-from .presets import Preset, pick, served
+from .served import Preset, pick, served
 from .text import TITLE
 from .wiring import wire
 
@@ -31,7 +31,7 @@ def build_demo(presets: Mapping[str, Preset] | None = None, default_preset: str 
                pair_factory: PairFactory = load_preset, examples: list[Example] | None = None,
                preload: bool = False, text_every: float = 0.25, plot_every: float = 1.0, queue_size: int = 32,
                pool_capacity: int = 1, cache_examples: str = "lazy") -> gr.Blocks:
-    """The demo over `presets` (default: app.presets.SERVED; the UI offers only these; the first is the default
+    """The demo over `presets` (default: app.served.SERVED; the UI offers only these; the first is the default
     unless `default_preset` names another). `pair_factory(preset) -> ModelPair` loads a pair;
     tests pass one that builds tiny models. `preload` loads the default pair and builds its engine now instead of
     on first use; `text_every` / `plot_every`: minimum seconds between streamed text / figure updates (the first

@@ -31,9 +31,9 @@ from .layout import MAX_NEW_TOKENS, POLICIES
 from .media import Previews, RunFiles, frame_strip
 from .pacing import Pacer
 from .pool import Loaded, PairPool
-from .presets import NOTES, unavailable
 from .race import Race, RunControl, Transcriber, consume
 from .record import Lane, RunRecord
+from .served import NOTES, unavailable
 from .theme import lane_title
 from .tree_plot import empty_tree, tree_figure
 from .view import View

@@ -14,8 +14,8 @@ from sage_engine.policies import SPECULATIVE_POLICIES
 
 from . import plots, replay, text
 from .components import UploadedImage
-from .presets import Preset
 from .race import RunControl
+from .served import Preset
 from .theme import TOKEN_COLORS
 from .tree_plot import empty_tree
 

@@ -17,7 +17,7 @@ from sage_engine import ModelError, ModelPair, SpecEngine, jit, load_pair
 from sage_engine.pruning import VisualPruning
 
 from .device import DeviceThread
-from .presets import Preset, unavailable
+from .served import Preset, unavailable
 
 PairFactory = Callable[[Preset], ModelPair]
 

@@ -25,7 +25,7 @@ from PIL import Image
 from app import build_demo, launch_options
 from app.media import load_examples
 from app.pool import load_preset
-from app.presets import served, unavailable
+from app.served import served, unavailable
 from sage_engine import RunStats
 from sage_engine.presets import Preset
 

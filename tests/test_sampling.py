@@ -340,7 +340,7 @@ def test_the_first_two_tokens_follow_the_targets_distribution_for_every_policy(f
     bias (80% power for the hardest one to see, computed by the check); the tree-rule policies draw exactly the
     target alone's tokens for each of 30 seeds (and of every seed: the same-seed test above), so they share its
     distribution."""
-    from sage_engine.check import check_sampling
+    from sage_engine.sampling_check import check_sampling
 
     pair, prep = family
     engine = SpecEngine(pair)
@@ -358,7 +358,7 @@ def test_the_first_two_tokens_follow_the_targets_distribution_for_every_policy(f
 def test_check_sampling_fails_a_broken_rule(family, monkeypatch):
     """The same check catches the mistakes of each rule: a tree rule that takes the draft's first child whatever
     the target drew, and a sampled chain tested like a top-k node (accept with probability p(x), not p/q)."""
-    from sage_engine.check import check_sampling
+    from sage_engine.sampling_check import check_sampling
 
     pair, prep = family
     engine = SpecEngine(pair)

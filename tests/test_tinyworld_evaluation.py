@@ -129,8 +129,8 @@ def test_shipped_pair_loads_through_the_engine_and_speculation_is_lossless():
 
 
 def test_attention_probe_finds_the_asked_object_and_measures_each_head(tok):
+    from sage_engine.tinyworld.architecture import TINY, build_model, build_processor
     from sage_engine.tinyworld.evaluate import make_items
-    from sage_engine.tinyworld.models import TINY, build_model, build_processor
     from tools.attention_probe import asked_object, probe
     items = [it for it in make_items(3, 12, video_kinds=()) if it.example.kind in ("colour", "shape", "size")]
     for it in items:

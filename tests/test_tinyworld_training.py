@@ -86,7 +86,7 @@ def test_cell_changes_name_what_happened_where():
 
 
 def test_place_aux_reads_the_language_model_at_the_visual_tokens(tok):
-    from sage_engine.tinyworld.models import TINY, build_model
+    from sage_engine.tinyworld.architecture import TINY, build_model
     from sage_engine.tinyworld.training.data import expand_pads, patchify
     from sage_engine.tinyworld.training.vision_aux import GRID, PlaceAux, clip_targets
     model = build_model(TINY, tok)
@@ -123,7 +123,7 @@ def _largest_turn(cos, sin, a, b) -> float:
 def test_interleaved_mrope_lets_the_language_model_tell_columns_apart(tok):
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLRotaryEmbedding
 
-    from sage_engine.tinyworld.models import TARGET, build_config
+    from sage_engine.tinyworld.architecture import TARGET, build_config
     # three visual tokens of one image: (t, h, w) = (5, 5, 5), (5, 5, 6), (5, 6, 5); and three text tokens
     visual = torch.tensor([[5, 5, 5], [5, 5, 5], [5, 6, 5]]).T.reshape(3, 1, 3)
     visual[2, 0, 1] = 6
@@ -140,7 +140,7 @@ def test_interleaved_mrope_lets_the_language_model_tell_columns_apart(tok):
 
 
 def test_content_weighted_loss(tok):
-    from sage_engine.tinyworld.models import TINY, build_model
+    from sage_engine.tinyworld.architecture import TINY, build_model
     from sage_engine.tinyworld.training.losses import content_tokens, weighted_lm_loss
     content = content_tokens(tok)
     for word in (" red", " star", " large", " left", " moves"):

@@ -105,6 +105,6 @@ def test_chat_template_and_special_tokens(tok):
 
 
 def test_batches_match_the_processor(tok):
-    from sage_engine.tinyworld.models import build_processor
+    from sage_engine.tinyworld.architecture import build_processor
     from sage_engine.tinyworld.training.data import check_against_processor
     check_against_processor(build_processor(tok))

@@ -11,7 +11,7 @@ from pathlib import Path
 def cmd_train(a) -> None:
     import torch
 
-    from .. import models as M
+    from .. import architecture as M
     from ..language import TEXT_VERSION
     from ..world import OCCLUSION
     from .config import TrainConfig

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .. import models as M
+from .. import architecture as M
 from .retrieval import PROMPT_KINDS
 
 

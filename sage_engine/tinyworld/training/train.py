@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .. import models as M
+from .. import architecture as M
 from ..evaluate import evaluate, make_items
 from ..language import DESCRIPTION_KINDS
 from ..tokenizer import build_tokenizer, world_corpus

@@ -1,7 +1,7 @@
 """Configs of the tinyworld pair (Qwen2.5-VL architecture) and its processor.
 
-Small models on this CPU are bound by per-layer framework overhead, so the draft
-has ONE text layer and one vision block, the target six of each kind it needs.
+Small models on a CPU are bound by per-layer framework overhead, so the draft has two text layers and one vision
+block, the target six text layers and two vision blocks (`TARGET`, `DRAFT`).
 """
 from __future__ import annotations
 
