@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from .events import StepEvent
 
@@ -26,6 +26,9 @@ class Premise:
     current_root: float | None
     previous_root: float | None
     lag1: float | None
+    # per tenth of alpha (0-0.1, ..., 0.9-1): [mean accepted draft tokens, steps] of the steps whose root alpha fell
+    # there (the figure of alpha against the accepted length)
+    by_alpha: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -70,4 +73,9 @@ def premise(runs: Iterable[Sequence[StepEvent]]) -> Premise:
                 lag[0].append(last)
                 lag[1].append(e.root_alpha)
             last = e.root_alpha
-    return Premise(len(cur[0]), pearson(*cur), pearson(*prev), pearson(*lag))
+    bins = [[0.0, 0] for _ in range(10)]
+    for alpha, accepted in zip(*cur):
+        b = bins[min(9, max(0, int(alpha * 10)))]
+        b[0], b[1] = b[0] + accepted, b[1] + 1
+    by_alpha = [[total / n if n else None, n] for total, n in bins]
+    return Premise(len(cur[0]), pearson(*cur), pearson(*prev), pearson(*lag), by_alpha)

@@ -88,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="python -m sage_engine.report", description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="markdown file to write, e.g. BENCHMARKS.md")
+    p.add_argument("--from-json", action="store_true", help="measure nothing: write OUT, the figures and the README's "
+                   "table from the reports already in --json-dir")
     p.add_argument("--readme", default=None, help="also rewrite the results table of this README (between its "
                    "'results' markers), e.g. README.md")
     p.add_argument("--json-dir", default=None, help="raw bench reports (default: docs/bench beside --out)")
@@ -173,15 +175,39 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write_report(args: argparse.Namespace, argv: list[str]) -> int:
-    """Materialise, measure, write OUT and the JSON reports; the command is recorded as it was typed."""
+    """Materialise, measure, write the JSON reports, the figures and OUT (with --from-json: the last two from the
+    reports already written); the command is recorded as it was typed."""
+    out = Path(args.out)
+    json_dir = Path(args.json_dir) if args.json_dir else out.parent / "docs" / "bench"
+    if args.from_json:
+        reports = {p.stem: json.loads(p.read_text()) for p in sorted(json_dir.glob("*.json")) if p.stem != "meta"}
+        meta = json.loads((json_dir / "meta.json").read_text())
+        order = [*meta.get("suites", {}), *sorted(reports)]  # the suites first, in their order, then sampled runs
+        reports = {name: reports[name] for name in dict.fromkeys(order) if name in reports}
+    else:
+        reports, meta = _measure(args, argv, out, json_dir)
+    from .report_figures import render
+
+    drawn = render(reports, json_dir.parent / "figures")
+    figures = [(title, os.path.relpath(path, out.parent)) for title, path in drawn]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(write_markdown(reports, meta, figures))
+    if args.readme:
+        readme = Path(args.readme)
+        readme.write_text(with_readme_table(readme.read_text(), reports))
+    print(f"wrote {out}, {len(figures)} figures and {len(reports)} reports in {json_dir}")
+    return 0
+
+
+def _measure(args: argparse.Namespace, argv: list[str], out: Path, json_dir: Path) -> tuple[dict, dict]:
+    """The suites materialised and benched; their reports and the run's meta, written to `json_dir`."""
     temperatures(args.temperatures)  # a bad value fails before any work
     from .bench import check_rounds
 
     check_rounds(args.rounds)
     chosen = args.policies.split(",") if args.policies else QUICK_POLICIES if args.quick else default_policies()
     policies = [p.strip() for p in chosen if p.strip()]
-    out, work = Path(args.out), Path(args.work_dir)
-    json_dir = Path(args.json_dir) if args.json_dir else out.parent / "docs" / "bench"
+    work = Path(args.work_dir)
     suites = materialise(work, args.seed, args.n, args.quick)
     reports = run_suites(args, suites, policies)
     offline = "HF_HUB_OFFLINE=1 " if os.environ.get("HF_HUB_OFFLINE") == "1" else ""
@@ -193,13 +219,8 @@ def write_report(args: argparse.Namespace, argv: list[str]) -> int:
     for name, report in reports.items():
         (json_dir / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
     (json_dir / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(write_markdown(reports, meta))
-    if args.readme:
-        readme = Path(args.readme)
-        readme.write_text(with_readme_table(readme.read_text(), reports))
-    print(f"wrote {out} and {len(reports)} reports in {json_dir}")
-    return 0
+    return reports, meta
+
 
 if __name__ == "__main__":
     raise SystemExit(main())

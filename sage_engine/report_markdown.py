@@ -212,12 +212,14 @@ def _policy_rows(reports: list[dict], cell) -> list[str]:
     return rows
 
 
-def write_markdown(reports: dict[str, dict], meta: dict) -> str:
+def write_markdown(reports: dict[str, dict], meta: dict, figures: list[tuple[str, str]] = ()) -> str:
     """BENCHMARKS.md from the suites' bench reports (insertion order) and `meta`: command, date, cpu, cores,
     python, torch, transformers, seed, n, keep, suites {name: {"title", "about"}}, sources [...], json_dir."""
     first = next(iter(reports.values()))
     lines = ["# Benchmarks", "", "Written by `python -m sage_engine.report`; regenerate it with the command below "
              "rather than editing it.", "", *header_markdown(first, meta), READING, ""]
+    for title, path in figures:  # (title, path relative to the markdown file), drawn by report_figures.py
+        lines += [f"**{title}**", "", f"![{title}]({path})", ""]
     for name, report in reports.items():
         about = dict(meta.get("suites", {}).get(name.split("@")[0], {}))
         if report.get("sampling"):
