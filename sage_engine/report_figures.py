@@ -87,13 +87,13 @@ def alpha_accepted(reports: dict[str, dict], path: Path, policy: str = "sage") -
     the steps behind them)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.2))
-    for name, report in _greedy(reports).items():
+    for i, (name, report) in enumerate(_greedy(reports).items()):
         bins = ((report["policies"].get(policy) or {}).get("premise") or {}).get("by_alpha") or []
-        points = [((i + 0.5) / 10, mean, n) for i, (mean, n) in enumerate(bins) if n]
+        points = [((b + 0.5) / 10, mean, n) for b, (mean, n) in enumerate(bins) if n >= 3]  # 3+ steps a point
         if points:
             xs, ys, ns = zip(*points)
-            ax.plot(xs, ys, linewidth=0.8)
-            ax.scatter(xs, ys, s=[8 + 60 * n / max(ns) for n in ns], label=name)
+            ax.plot(xs, ys, linewidth=0.8, color=f"C{i}")
+            ax.scatter(xs, ys, s=[8 + 60 * n / max(ns) for n in ns], label=name, color=f"C{i}")
     ax.set_xlabel(f"alpha of the step's root ({policy})")
     ax.set_ylabel("accepted draft tokens per step")
     ax.legend(frameon=False, fontsize=7)
