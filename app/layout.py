@@ -123,16 +123,22 @@ def _knobs(cfg: SageConfig) -> Knobs:
                  seed)
 
 
-def _inputs(presets: Mapping[str, Preset], default_preset: str) -> dict:
+def _media() -> dict:
+    """The image or video and the prompt: the first thing a visitor fills in."""
     with gr.Row():
         image = UploadedImage(type="filepath", image_mode=None, sources=["upload", "clipboard"], label="Image",
-                              elem_id="image", height=240)
+                              elem_id="image", height=200)
         video = gr.Video(sources=["upload"], format=None, include_audio=True, label="Video", elem_id="video",
-                         height=240)
+                         height=200)
     frames = gr.Gallery(label="Video frames the model sees (sampled uniformly)", columns=4, height="auto",
                         elem_id="frames", allow_preview=False, interactive=False, visible=False)
     prompt = gr.Textbox(label="Prompt", lines=2, placeholder="Ask something about the image or video",
                         elem_id="prompt")
+    return dict(image=image, video=video, frames=frames, prompt=prompt)
+
+
+def _settings(presets: Mapping[str, Preset], default_preset: str) -> dict:
+    """How the run decodes: its length, the speculative policy, the model pair."""
     with gr.Row():
         max_new = gr.Slider(1, MAX_NEW_TOKENS, DEFAULT_NEW_TOKENS, step=1, label="Max new tokens",
                             elem_id="max-new-tokens")
@@ -142,8 +148,7 @@ def _inputs(presets: Mapping[str, Preset], default_preset: str) -> dict:
     preset = gr.Dropdown(list(presets), value=default_preset, label="Model pair (configured presets only)",
                          elem_id="preset", interactive=len(presets) > 1,
                          info=_pair_line(presets[default_preset]))
-    return dict(image=image, video=video, frames=frames, prompt=prompt, max_new_tokens=max_new,
-                policy=policy, preset=preset)
+    return dict(max_new_tokens=max_new, policy=policy, preset=preset)
 
 
 def _pair_line(p: Preset) -> str:
@@ -191,18 +196,20 @@ def build_layout(presets: Mapping[str, Preset], default_preset: str, cfg: SageCo
     gr.Markdown(f"# {text.TITLE}\n{text.INTRO}")
     with gr.Accordion("What am I looking at? (explanation and legend)", open=False):
         gr.Markdown(text.EXPLAIN)
-    model_info = gr.Markdown(elem_id="model-info")
+    # the first screen (1440 x 900): the upload, the prompt, Run and the examples; the settings below them
     with gr.Row():
         with gr.Column(scale=4, min_width=320):
-            inputs = _inputs(presets, default_preset)
-            knobs = _knobs(cfg)
+            inputs = _media()
             with gr.Row():
                 run = gr.Button("Run", variant="primary", elem_id="run")
                 stop = gr.Button("Stop", variant="stop", elem_id="stop")
             status = gr.Markdown("Ready.", elem_id="status")
+            inputs.update(_settings(presets, default_preset))
+            knobs = _knobs(cfg)
+            model_info = gr.Markdown(elem_id="model-info")
         with gr.Column(scale=7, min_width=480):
+            examples_row = gr.Row()  # filled by app/examples.py once every output exists
             outputs = _texts()
-    examples_row = gr.Row()  # filled by app/examples.py once every output exists
     figures = _plots()
     with gr.Row():
         export = gr.DownloadButton("Download the run (JSON: both decoders' step events and stats)", value=None,
