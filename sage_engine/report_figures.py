@@ -21,6 +21,15 @@ def _pyplot():
     return plt
 
 
+def _save(plt, fig, path: Path, legend_ax=None, legend_size: int = 7) -> None:
+    """The figure written to `path` (with its axes' legend, where it has one) and closed."""
+    if legend_ax is not None:
+        legend_ax.legend(frameon=False, fontsize=legend_size)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def _greedy(reports: dict[str, dict]) -> dict[str, dict]:
     return {s: reports[s] for s in SUITES if s in reports}
 
@@ -39,10 +48,7 @@ def speedup(reports: dict[str, dict], path: Path) -> None:
     ax.set_xticks([k + width * (len(suites) - 1) / 2 for k in range(len(policies))])
     ax.set_xticklabels([p.replace(":", ":\n", 1) for p in policies], fontsize=7)
     ax.set_ylabel("speedup vs ar (tokens/s)")
-    ax.legend(frameon=False, fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    _save(plt, fig, path, ax, 7)
 
 
 def tau_and_rate(reports: dict[str, dict], path: Path) -> None:
@@ -59,9 +65,7 @@ def tau_and_rate(reports: dict[str, dict], path: Path) -> None:
         ax.set_title(name, fontsize=8)
         ax.set_xlabel("tau (tokens per target forward)")
     axes[0][0].set_ylabel("tokens/s")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def accepted_depth(reports: dict[str, dict], path: Path) -> None:
@@ -76,10 +80,7 @@ def accepted_depth(reports: dict[str, dict], path: Path) -> None:
     ax.set_xlabel("depth l")
     ax.set_ylabel("P(accepted path reaches l | tree does)")
     ax.set_ylim(0, 1.02)
-    ax.legend(frameon=False, fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    _save(plt, fig, path, ax, 6)
 
 
 def alpha_accepted(reports: dict[str, dict], path: Path, policy: str = "sage") -> None:
@@ -96,10 +97,7 @@ def alpha_accepted(reports: dict[str, dict], path: Path, policy: str = "sage") -
             ax.scatter(xs, ys, s=[8 + 60 * n / max(ns) for n in ns], label=name, color=f"C{i}")
     ax.set_xlabel(f"alpha of the step's root ({policy})")
     ax.set_ylabel("accepted draft tokens per step")
-    ax.legend(frameon=False, fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    _save(plt, fig, path, ax, 7)
 
 
 def sampled(reports: dict[str, dict], path: Path) -> None:
@@ -118,10 +116,7 @@ def sampled(reports: dict[str, dict], path: Path) -> None:
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xlabel("temperature")
     ax.set_ylabel("speedup vs ar")
-    ax.legend(frameon=False, fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    _save(plt, fig, path, ax, 6)
 
 
 FIGURES = (("Speedup over `ar` per policy and suite", "speedup.png", speedup),
