@@ -83,6 +83,11 @@ class Drafter:
         k = max(policy.top_k, policy.entropy_k)
         if top is None and sampler is None:  # `top`: the forward's own (Pass.top), else one compiled call, or None
             top = compiled.top_candidates(logits, k)
+        ranked = sampler is not None and not policy.samples_draft and logits.device.type == "cpu"
+        if top is None and ranked:  # a sampled run's candidates as the compiled step ranks them (rules.warped_top)
+            s = sampler.sampling
+            p, t = rules.warped_top(logits.detach().float().numpy(), k, float(s.temperature), float(s.top_p))
+            top = p.tolist(), t.tolist()
         if top is not None:
             frontier = Frontier(rows, top[1], top[0])
         else:

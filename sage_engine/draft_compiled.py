@@ -19,10 +19,10 @@ import numpy as np
 
 from . import jit as jit_mod
 from . import rules
-from .backends.numba_layers import CompiledDecoder, _forward_jit, _largest, _top_jit, toy_weights
+from .backends.numba_layers import CompiledDecoder, _forward_jit, _top_jit, toy_weights
 from .jit import jit, numba
 from .policy_io import CHAIN, LevelRule, StepRule, TreeShape
-from .rules import confidence, depth_for, level_pattern, sage_children, width_for
+from .rules import confidence, depth_for, level_pattern, sage_children, warped_top, width_for
 from .tree import DraftTree, chain_allowed
 
 
@@ -50,47 +50,13 @@ def _expand(kind, level, numbers, rows, top_p, top_t, t_tok, t_parent, t_prob, t
     return count, grow
 
 
-def _warped_top(logits, k, temperature, top_p):
-    """Each row's k most probable tokens under a sampled run's warp, best first (ties: the lower token first), with
-    their probabilities: sampling.warped's softmax(logits / T) cut to the top-p nucleus and renormalised, in the
-    same float64 steps (tokens outside the nucleus have probability 0).
-    # logits [F, V] -> probs [F, k], tokens [F, k]"""
-    F, V = logits.shape
-    probs, tokens = np.zeros((F, k), np.float64), np.zeros((F, k), np.int64)
-    q = np.empty(V, np.float64)
-    for i in range(F):
-        m = -np.inf
-        for j in range(V):
-            q[j] = np.float64(logits[i, j]) / temperature
-            m = max(m, q[j])
-        z = 0.0
-        for j in range(V):
-            q[j] = math.exp(q[j] - m)
-            z += q[j]
-        q /= z
-        if top_p < 1.0:  # keep a token while the mass of the more probable ones is short of top_p
-            order = np.argsort(-q, kind="mergesort")  # descending, ties in token order
-            total = 0.0
-            for j in order:
-                total += q[j]  # the cumulative sum, and what comes before this token as warped computes it
-                if total - q[j] >= top_p:
-                    q[j] = 0.0
-            q /= q.sum()
-            for s in range(k):  # the nucleus is a prefix of the order
-                probs[i, s], tokens[i, s] = q[order[s]], order[s]
-            continue
-        probs[i] = -1.0  # below every probability: the k largest by insertion, ties: the lower token first
-        _largest(q, probs[i], tokens[i])
-    return probs, tokens
-
-
 def _draft_levels(kind, numbers, temperature, nucleus, root_p, root_t, ends, p, root_pos, n, vocab, embed, cos,
                   sin, floor1, qkv, qkv_b, heads, scaling, out_w, out_b, floor2, gate_up, down, down_b, floor, head,
                   head_b, keys, values):
     """The levels after the draft's read, in one call: each level the policy's expansion (`_expand`), then one forward
     over the nodes to grow (end tokens are not grown) under rules.level_pattern, after n cached columns of which the
     newest p are the pending tokens, and their softmax top-k (temperature > 0: a sampled run's warped distribution
-    with top-p `nucleus`, `_warped_top`). root_p, root_t [K]: the root's candidates.
+    with top-p `nucleus`, rules.warped_top). root_p, root_t [K]: the root's candidates.
     # -> the nodes' tokens, parents, depths, probs, cum probs, draft slots (-1: never fed), forwards, nodes fed"""
     max_nodes, depth = numbers[5], numbers[6]
     size = max(max_nodes, depth) + 1
@@ -122,7 +88,7 @@ def _draft_levels(kind, numbers, temperature, nucleus, root_p, root_t, ends, p, 
         fed += g
         forwards += 1
         if temperature > 0:
-            top_p, top_t = _warped_top(logits[:, :vocab], root_p.shape[0], temperature, nucleus)
+            top_p, top_t = warped_top(logits[:, :vocab], root_p.shape[0], temperature, nucleus)
         else:
             probs, top_t = _top_jit(np.ascontiguousarray(logits[:, :vocab]), root_p.shape[0])
             top_p = probs.astype(np.float64)  # exact: the level loop reads the same float32 numbers
@@ -145,7 +111,7 @@ def _draft_step(kind, plan, temperature, nucleus, max_depth, vocab, tokens, posi
     logits = _forward_jit(tokens, positions, blocked, n, embed, cos, sin, floor1, qkv, qkv_b, heads, scaling, out_w,
                           out_b, floor2, gate_up, down, down_b, floor, head, head_b, keys, values)
     if temperature > 0:
-        probs, top = _warped_top(logits[p - 1 :, :vocab], k, temperature, nucleus)
+        probs, top = warped_top(logits[p - 1 :, :vocab], k, temperature, nucleus)
     else:
         probs32, top = _top_jit(np.ascontiguousarray(logits[p - 1 :, :vocab]), k)
         probs = probs32.astype(np.float64)  # exact: the Python path reads the same float32 numbers
@@ -162,7 +128,7 @@ def _draft_step(kind, plan, temperature, nucleus, max_depth, vocab, tokens, posi
 
 
 if numba is not None:  # the rules' arithmetic exactly as Python does it: no fast-math, Python's errors
-    _expand, _warped_top, _draft_levels, _draft_step = map(jit, (_expand, _warped_top, _draft_levels, _draft_step))
+    _expand, _draft_levels, _draft_step = map(jit, (_expand, _draft_levels, _draft_step))
 AVAILABLE = numba is not None and _forward_jit is not None
 
 

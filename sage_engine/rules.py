@@ -17,6 +17,7 @@ Symbols follow the paper: alpha (confidence), D (depth), W (width), theta_l (a l
   sage_children(...)                    one SAGE level: Eq. 12's widths, theta_l, the level's price
   level_pattern(...)                    what each node fed at one draft level attends to
   verify_pattern(parents)               what each row of a verify pass attends to
+  warped_top(logits, k, T, top_p)       a sampled run's draft candidates: the top-k of softmax(logits / T), top-p
 """
 
 from __future__ import annotations
@@ -152,6 +153,57 @@ def tree_depths(parents):
     return depth
 
 
+@rule
+def largest(row, best, order):
+    """The len(best) largest values of `row` into `best`, in descending order, and their indices into `order` (ties:
+    the lower index first), by insertion: no sort of the whole row. `best` must start below every value of `row`."""
+    k = best.shape[0]
+    for j in range(row.shape[0]):
+        v = row[j]
+        if v > best[k - 1]:
+            s = k - 1
+            while s > 0 and best[s - 1] < v:
+                best[s], order[s] = best[s - 1], order[s - 1]
+                s -= 1
+            best[s], order[s] = v, j
+
+
+@rule
+def warped_top(logits, k, temperature, top_p):
+    """The draft's candidates under a sampled run's warp: each row's k most probable tokens, best first (ties: the lower
+    token first), with their probabilities under softmax(logits / T) cut to the top-p nucleus and renormalised, in
+    float64 (tokens outside the nucleus have probability 0). Both draft paths rank a sampled run's candidates with it;
+    sampling.warped gives the same distribution whole, on the model's device, for the acceptance rules.
+    # logits [F, V] -> probs [F, k], tokens [F, k]"""
+    F, V = logits.shape
+    probs, tokens = np.zeros((F, k), np.float64), np.zeros((F, k), np.int64)
+    q = np.empty(V, np.float64)
+    for i in range(F):
+        m = -np.inf
+        for j in range(V):
+            q[j] = np.float64(logits[i, j]) / temperature
+            m = max(m, q[j])
+        z = 0.0
+        for j in range(V):
+            q[j] = math.exp(q[j] - m)
+            z += q[j]
+        q /= z
+        if top_p < 1.0:  # keep a token while the mass of the more probable ones is short of top_p
+            order = np.argsort(-q, kind="mergesort")  # descending, ties in token order
+            total = 0.0
+            for j in order:
+                total += q[j]  # the cumulative sum, and what comes before this token as warped computes it
+                if total - q[j] >= top_p:
+                    q[j] = 0.0
+            q /= q.sum()
+            for s in range(k):  # the nucleus is a prefix of the order
+                probs[i, s], tokens[i, s] = q[order[s]], order[s]
+            continue
+        probs[i] = -1.0  # below every probability: the k largest by insertion, ties: the lower token first
+        largest(q, probs[i], tokens[i])
+    return probs, tokens
+
+
 def warm() -> None:
     """Compile (first run on a machine) or load (from Numba's cache) the rules called from Python, with the argument
     types the policies pass, so that no run's first step pays for it."""
@@ -167,3 +219,4 @@ def warm() -> None:
     best_candidates(np.ones(1, np.int64), np.ones(1), one, 0.0, 4)
     level_pattern(np.zeros(1, np.int64), np.full(1, -1, np.int64), np.zeros(1, np.int64), 1, 0)
     verify_pattern(np.full(1, -1, np.int64))
+    warped_top(np.zeros((1, 3), np.float32), 2, 0.7, 0.9)

@@ -30,6 +30,7 @@ import torch
 
 from .. import jit as jit_mod
 from ..jit import jit, numba  # no Numba (an unsupported platform): the NumPy layers (numpy_host.py) instead
+from ..rules import largest as _largest
 from .numpy_host import HostDecoder, blas_one_thread
 
 # Numba's fast-math flags minus "nnan" and "ninf": masked attention scores are -inf, and the loops must keep them
@@ -152,20 +153,6 @@ def _forward(tokens, positions, blocked, n, embed, cos, sin, floor1, qkv, qkv_b,
     return x @ head + head_b
 
 
-def _largest(row, best, order):
-    """The len(best) largest values of `row` into `best`, in descending order, and their indices into `order` (ties:
-    the lower index first), by insertion: no sort of the whole row. `best` must start below every value of `row`."""
-    k = best.shape[0]
-    for j in range(row.shape[0]):
-        v = row[j]
-        if v > best[k - 1]:
-            s = k - 1
-            while s > 0 and best[s - 1] < v:
-                best[s], order[s] = best[s - 1], order[s - 1]
-                s -= 1
-            best[s], order[s] = v, j
-
-
 def _top_candidates(logits, k):
     """Each row's softmax and its k most probable tokens, best first (ties: the lower token first).
     # logits [F, V] -> probs [F, k], tokens [F, k]"""
@@ -196,7 +183,7 @@ def _read(vocab, k, *forward_args):
 
 
 _exp = _jit(_exp, inline=True) or _exp
-_rms, _attend, _swiglu, _largest = (_jit(f) or f for f in (_rms, _attend, _swiglu, _largest))
+_rms, _attend, _swiglu = (_jit(f) or f for f in (_rms, _attend, _swiglu))
 _forward_jit, _top_jit, _read_jit = _jit(_forward), _jit(_top_candidates), _jit(_read)
 
 
