@@ -25,7 +25,7 @@ from .config import parse_spec
 from .engine import SpecEngine
 from .errors import InputError, SageError
 from .events import GenerationResult
-from .hf_reference import DEFAULT_SCHEDULE, HF_POLICIES, assistant_inputs, is_hf_spec, parse_hf_spec, run_hf
+from .hf_reference import HF_POLICIES, hf_notes, is_hf_spec, parse_hf_spec, run_hf
 from .inputs import PreparedInput, prepare_input
 from .models import ModelPair
 from .policies import POLICY_NAMES, make_policy
@@ -245,16 +245,22 @@ def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], ma
         "runs": runs,
     }
     if any(is_hf_spec(p) for p in policies):
-        report["notes"] = _hf_notes(pair, inputs, prepared, policies)
-    for pol in policies:
-        agg = _aggregate([r for r in runs if r["policy"] == pol], ar_tps)
-        agg["peak_memory_mb"] = peak.get(pol)
-        if any(e.root_alpha is not None for run in events.get(pol, ()) for e in run):
-            agg["premise"] = premise(events[pol]).to_dict()
-        if pol == "ar":
-            agg["exact_match_vs_ar"] = 1.0
-        report["policies"][pol] = agg
+        report["notes"] = hf_notes(pair, [(i.media, os.path.basename(i.path), p) for i, p in zip(inputs, prepared)],
+                                    policies)
+    report["policies"] = {pol: _policy_summary(pol, runs, ar_tps, peak.get(pol), events.get(pol, ()))
+                          for pol in policies}
     return report
+
+
+def _policy_summary(pol: str, runs: list[dict], ar_tps: float, peak_mb: float | None, events) -> dict:
+    """A policy's aggregate over its runs, with its peak memory and (where its steps read alpha) the premise."""
+    agg = _aggregate([r for r in runs if r["policy"] == pol], ar_tps)
+    agg["peak_memory_mb"] = peak_mb
+    if any(e.root_alpha is not None for run in events for e in run):
+        agg["premise"] = premise(events).to_dict()
+    if pol == "ar":
+        agg["exact_match_vs_ar"] = 1.0
+    return agg
 
 
 def check_rounds(rounds: int) -> None:
@@ -283,39 +289,6 @@ def _decode(engine: SpecEngine, prep: PreparedInput, spec: str, max_new_tokens: 
     if is_hf_spec(spec):
         return run_hf(engine.pair, prep, spec, max_new_tokens)
     return engine.generate(prep, spec, max_new_tokens=max_new_tokens, sampling=sampling)
-
-
-def _hf_notes(pair: ModelPair, inputs: list[BenchInput], prepared: list[PreparedInput], policies: list[str]) -> dict:
-    """What the HF references are and, measured on the first image and the first video, whether HF's
-    assistant got the picture (hf_reference.py's docstring says why, in transformers 5.23, it does not)."""
-    import transformers
-
-    names = {parse_hf_spec(p).name for p in policies if is_hf_spec(p)}
-    version = f"transformers {transformers.__version__}"
-    notes = {}
-    if "hf_generate" in names:
-        notes["hf_generate"] = f"{version} target.generate(), greedy, no assistant"
-    if "hf_assisted" in names:
-        seen = {}
-        for inp, prep in zip(inputs, prepared):
-            if inp.media not in seen:
-                seen[inp.media] = {"input": os.path.basename(inp.path), **assistant_inputs(pair, prep)}
-        sees = any(m["sees_image"] for m in seen.values())
-        why = ("generate() encodes the pixels with the target's vision tower and the assistant's own prefill "
-               "drops those features (MULTIMODAL_INPUTS_TO_DROP_OUTSIDE_PREFILL): the draft reads bare "
-               "placeholder tokens and its vision tower never runs")
-        notes["hf_assisted"] = {
-            "assistant_sees_image": sees,
-            "summary": f"{version}: the assistant (draft) " + (
-                "received image/video inputs (see measured)" if sees else f"does NOT see the image or video; {why}"),
-            "measured": seen,
-            "schedule": f"hf_assisted = schedule={DEFAULT_SCHEDULE}, transformers' default (num_assistant_tokens 20, "
-                        "assistant_confidence_threshold 0.4); set on the draft's generation_config and restored "
-                        "after each run, so 'heuristic' starts every run afresh",
-        }
-    notes["stats"] = ("HF runs: tau and target_forwards count the target forwards after the first (prefill) one; "
-                      "no per-step events, trees or draft pruning")
-    return notes
 
 
 def format_table(report: dict) -> str:

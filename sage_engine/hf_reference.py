@@ -221,3 +221,36 @@ def _vision_tower(model: torch.nn.Module) -> torch.nn.Module | None:
             if isinstance(found, torch.nn.Module):
                 return found
     return None
+
+
+def hf_notes(pair: ModelPair, inputs: list[tuple[str, str, PreparedInput]], policies: list[str]) -> dict:
+    """What the HF references are and, measured on the first image and the first video, whether HF's
+    assistant got the picture (hf_reference.py's docstring says why, in transformers 5.23, it does not)."""
+    import transformers
+
+    names = {parse_hf_spec(p).name for p in policies if is_hf_spec(p)}
+    version = f"transformers {transformers.__version__}"
+    notes = {}
+    if "hf_generate" in names:
+        notes["hf_generate"] = f"{version} target.generate(), greedy, no assistant"
+    if "hf_assisted" in names:
+        seen = {}
+        for media, name, prep in inputs:  # (media, file name, prepared input) of the benchmark's inputs
+            if media not in seen:
+                seen[media] = {"input": name, **assistant_inputs(pair, prep)}
+        sees = any(m["sees_image"] for m in seen.values())
+        why = ("generate() encodes the pixels with the target's vision tower and the assistant's own prefill "
+               "drops those features (MULTIMODAL_INPUTS_TO_DROP_OUTSIDE_PREFILL): the draft reads bare "
+               "placeholder tokens and its vision tower never runs")
+        notes["hf_assisted"] = {
+            "assistant_sees_image": sees,
+            "summary": f"{version}: the assistant (draft) " + (
+                "received image/video inputs (see measured)" if sees else f"does NOT see the image or video; {why}"),
+            "measured": seen,
+            "schedule": f"hf_assisted = schedule={DEFAULT_SCHEDULE}, transformers' default (num_assistant_tokens 20, "
+                        "assistant_confidence_threshold 0.4); set on the draft's generation_config and restored "
+                        "after each run, so 'heuristic' starts every run afresh",
+        }
+    notes["stats"] = ("HF runs: tau and target_forwards count the target forwards after the first (prefill) one; "
+                      "no per-step events, trees or draft pruning")
+    return notes

@@ -54,7 +54,7 @@ if numba is not None:
     if not _DIR.exists() and _DIR.parent.is_dir():
         _prune(_DIR)
     numba.config.CACHE_DIR = str(_DIR)  # read by every @jit below when it is applied
-    _READY = _DIR / "ready"  # written once every compiled function is in the cache (`warm_all`)
+    _READY = _DIR / "ready"  # written once every compiled function is in the cache (warmup.py)
 
 
 # per module with compiled functions, the globals its compiled twins see: the module's own, each `Compiled` in it
@@ -109,13 +109,13 @@ def ready() -> bool:
 
 def defer_compile() -> bool:
     """Where the cache is not complete: run plain Python from now on and compile in a background process of low
-    priority (`python -m sage_engine.jit`). True if deferred."""
+    priority (`python -m sage_engine.warmup`). True if deferred."""
     global ACTIVE
     if numba is None or ready():
         return False
     ACTIVE = False
     preexec = (lambda: os.nice(10)) if hasattr(os, "nice") else None
-    subprocess.Popen([sys.executable, "-m", "sage_engine.jit"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+    subprocess.Popen([sys.executable, "-m", "sage_engine.warmup"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                      stderr=subprocess.DEVNULL, preexec_fn=preexec, cwd=str(HERE.parent))
     return True
 
@@ -127,21 +127,6 @@ def activate() -> bool:
     return ACTIVE
 
 
-def warm_all() -> None:
-    """Compile (or load) every compiled function of the engine with the argument types it is called with, then mark
-    the cache complete."""
-    global ACTIVE
-    from . import cache, draft_compiled, tree
-    from .backends import numba_layers
-
-    ACTIVE = True
-    for module in (numba_layers, draft_compiled, cache, tree):  # draft_compiled warms rules.py's functions too
-        module.warm()
+def mark_ready() -> None:
+    """Say the cache is complete (warmup.py, once it has compiled or loaded every compiled function)."""
     _READY.touch()
-
-
-if __name__ == "__main__":  # the background compile of `defer_compile`, through the package's own module
-    import importlib
-
-    if numba is not None:
-        importlib.import_module("sage_engine.jit").warm_all()

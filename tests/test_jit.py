@@ -52,9 +52,9 @@ def test_a_deferred_engine_runs_uncompiled_paths_and_says_so(monkeypatch):
 
 @pytest.mark.timeout(300)
 def test_the_background_compile_completes_the_cache(tmp_path):
-    """What `defer_compile` starts: `python -m sage_engine.jit` compiles every function into the cache and marks it
+    """What `defer_compile` starts: `python -m sage_engine.warmup` compiles every function into the cache and marks it
     complete (a fresh cache folder: the whole compile, ~20 s)."""
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
-    subprocess.run([sys.executable, "-m", "sage_engine.jit"], cwd=ROOT, env=env, check=True, timeout=280)
+    subprocess.run([sys.executable, "-m", "sage_engine.warmup"], cwd=ROOT, env=env, check=True, timeout=280)
     marks = list(tmp_path.glob("numba-*/ready"))
     assert len(marks) == 1 and any(marks[0].parent.rglob("*.nbi"))
