@@ -30,6 +30,7 @@ from .gpu import on_gpu, zero_gpu
 from .layout import MAX_NEW_TOKENS, POLICIES
 from .media import Previews, RunFiles, frame_strip
 from .pacing import Pacer
+from .policy_compare import PolicyComparison
 from .pool import Loaded, PairPool
 from .race import Race, RunControl, Transcriber, consume
 from .record import Lane, RunRecord
@@ -132,6 +133,7 @@ class Handlers:
         self.text_every = text_every  # seconds between streamed text updates
         self.plot_every = plot_every  # seconds between streamed figure updates (a final full update follows)
         self._on_device = on_gpu()(self._compare)  # spaces.GPU on a ZeroGPU Space, else _compare itself
+        self.comparison = PolicyComparison(self, new_tokens)  # the "Compare policies" mode (/compare_policies)
 
     # ------------------------------------------------------------------ compare (the API)
     def compare(self, image, video, prompt, max_new_tokens, policy, preset=None, control: RunControl | None = None,

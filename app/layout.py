@@ -48,6 +48,25 @@ class Knobs:
 
 
 @dataclass
+class CompareUi:
+    """The "Compare policies" mode (app/policy_compare.py): every policy on the same input."""
+
+    run: gr.Button
+    status: gr.Markdown
+    bars: gr.Plot
+    nodes: gr.Plot
+    tokens: gr.Plot
+    point: gr.Slider  # where in the answers the trees below are taken (percent of each answer)
+    trees: list  # one gr.Plot per speculative policy
+    verdict: gr.Markdown
+    lanes: gr.State
+    summary: gr.JSON
+
+    def outputs(self) -> list:
+        return [self.status, self.bars, self.nodes, self.tokens, *self.trees, self.verdict, self.lanes, self.summary]
+
+
+@dataclass
 class Ui:
     """Every component an event reads or writes."""
 
@@ -79,6 +98,7 @@ class Ui:
     run_state: gr.State
     summary: gr.JSON
     control: gr.State  # the session's Stop switch (not an output)
+    compare: CompareUi
 
 
 def _knobs(cfg: SageConfig) -> Knobs:
@@ -191,6 +211,32 @@ def _plots() -> dict:
                 fig_mapping=fig_mapping, fig_time=fig_time)
 
 
+def _compare() -> CompareUi:
+    with gr.Accordion("Compare every policy on this input (ar, chain, static, eagle2, sage, the paper's SAGE)",
+                      open=False, elem_id="compare-policies"):
+        gr.Markdown("Each policy decodes the input above in turn (at most 128 new tokens), checked token for token "
+                    "against the target alone: the speed of each, how big its trees were and how much of them the "
+                    "target kept, and the trees the policies drew at the same point of the answer.")
+        with gr.Row():
+            run = gr.Button("Compare policies", variant="primary", elem_id="compare-run")
+            status = gr.Markdown("", elem_id="compare-status")
+        bars = gr.Plot(plots.placeholder("Tokens/s per policy", "compare the policies first"), elem_id="compare-bars",
+                       show_label=False)
+        verdict = gr.Markdown("", elem_id="compare-verdict")
+        with gr.Row():
+            nodes = gr.Plot(plots.placeholder("Draft tree size per step", "compare the policies first"),
+                            elem_id="compare-nodes", show_label=False)
+            tokens = gr.Plot(plots.placeholder("Tokens per target forward", "compare the policies first"),
+                             elem_id="compare-tokens", show_label=False)
+        point = gr.Slider(0, 100, 50, step=1, label="Trees at this point of each answer (% of its tokens)",
+                          elem_id="compare-point")
+        with gr.Row():
+            trees = [gr.Plot(empty_tree("compare the policies first"), elem_id=f"compare-tree-{i}", show_label=False)
+                     for i in range(5)]
+        summary = gr.JSON(elem_id="compare-summary", visible=False)
+    return CompareUi(run, status, bars, nodes, tokens, point, trees, verdict, gr.State(None), summary)
+
+
 def build_layout(presets: Mapping[str, Preset], default_preset: str, cfg: SageConfig = SageConfig()) -> Ui:
     """Create every component inside the current gr.Blocks; returns their handles."""
     gr.Markdown(f"# {text.TITLE}\n{text.INTRO}")
@@ -216,7 +262,9 @@ def build_layout(presets: Mapping[str, Preset], default_preset: str, cfg: SageCo
                                    interactive=False, elem_id="export", variant="secondary")
     with gr.Accordion("JSON summary (the last output of the `compare` API endpoint)", open=False):
         summary = gr.JSON(elem_id="summary")
+    compare = _compare()
     return Ui(model_info=model_info, examples_row=examples_row, knobs=knobs, run=run, stop=stop, status=status,
+              compare=compare,
               export=export, run_state=gr.State(None), summary=summary, control=gr.State(RunControl()), **inputs,
               **outputs, **figures)
 

@@ -46,6 +46,14 @@ def wire(demo: gr.Blocks, ui: Ui, h: Handlers) -> None:
         concurrency_limit=1,
         show_progress_on=[ui.status],  # a progress overlay on the outputs would hide the streamed text
     )
+    # Compare policies: every policy on the same input, one queued job on the device like a run
+    c = ui.compare
+    c.run.click(fn=h.arm, inputs=ui.control, outputs=None, queue=False, api_visibility="private").then(
+        fn=h.comparison.run, inputs=[ui.image, ui.video, ui.prompt, ui.max_new_tokens, ui.preset, ui.control],
+        outputs=c.outputs(), api_name="compare_policies", concurrency_id=DEVICE, concurrency_limit=1,
+        show_progress_on=[c.status])
+    c.point.change(h.comparison.show, [c.lanes, c.point], c.trees, api_visibility="private", concurrency_limit=None,
+                   show_progress="hidden", trigger_mode="always_last")
     # Stop flips the switch; the decoding thread checks it every step and the run then reports what it has
     # (a Gradio cancel would kill the handler before it could say so).
     ui.stop.click(h.stop, ui.control, None, api_visibility="private", queue=False)

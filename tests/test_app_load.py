@@ -121,3 +121,31 @@ def test_leaving_mid_run_frees_the_device(server, media):
     assert first_update < 2.5, f"the device was not freed in time ({first_update:.2f} s)"
     # at most the next run itself (0: its 16 tokens were done by the time the poll looked)
     assert alive_then is None or alive_then <= 1, f"{alive_then} races decoding: the cancelled run is still decoding"
+
+
+def test_four_comparing_and_four_racing_at_once(server, media):
+    """Four visitors in the "Compare policies" mode and four racing, all at the same time: every result correct, one
+    decoding job on the device at a time."""
+    from test_app_policies import check
+
+    clients = [Client(server.url, verbose=False) for _ in range(8)]
+    jobs = []
+    for i, c in enumerate(clients):
+        if i % 2:
+            jobs.append(("race", c.submit(image=handle_file(media.image), video=None, prompt=media.image_prompt,
+                                          max_new_tokens=16, policy="sage", api_name="/compare")))
+        else:
+            jobs.append(("compare", c.submit(image=handle_file(media.image), video=None, prompt=media.image_prompt,
+                                             max_new_tokens=16, api_name="/compare_policies")))
+    peak, stop = [0], threading.Event()
+    sampler = threading.Thread(target=sample_races, args=(stop, peak), daemon=True)
+    sampler.start()
+    results = [(kind, job.result()) for kind, job in jobs]
+    stop.set()
+    sampler.join(5)
+    for kind, out in results:
+        if kind == "race":
+            check_summary(dict(zip(OUT, out)), "sage")
+        else:
+            check(out[-1], 16)
+    assert peak[0] == 1, f"{peak[0]} decoding jobs at once"  # comparisons and races share the device queue

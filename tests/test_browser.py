@@ -309,3 +309,38 @@ def test_hostile_files_through_the_page_get_one_line_and_the_page_keeps_serving(
     page.fill("#prompt textarea", "Describe the image in detail.")
     page.click("#run")
     page.wait_for_function(f"{STATUS}.includes('Done')", timeout=120_000)
+
+
+COMPARE_PLOTS = ["compare-bars", "compare-nodes", "compare-tokens"] + [f"compare-tree-{i}" for i in range(5)]
+
+
+def test_compare_policies_on_an_example_scene_and_an_uploaded_photo(page, tmp_path_factory):
+    """The "Compare policies" mode: every chart drawn, every policy's tokens the target's, on one of the examples and
+    on a photo the pair never saw; no page error."""
+    from PIL import Image
+    from skimage import data
+
+    photo = tmp_path_factory.mktemp("photo") / "astronaut.png"
+    Image.fromarray(data.astronaut()).resize((256, 256)).save(photo)
+    example = Path(__file__).resolve().parent.parent / "assets" / "examples" / "shapes_1.png"
+    page.click("#compare-policies .label-wrap")
+    for image, prompt in ((example, "Describe the image in detail."), (photo, "What is in this picture?")):
+        page.set_input_files("#image input[type=file]", str(image))
+        page.wait_for_selector("#image img")
+        page.fill("#prompt textarea", prompt)
+        page.fill("#max-new-tokens input[type=number]", "48")
+        before = page.inner_text("#compare-verdict")
+        page.click("#compare-run")
+        page.wait_for_function("([old]) => document.querySelector('#compare-status').innerText.includes('Done') && "
+                               "document.querySelector('#compare-verdict').innerText !== old", arg=[before],
+                               timeout=120_000)
+        for plot in COMPARE_PLOTS:
+            page.wait_for_selector(f"#{plot} .js-plotly-plot .main-svg")
+        assert "Every policy wrote exactly the target's tokens" in page.inner_text("#compare-verdict")
+    title = page.locator("#compare-tree-4 .gtitle").text_content()  # the scrubber redraws the trees
+    point = page.locator("#compare-point input[type=number]")
+    point.fill("100" if "step 1:" in (title or "") else "0")
+    point.press("Enter")
+    page.wait_for_function("([t]) => (document.querySelector('#compare-tree-4 .gtitle') || {}).textContent !== t",
+                           arg=[title], timeout=20_000)
+    assert not [e for e in page.errors if "no supported sources" not in e], page.errors

@@ -1,0 +1,56 @@
+"""The "Compare policies" mode through its API endpoint, /compare_policies (app/policy_compare.py): every policy on one
+input, each checked against `ar`, the budget capped, bad input refused in one line with the app still serving."""
+
+from __future__ import annotations
+
+import pytest
+from gradio_client import handle_file
+from gradio_client.exceptions import AppError
+
+from app.policy_compare import COMPARED, MAX_TOKENS
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def compare_policies(client, image=None, video=None, prompt="Describe the image in detail.", max_new_tokens=48):
+    return client.predict(image=None if image is None else handle_file(image),
+                          video=None if video is None else handle_file(video), prompt=prompt,
+                          max_new_tokens=max_new_tokens, api_name="/compare_policies")[-1]
+
+
+def check(summary: dict, budget: int) -> None:
+    policies = summary["policies"]
+    assert list(policies) == list(COMPARED) and not summary["stopped"]
+    ar = policies["ar"]["token_ids"]
+    assert 0 < len(ar) <= budget and policies["ar"]["tau"] == 1.0
+    for name in COMPARED[1:]:
+        lane = policies[name]
+        assert lane["matches_ar"] is True and lane["token_ids"] == ar, name
+        assert lane["tokens_per_second"] > 0 and lane["tau"] >= 1.0
+    assert "Every policy wrote exactly the target's tokens" in summary["verdict"]
+
+
+def test_every_policy_on_an_image_and_a_video_matches_ar(client, media):
+    check(compare_policies(client, image=media.image, prompt=media.image_prompt), 48)
+    check(compare_policies(client, video=media.video, prompt=media.video_prompt, max_new_tokens=24), 24)
+
+
+def test_the_budget_is_capped_in_this_mode(client, media):
+    summary = compare_policies(client, image=media.image, prompt=media.image_prompt, max_new_tokens=512)
+    assert summary["max_new_tokens"] == MAX_TOKENS
+    check(summary, MAX_TOKENS)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(prompt="  "), "the prompt is empty"),
+    (dict(image="broken_image"), "cannot read image"),
+    (dict(video="empty_video"), "empty"),
+    (dict(max_new_tokens=0), "less than minimum value 1"),
+])
+def test_bad_input_gets_one_line_and_the_app_keeps_serving(client, media, kwargs, message):
+    kwargs = {k: getattr(media, v) if k in ("image", "video") else v for k, v in kwargs.items()}
+    kwargs.setdefault("image", None if "video" in kwargs else media.image)
+    with pytest.raises(AppError) as err:
+        compare_policies(client, **kwargs)
+    assert message in str(err.value) and "\n" not in str(err.value).strip()
+    check(compare_policies(client, image=media.image, prompt=media.image_prompt, max_new_tokens=16), 16)
