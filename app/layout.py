@@ -59,11 +59,13 @@ class CompareUi:
     point: gr.Slider  # where in the answers the trees below are taken (percent of each answer)
     trees: list  # one gr.Plot per speculative policy
     verdict: gr.Markdown
+    export: gr.DownloadButton  # every lane, with its step events
     lanes: gr.State
     summary: gr.JSON
 
     def outputs(self) -> list:
-        return [self.status, self.bars, self.nodes, self.tokens, *self.trees, self.verdict, self.lanes, self.summary]
+        return [self.status, self.bars, self.nodes, self.tokens, *self.trees, self.verdict, self.export, self.lanes,
+                self.summary]
 
 
 @dataclass
@@ -233,8 +235,10 @@ def _compare() -> CompareUi:
         with gr.Row():
             trees = [gr.Plot(empty_tree("compare the policies first"), elem_id=f"compare-tree-{i}", show_label=False)
                      for i in range(5)]
+        export = gr.DownloadButton("Download the comparison (JSON: every policy's step events and stats)", value=None,
+                                   interactive=False, elem_id="compare-export", variant="secondary")
         summary = gr.JSON(elem_id="compare-summary", visible=False)
-    return CompareUi(run, status, bars, nodes, tokens, point, trees, verdict, gr.State(None), summary)
+    return CompareUi(run, status, bars, nodes, tokens, point, trees, verdict, export, gr.State(None), summary)
 
 
 def build_layout(presets: Mapping[str, Preset], default_preset: str, cfg: SageConfig = SageConfig()) -> Ui:

@@ -52,6 +52,10 @@ class PolicyLane:
         return {"token_ids": self.token_ids, "tau": self.tau, "tokens_per_second": self.tokens_per_second,
                 "seconds": self.seconds, "steps": len(self.decode_steps), "matches_ar": self.identical}
 
+    def export(self) -> dict:
+        """The lane for download: its summary and every step event (tree included)."""
+        return {**self.summary(), "policy": self.policy, "step_events": [s.to_dict() for s in self.steps]}
+
 
 def run_all(engine: SpecEngine, prepared: PreparedInput, max_new_tokens: int,
             stop: threading.Event) -> list[PolicyLane]:
@@ -202,9 +206,11 @@ class PolicyComparison:
                    "policies": {x.policy: x.summary() for x in lanes}}
         status = ("**Stopped.**" if summary["stopped"] else
                   f"**Done.** {len(lanes)} policies on this input, {n} new tokens at most, one after the other.")
-        return (status, bars_figure(lanes),
-                steps_figure(lanes, "nodes"), steps_figure(lanes, "tokens"), *trees_at(lanes, 50.0),
-                verdict(lanes), lanes, summary)
+        download = self.h.files.write({"format": "sage-policy-comparison/1", "prompt": prompt, "max_new_tokens": n,
+                                       "verdict": summary["verdict"], "lanes": [x.export() for x in lanes]})
+        return (status, bars_figure(lanes), steps_figure(lanes, "nodes"), steps_figure(lanes, "tokens"),
+                *trees_at(lanes, 50.0), verdict(lanes), gr.DownloadButton(value=download, interactive=True), lanes,
+                summary)
 
     @staticmethod
     def show(lanes, percent) -> tuple:

@@ -54,3 +54,18 @@ def test_bad_input_gets_one_line_and_the_app_keeps_serving(client, media, kwargs
         compare_policies(client, **kwargs)
     assert message in str(err.value) and "\n" not in str(err.value).strip()
     check(compare_policies(client, image=media.image, prompt=media.image_prompt, max_new_tokens=16), 16)
+
+
+def test_the_download_holds_every_lane_with_its_steps(client, media):
+    import json
+
+    out = client.predict(image=handle_file(media.image), video=None, prompt=media.image_prompt, max_new_tokens=16,
+                         api_name="/compare_policies")
+    path = next(o["value"] for o in out if isinstance(o, dict) and str(o.get("value", "")).endswith(".json"))
+    export = json.loads(open(path).read())
+    assert export["format"] == "sage-policy-comparison/1"
+    assert [lane["policy"] for lane in export["lanes"]] == list(COMPARED)
+    ar = export["lanes"][0]["token_ids"]
+    for lane in export["lanes"]:
+        assert lane["token_ids"] == ar and lane["step_events"][0]["kind"] == "prefill"
+        assert sum(len(e["new_token_ids"]) for e in lane["step_events"]) == len(ar)
