@@ -69,3 +69,29 @@ def test_the_download_holds_every_lane_with_its_steps(client, media):
     for lane in export["lanes"]:
         assert lane["token_ids"] == ar and lane["step_events"][0]["kind"] == "prefill"
         assert sum(len(e["new_token_ids"]) for e in lane["step_events"]) == len(ar)
+
+
+def test_stop_ends_a_comparison_after_the_current_step():
+    """The session's Stop switch: the comparison returns what it has and frees the device thread."""
+    import threading
+
+    from test_equivalence import sharp_case
+
+    from app.policy_compare import run_all, verdict
+    from sage_engine import SpecEngine
+
+    pair, prep = sharp_case("qwen2.5-vl", "image", "noisy")
+    engine, stop = SpecEngine(pair), threading.Event()
+    stream = engine.stream
+
+    def stop_in_chain(prepared, policy, *args, **kwargs):  # Stop pressed during the chain's lane
+        for i, ev in enumerate(stream(prepared, policy, *args, **kwargs)):
+            if policy == "chain" and i == 2:
+                stop.set()
+            yield ev
+
+    engine.stream = stop_in_chain
+    name = threading.current_thread().name
+    lanes = run_all(engine, prep, 24, stop)
+    assert [x.policy for x in lanes] == ["ar"] and threading.current_thread().name == name
+    assert verdict(lanes) == "Stopped before every policy ran."
