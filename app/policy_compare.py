@@ -14,9 +14,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from sage_engine import PreparedInput, SpecEngine, StepEvent
+import gradio as gr
 
-from .race import RACING, WARM_TOKENS
+from sage_engine import PreparedInput, SageError, SpecEngine, StepEvent
+
+from .race import RACING, WARM_TOKENS, RunControl
 from .theme import figure
 from .tree_plot import empty_tree, tree_figure
 
@@ -181,12 +183,6 @@ class PolicyComparison:
 
     def run(self, image, video, prompt, max_new_tokens, preset=None, control=None) -> tuple:
         """Every policy on this input; returns the mode's outputs, the last the JSON summary (the API's answer)."""
-        import gradio as gr
-
-        from sage_engine import SageError
-
-        from .race import RunControl
-
         try:
             if not (prompt or "").strip():
                 raise SageError("the prompt is empty: type a question about the image or video")

@@ -58,6 +58,11 @@ class BreakEven(NamedTuple):
         return self.rate * self.level_ms / self.trust
 
 
+def price_numbers(price: BreakEven | None) -> tuple[float, float]:
+    """A node's and a level's price as the rules read them (rules.threshold, rules.sage_children); nan: none."""
+    return (math.nan, math.nan) if price is None else (float(price.node), float(price.level))
+
+
 SPIKE = 3.0  # a step that took over SPIKE x the median step's time was slowed by something else
 STALL_RUN = 32  # more stalled steps in a row than this: the machine's speed has changed, and the meter follows it
 

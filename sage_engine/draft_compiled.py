@@ -20,6 +20,7 @@ import numpy as np
 from . import jit as jit_mod
 from . import rules
 from .backends.numba_layers import CompiledDecoder, _forward_jit, _top_jit, toy_weights
+from .costs import price_numbers
 from .jit import jit, numba
 from .policy_io import CHAIN, LevelRule, StepRule, TreeShape
 from .rules import confidence, depth_for, level_pattern, sage_children, warped_top, width_for
@@ -132,10 +133,6 @@ if numba is not None:  # the rules' arithmetic exactly as Python does it: no fas
 AVAILABLE = numba is not None and _forward_jit is not None
 
 
-def _prices(price) -> tuple[float, float]:
-    return (math.nan, math.nan) if price is None else (float(price.node), float(price.level))
-
-
 def _warp(sampling) -> tuple[float, float]:
     """A sampled run's warp of the draft's distribution (temperature, top-p); (0, 1) when greedy."""
     return (0.0, 1.0) if sampling is None or sampling.greedy else (float(sampling.temperature), float(sampling.top_p))
@@ -150,7 +147,7 @@ def draft_levels(decoder: CompiledDecoder, rule: LevelRule, shape: TreeShape, sa
     layers = [cache.layers[f.index] for f in decoder.layers]
     n = decoder.buffers.reserve(layers, max(shape.max_nodes, shape.depth))
     keys, values = decoder.buffers.arrays
-    numbers = (int(shape.width), rule.bias, rule.theta_scale, *_prices(shape.price), int(shape.max_nodes),
+    numbers = (int(shape.width), rule.bias, rule.theta_scale, *price_numbers(shape.price), int(shape.max_nodes),
                int(shape.depth))
     tok, parent, depth, prob, cum, slot, forwards, fed = _draft_levels(
         rule.kind, numbers, *_warp(sampling), np.array(root[0], np.float64), np.array(root[1], np.int64), ends, p,
@@ -172,7 +169,7 @@ def draft_step(decoder: CompiledDecoder, rule: StepRule, sampling, k: int, entro
     n = decoder.buffers.reserve(layers, p + reach)
     keys, values = decoder.buffers.arrays
     plan = (rule.alpha, rule.d_min, rule.d_max, rule.depth_cap, rule.w_min, rule.w_max, k, entropy_k,
-            rule.level.bias, rule.level.theta_scale, *_prices(rule.price), rule.max_nodes)
+            rule.level.bias, rule.level.theta_scale, *price_numbers(rule.price), rule.max_nodes)
     root_alpha, alpha, depth, width, tok, parent, depths, prob, cum, slot, forwards, fed = _draft_step(
         rule.level.kind, plan, *_warp(sampling), max_depth, decoder.head.shape[1] if vocab is None else vocab,
         np.array(pending, np.int64), np.arange(root_pos - p + 1, root_pos + 1, dtype=np.int64), _causal(p), n, ends,

@@ -207,9 +207,9 @@ def warped_top(logits, k, temperature, top_p):
 def warm() -> None:
     """Compile (first run on a machine) or load (from Numba's cache) the rules called from Python, with the argument
     types the policies pass, so that no run's first step pays for it."""
-    from . import jit
+    from . import jit as jit_module  # ACTIVE is read at call time (jit.defer_compile may clear it)
 
-    if numba is None or not jit.ACTIVE:
+    if numba is None or not jit_module.ACTIVE:
         return
     one = np.ones((1, 2), np.float64)
     confidence(one[0])

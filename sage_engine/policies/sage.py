@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import rules
 from ..config import SageConfig
-from ..costs import BreakEven, Quote
+from ..costs import BreakEven, Quote, price_numbers
 from ..policy_io import COMPILED_LEVELS, COMPILED_STEP, PYTHON, SAGE, DraftPath, LevelRule, StepRule, TreeShape
 from .base import Policy, overridden
 from .baselines import parent_numbers
@@ -64,7 +64,7 @@ class SagePolicy(Policy):
 
     def shape(self, root_alpha, quote=None, probe=None):
         alpha = self._planned_alpha(root_alpha)
-        if self.fallback.probe_declines(probe, quote, self.depth_for(1.0)):  # a try after plain steps turned down
+        if self.fallback.probing and self.fallback.probe_declines(probe, quote, self.depth_for(1.0)):  # try refused
             return TreeShape(0, 0, 0, alpha, self.d_max)
         return TreeShape(self.depth_for(alpha), self.width_for(alpha), self.cfg.n_max, alpha, self.d_max,
                          self.prices(quote))
@@ -141,8 +141,3 @@ class SagePolicy(Policy):
         alpha = math.nan if cfg.alpha_source == "current_root" else float(self.alpha)
         return StepRule(self.level_rule(), alpha, int(cfg.d_min), int(self.d_max), int(cfg.max_depth_cap),
                         int(cfg.w_min), int(cfg.w_max), int(cfg.n_max), self.prices(quote))
-
-
-def price_numbers(price: BreakEven | None) -> tuple[float, float]:
-    """A node's and a level's price as the rules read them (nan: none)."""
-    return (math.nan, math.nan) if price is None else (float(price.node), float(price.level))
