@@ -1,4 +1,4 @@
-"""Command line: `python -m sage_engine generate ...` and `python -m sage_engine bench ...`.
+"""Command line: `python -m sage_engine generate ...`, `bench ...`, `check-sampling ...` and `doctor ...`.
 
 Error contract: anything the user can fix (bad file, unknown policy, too long a prompt,
 unloadable model) exits with status 2 and ONE line on stderr starting with `error:`.
@@ -129,6 +129,13 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(check)
     _sampling_args(check)
     check.set_defaults(temperature=1.0)
+
+    doctor = sub.add_parser("doctor", help="prove the engine on this machine's device: exactness in fp32 and bf16, "
+                                           "the multi-device placement, speed on a large random target")
+    doctor.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | multi (every visible GPU)")
+    doctor.add_argument("--out", default="doctor.json", help="JSON report; a Markdown summary is written beside it")
+    doctor.add_argument("--quick", action="store_true", help="two pairs and a smaller speed target (the test's mode)")
+    doctor.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     return parser
 
 
@@ -267,10 +274,33 @@ def cmd_check_sampling(args) -> int:
     return 0 if result.p_value >= 0.001 else 1
 
 
+def cmd_doctor(args) -> int:
+    """Exit 0 when every fp32 run wrote exactly `ar`'s tokens, 1 otherwise (doctor/__init__.py)."""
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    from .doctor import run, write
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        report = run(args.device, args.quick, log=lambda line: print(line, file=sys.stderr, flush=True))
+    except RuntimeError as e:  # no such device
+        raise SageError(str(e)) from None
+    report["command"] = "python -m sage_engine " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["doctor"] else None
+    path, md = write(report, args.out)
+    print(md.read_text())
+    print(f"report: {path}, summary: {md}")
+    return 1 if report["mismatches"] else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        commands = {"generate": cmd_generate, "bench": cmd_bench, "check-sampling": cmd_check_sampling}
+        commands = {"generate": cmd_generate, "bench": cmd_bench, "check-sampling": cmd_check_sampling,
+                    "doctor": cmd_doctor}
         return commands[args.command](args)
     except SageError as e:
         print(f"error: {e}", file=sys.stderr)

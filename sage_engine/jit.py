@@ -23,10 +23,22 @@ from pathlib import Path
 
 try:
     import numba
-except ImportError:  # the same functions run as Python
+    import scipy  # noqa: F401 - Numba's products (np.dot in the compiled layers) call SciPy's BLAS
+except ImportError:  # the same functions run as Python (`missing()` says why)
     numba = None
 
 HERE = Path(__file__).resolve().parent
+
+
+def missing() -> str | None:
+    """Why the functions run as Python: None where Numba compiles them."""
+    if numba is not None:
+        return None
+    import importlib.util
+
+    lacking = [m for m in ("numba", "scipy") if importlib.util.find_spec(m) is None]
+    return f"{' and '.join(lacking) or 'numba'} not importable: the compiled functions run as Python"
+
 SOURCES = ("jit.py", "rules.py", "backends/numba_layers.py", "draft_compiled.py", "tree.py", "cache.py")  # @jit modules
 ACTIVE = numba is not None  # Python callers use the compiled functions (False: deferred, see the module's note)
 

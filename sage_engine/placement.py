@@ -57,13 +57,15 @@ class Placement:
 @contextmanager
 def _quiet_accelerate():
     """accelerate warns 'Device N is not available' for every GPU it plans on a machine without them."""
-    log = logging.getLogger("accelerate.utils.modeling")
-    level = log.level
-    log.setLevel(logging.ERROR)
+    logs = [logging.getLogger(name) for name in ("accelerate.utils.modeling", "accelerate.big_modeling")]
+    levels = [log.level for log in logs]
+    for log in logs:
+        log.setLevel(logging.ERROR)
     try:
         yield
     finally:
-        log.setLevel(level)
+        for log, level in zip(logs, levels):
+            log.setLevel(level)
 
 
 def meta_model(config, dtype: torch.dtype) -> torch.nn.Module:

@@ -30,14 +30,14 @@ from sage_engine import RunStats
 from sage_engine.presets import Preset
 
 TINYWORLD = served()["tinyworld"]
-TINY = Preset("tiny-random", "qwen2_5_vl", "builtin://tiny_models.qwen25_pair", "builtin://noisy", None, None,
-              None, None, True, "random-init tiny Qwen2.5-VL pair built in code (tests/tiny_models.py)",
+TINY = Preset("tiny-random", "qwen2_5_vl", "builtin://tiny_pairs.qwen25_pair", "builtin://noisy", None, None,
+              None, None, True, "random-init tiny Qwen2.5-VL pair built in code (sage_engine/tiny_pairs.py)",
               dtype="float32", device="cpu")
 
 
 def pair_factory(preset: Preset):
     if preset.name == TINY.name:
-        from tiny_models import qwen25_pair
+        from sage_engine.tiny_pairs import qwen25_pair
 
         return qwen25_pair("noisy")
     return load_preset(preset)

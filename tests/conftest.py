@@ -27,7 +27,7 @@ def one_math_thread():
 @pytest.fixture(scope="session")
 def saved_qwen_pair(tmp_path_factory):
     """A tiny Qwen2.5-VL target/draft pair saved like a real checkpoint (safetensors + processor)."""
-    from tiny_models import qwen25_pair
+    from sage_engine.tiny_pairs import qwen25_pair
 
     pair = qwen25_pair("noisy", seed=3)
     root = tmp_path_factory.mktemp("tiny_qwen")

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.timeout(300)
 
 def test_stop_switch_ends_the_race_early():
     """The Stop switch, on the real engine: the decoding thread quits within a step or two."""
-    from tiny_models import image, qwen25_pair
+    from sage_engine.tiny_pairs import image, qwen25_pair
 
     from app.device import DeviceThread
     from app.race import Race, RunControl, Transcriber, consume
@@ -41,7 +41,7 @@ def test_stop_switch_ends_the_race_early():
 def test_race_warms_up_untimed_before_its_lanes(monkeypatch):
     """A race decodes WARM_TOKENS plain tokens of its input before the two timed lanes, and none of their events reach
     the record: the autoregressive lane, which goes first, no longer pays for a machine that sat idle."""
-    from tiny_models import image, qwen25_pair
+    from sage_engine.tiny_pairs import image, qwen25_pair
 
     from app import race as race_module
     from app.device import DeviceThread

@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from tiny_models import image, qwen25_pair
+from sage_engine.tiny_pairs import image, qwen25_pair
 from transformers import DynamicCache
 
 import sage_engine.cache as cache_module

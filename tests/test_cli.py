@@ -7,7 +7,7 @@ import sys
 
 import hostile_media as hm
 import pytest
-from tiny_models import write_noise_media
+from sage_engine.tiny_pairs import write_noise_media
 
 from sage_engine.cli import main
 
@@ -199,7 +199,7 @@ def test_bad_input_exits_2_with_one_error_line(saved_qwen_pair, media, capsys, a
 
 
 def test_mismatched_tokenizers_are_refused(saved_qwen_pair, tmp_path, capsys):
-    from tiny_models import llava_pair
+    from sage_engine.tiny_pairs import llava_pair
 
     other = llava_pair("noisy")
     other.draft.save_pretrained(tmp_path / "llava")

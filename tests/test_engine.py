@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from tiny_models import image, llava_pair, qwen25_pair
+from sage_engine.tiny_pairs import image, llava_pair, qwen25_pair
 
 from sage_engine import InputError, SpecEngine, prepare_input
 from sage_engine.sampling import Sampling

@@ -11,7 +11,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from tiny_models import clip, image, llava_pair, qwen25_pair
+from sage_engine.tiny_pairs import clip, image, llava_pair, qwen25_pair
 
 from sage_engine import SageConfig, SpecEngine, make_policy, prepare_input
 from sage_engine import runner as runner_mod
@@ -206,7 +206,7 @@ def test_negative_control_node_positions_off_by_one_are_caught(monkeypatch):
 
 
 # Deep trees. Random init gives near-uniform next-token distributions, on which SAGE's thresholds keep its
-# trees one or two levels deep; a sharpened head (tiny_models.sharpen) makes them as peaked as a trained
+# trees one or two levels deep; a sharpened head (tiny_pairs.sharpen) makes them as peaked as a trained
 # model's, so SAGE drafts deep, wide trees and the target accepts several tokens a step.
 DEEP = {
     "sage-paper": lambda: make_policy("sage", SageConfig(threshold="paper", alpha_source="prev_path")),

@@ -10,7 +10,7 @@ and processor, so the two models read prompts of different lengths).
 import pytest
 import torch
 from tiny_families import llava_ov_pair, qwen2vl_pair, smolvlm_pair
-from tiny_models import clip, image
+from sage_engine.tiny_pairs import clip, image
 
 from sage_engine import SpecEngine, prepare_input
 

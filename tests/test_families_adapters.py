@@ -130,7 +130,7 @@ def test_position_rules_read_and_reset_the_model_state():
 
 
 def test_processor_kwargs_pass_the_sampled_frames_with_their_metadata():
-    from tiny_models import clip
+    from sage_engine.tiny_pairs import clip
 
     c = clip(0)
     kw = fam.QWEN2_5_VL.processor_kwargs(c)
@@ -176,7 +176,7 @@ def _pair(name):
 @pytest.mark.parametrize("medium", ["image", "video"])
 def test_zero_pruning_through_each_family_adapter_equals_a_normal_prefill(name, adapter, medium):
     """The adapter's LM submodule, token ids and position rows reproduce the normal prefill exactly."""
-    from tiny_models import clip, image
+    from sage_engine.tiny_pairs import clip, image
 
     from sage_engine import prepare_input
     from sage_engine.pruning import VisualPruning

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 from test_stack import DEPTH, PAIRS, TREE, pair_for
-from tiny_models import image
+from sage_engine.tiny_pairs import image
 
 from sage_engine import SpecEngine, prepare_input
 from sage_engine import families as fam

@@ -9,7 +9,7 @@ import torch
 from test_equivalence import MAX_NEW, sharp_case
 from test_fused import _tree_inputs
 from test_stack import PAIRS, TREE, pair_for
-from tiny_models import image
+from sage_engine.tiny_pairs import image
 
 from sage_engine import SpecEngine, make_policy, prepare_input
 from sage_engine.backends import choose

@@ -10,7 +10,7 @@ import copy
 
 import pytest
 import torch
-from tiny_models import clip, image, qwen25_pair
+from sage_engine.tiny_pairs import clip, image, qwen25_pair
 
 from sage_engine import SpecEngine, prepare_input
 from sage_engine.errors import ModelError

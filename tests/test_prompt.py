@@ -5,7 +5,7 @@ prompt, dropped when wrong, and never used where the text model's call is not pl
 import pytest
 import torch
 from test_stack import PAIRS, pair_for
-from tiny_models import image
+from sage_engine.tiny_pairs import image
 from transformers import DynamicCache
 
 from sage_engine import SpecEngine, prepare_input

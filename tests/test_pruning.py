@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from tiny_models import clip, image, llava_pair, qwen25_pair
+from sage_engine.tiny_pairs import clip, image, llava_pair, qwen25_pair
 
 from sage_engine import SpecEngine, prepare_input
 from sage_engine.pruning import VisualPruning, keep_indices

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from tiny_models import image, llava_pair, qwen25_pair
+from sage_engine.tiny_pairs import image, llava_pair, qwen25_pair
 
 from sage_engine import SpecEngine, prepare_input
 from sage_engine.passes import Pass

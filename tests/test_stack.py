@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from tiny_families import llava_ov_pair, qwen2vl_pair, smolvlm_pair
-from tiny_models import image, llava_pair, qwen25_pair
+from sage_engine.tiny_pairs import image, llava_pair, qwen25_pair
 
 from sage_engine import SpecEngine, prepare_input
 from sage_engine import families as fam

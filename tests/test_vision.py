@@ -6,7 +6,7 @@ import pytest
 import torch
 from test_prompt import _checked_runner, _forward
 from test_stack import pair_for
-from tiny_models import image
+from sage_engine.tiny_pairs import image
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
 from sage_engine import SpecEngine, prepare_input

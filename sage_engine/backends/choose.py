@@ -24,7 +24,7 @@ from ..jit import numba as numba_installed
 from .fused_torch import fused_decoders
 from .hf_layers import DecoderStack, decoder_stack
 from .numba_layers import compiled_decoder
-from .numpy_host import host_decoder, pick
+from .numpy_host import ThreadpoolController, host_decoder, pick
 from .vision_tower import FusedVision, fused_vision
 
 # --tree-forward: "auto" offers every backend that applies and keeps the fastest that passes its check
@@ -84,10 +84,13 @@ def offer(model: torch.nn.Module, family, wanted: str = "auto", row_invariant: b
                      "among others): torch's fused layers instead")
     elif wanted == "numba" and not compiled and hosts:
         notes.append("numba asked for and not offered (Numba missing, or layers of unequal heads): NumPy instead")
+    elif not row_invariant and fused and not hosts and ThreadpoolController is None:
+        notes.append("no NumPy or compiled layers offered: threadpoolctl is missing (it holds their BLAS to one "
+                     "thread beside torch's); torch's fused layers instead")
     elif not row_invariant and fused and not compiled:
         notes.append("no compiled layers offered: Numba compiles in the background (first start); an engine built "
                      "after it has finished uses them" if numba_installed and not jit.ACTIVE else
-                     "no compiled layers offered (Numba missing, or layers of unequal heads)")
+                     "no compiled layers offered (Numba or SciPy missing, or layers of unequal heads)")
     candidates = {"auto": fused + hosts + compiled, "fused": fused, "numpy": hosts or fused,
                   "numba": compiled or hosts or fused}[wanted]
     return Offer(stack, candidates, fused_vision(model) if candidates else None, notes)

@@ -83,9 +83,12 @@ def _devices(model: torch.nn.Module) -> set[str]:
 def decoder_stack(model: torch.nn.Module, family: Family) -> DecoderStack | None:
     """The model's text decoder as a DecoderStack, or None where calling it layer by layer is not known to
     equal its forward (unknown family, sliding-window layers, a device map, missing parts)."""
-    device_map = getattr(model, "hf_device_map", None) or {}
+    # a model dispatched by accelerate (a device map over GPUs, CPU or disk) runs its layers through hooks that move
+    # tensors and weights between devices: only its forward() calls them; so it is not called layer by layer, even
+    # where every shard is on one device (the doctor's two shards on one device take the multi-GPU path that way)
+    dispatched = any(hasattr(m, "_hf_hook") for m in model.modules())
     devices = _devices(model)
-    if not family.verified or len(set(device_map.values())) > 1 or len(devices) != 1 or "meta" in devices:
+    if not family.verified or dispatched or len(devices) != 1 or "meta" in devices:
         return None
     try:
         lm = getattr(model, "model", None) if family is TEXT else family.language_model(model)

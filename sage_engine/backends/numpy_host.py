@@ -29,7 +29,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from threadpoolctl import ThreadpoolController
+
+try:  # holds the host BLAS to one thread beside torch's; without it the NumPy layers are not offered (choose.offer)
+    from threadpoolctl import ThreadpoolController
+except ImportError:
+    ThreadpoolController = None
 
 from ..cache import KVBuffers
 from .fused_torch import FusedDecoder, FusedLayer
@@ -204,6 +208,8 @@ def host_decoder(fused: FusedDecoder | None) -> HostDecoder | None:
     """`fused` computed in NumPy, where it can be: on the CPU, every product on a transposed copy (float32, not
     packed), the norms folded (fused_decoder folds all or none), a plain embedding and head, every layer with the same
     key heads and head size (one stacked buffer, `KVBuffers`)."""
+    if ThreadpoolController is None:  # its BLAS would take threads from torch's: not offered (choose.offer says so)
+        return None
     if fused is None or fused.embed_weight is None or fused.head is None or fused.norm.weight is not None:
         return None
     if fused.embed_weight.device.type != "cpu" or any(p.transposed is None for p in fused.products):

@@ -1,4 +1,5 @@
-"""Tiny random-init VLMs of real transformers architectures, built from configs (no download).
+"""Tiny random-init VLMs of real transformers architectures, built from configs (no download): what the tests and
+`sage doctor` check the engine on, on any machine, with no model hub.
 
 Each builder returns a ModelPair whose processor is the architecture's official processor
 class over a BPE tokenizer trained here. Drafts are either an exact copy of the target
@@ -50,7 +51,7 @@ def train_tokenizer(specials: list[str], extra: dict[str, str], template: str, v
     tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=specials,
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=specials, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(CORPUS, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, extra_special_tokens=extra, eos_token=specials[0],
@@ -78,49 +79,53 @@ def sharpen(model, factor: float):
     return model
 
 
-def qwen25_pair(draft_kind: str = "noisy", seed: int = 0, sigma: float = 0.1, sharpness: float = 1.0) -> ModelPair:
-    """Tiny Qwen2.5-VL (M-RoPE) target and draft with the official Qwen2_5_VLProcessor."""
-    from transformers import (
-        Qwen2_5_VLConfig,
-        Qwen2_5_VLForConditionalGeneration,
-        Qwen2_5_VLProcessor,
-        Qwen2VLImageProcessor,
-        Qwen2VLVideoProcessor,
-    )
+def qwen25_processor():
+    """The official Qwen2_5_VLProcessor over a tokenizer trained here, small images (56-112 px) and videos."""
+    from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessor, Qwen2VLVideoProcessor
 
     tok = train_tokenizer(QWEN_SPECIALS, {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>",
                                           "vision_start_token": "<|vision_start|>",
                                           "vision_end_token": "<|vision_end|>"}, QWEN_TEMPLATE)
     size = {"shortest_edge": 56 * 56, "longest_edge": 112 * 112}
-    proc = Qwen2_5_VLProcessor(
-        image_processor=Qwen2VLImageProcessor(size=size),
-        video_processor=Qwen2VLVideoProcessor(size=size),
-        tokenizer=tok,
-        chat_template=QWEN_TEMPLATE,
+    return Qwen2_5_VLProcessor(image_processor=Qwen2VLImageProcessor(size=size),
+                               video_processor=Qwen2VLVideoProcessor(size=size), tokenizer=tok,
+                               chat_template=QWEN_TEMPLATE)
+
+
+def qwen25_model(tok, layers: int, hidden: int, seed: int, heads: int = 4, kv_heads: int = 2,
+                 intermediate: int | None = None, init: float = 0.2):
+    """A random-init Qwen2.5-VL (M-RoPE, a one-block vision tower) of the given text size, for `tok`'s ids."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    half = hidden // heads // 2  # M-RoPE splits a head's rotary pairs over time, height and width
+    t = half // 4
+    torch.manual_seed(seed)
+    cfg = Qwen2_5_VLConfig(
+        text_config=dict(
+            vocab_size=len(tok), hidden_size=hidden, intermediate_size=intermediate or 2 * hidden,
+            num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+            max_position_embeddings=2048,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                             "mrope_section": [t, (half - t) // 2, half - t - (half - t) // 2]},
+            initializer_range=init, eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id,
+        ),
+        vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=hidden,
+                           fullatt_block_indexes=[0], initializer_range=0.2),
+        image_token_id=tok.convert_tokens_to_ids("<|image_pad|>"),
+        video_token_id=tok.convert_tokens_to_ids("<|video_pad|>"),
+        vision_start_token_id=tok.convert_tokens_to_ids("<|vision_start|>"),
+        vision_end_token_id=tok.convert_tokens_to_ids("<|vision_end|>"),
+        eos_token_id=tok.eos_token_id,
     )
+    return Qwen2_5_VLForConditionalGeneration(cfg).eval()
 
-    def build(layers: int, hidden: int, s: int):
-        torch.manual_seed(s)
-        cfg = Qwen2_5_VLConfig(
-            text_config=dict(
-                vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                rope_parameters={"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]
-                                 if hidden // 4 == 16 else [4, 6, 6]},
-                initializer_range=0.2, eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id,
-            ),
-            vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=hidden,
-                               fullatt_block_indexes=[0], initializer_range=0.2),
-            image_token_id=tok.convert_tokens_to_ids("<|image_pad|>"),
-            video_token_id=tok.convert_tokens_to_ids("<|video_pad|>"),
-            vision_start_token_id=tok.convert_tokens_to_ids("<|vision_start|>"),
-            vision_end_token_id=tok.convert_tokens_to_ids("<|vision_end|>"),
-            eos_token_id=tok.eos_token_id,
-        )
-        return Qwen2_5_VLForConditionalGeneration(cfg).eval()
 
-    target = sharpen(build(2, 64, seed), sharpness)
-    draft = _draft(target, draft_kind, seed, sigma, lambda: sharpen(build(1, 64, seed + 1000), sharpness))
+def qwen25_pair(draft_kind: str = "noisy", seed: int = 0, sigma: float = 0.1, sharpness: float = 1.0) -> ModelPair:
+    """Tiny Qwen2.5-VL (M-RoPE) target and draft with the official Qwen2_5_VLProcessor."""
+    proc = qwen25_processor()
+    tok = proc.tokenizer
+    target = sharpen(qwen25_model(tok, 2, 64, seed), sharpness)
+    draft = _draft(target, draft_kind, seed, sigma, lambda: sharpen(qwen25_model(tok, 1, 64, seed + 1000), sharpness))
     return ModelPair(target, draft, proc, None, "tiny-qwen2.5-vl", f"tiny-qwen2.5-vl-{draft_kind}")
 
 

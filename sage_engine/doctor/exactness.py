@@ -1,0 +1,92 @@
+"""Does every policy write the target's own greedy tokens here? fp32: exactly, and `ar` as transformers' generate()
+does; bf16: how often, and where a run parts from `ar`.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import torch
+
+from ..engine import SpecEngine
+from ..inputs import PreparedInput
+from ..models import ModelPair
+from .cases import Case, spread, to_device
+
+POLICIES = ("chain", "static", "eagle2", "sage", "sage:threshold=paper:d_max=8")
+
+
+def parted_at(ids: list[int], reference: list[int]) -> int | None:
+    """The first index where `ids` differs from `reference` (a shorter run parts where it ends); None: equal."""
+    for i, (a, b) in enumerate(zip(ids, reference)):
+        if a != b:
+            return i
+    return None if len(ids) == len(reference) else min(len(ids), len(reference))
+
+
+def _generate_ids(pair: ModelPair, prep: PreparedInput, budget: int) -> list[int]:
+    """transformers' own greedy decoding of the input (it stops at an end of sequence; the engine runs on)."""
+    inputs = {k: v.to(pair.target.device) for k, v in prep.target_inputs.items()}
+    out = pair.target.generate(**inputs, max_new_tokens=budget, do_sample=False)
+    return out[0, prep.prompt_tokens:].tolist()
+
+
+def run_policies(engine: SpecEngine, prep: PreparedInput, budget: int, reference: list[int] | None = None) -> dict:
+    """`ar`, then each policy, decoded greedily past any end of sequence: each run's tokens against `ar`'s (or
+    `reference`'s)."""
+    ar = engine.generate(prep, "ar", max_new_tokens=budget, ignore_eos=True)
+    ref = ar.token_ids if reference is None else reference
+    rows = [{"policy": "ar", "tokens": len(ar.token_ids), "parted_at": parted_at(ar.token_ids, ref), "tau": 1.0}]
+    for policy in POLICIES:
+        res = engine.generate(prep, policy, max_new_tokens=budget, ignore_eos=True)
+        rows.append({"policy": policy, "tokens": len(res.token_ids), "parted_at": parted_at(res.token_ids, ref),
+                     "tau": round(res.stats.mean_accepted, 2), "deepest": max(
+                         (len(s.accepted_tokens) for s in res.steps), default=0)})
+    for row in rows:
+        row["exact"] = row["parted_at"] is None
+    return {"ar_ids": ar.token_ids, "rows": rows, "backends": engine.backends()}
+
+
+def check_fp32(case: Case, device: str) -> dict:
+    """The case in fp32 on `device`: every policy against `ar`, and `ar` against generate()."""
+    t0 = time.perf_counter()
+    pair, prep = case.make(torch.float32)
+    to_device(pair, device)
+    engine = SpecEngine(pair)
+    out = run_policies(engine, prep, case.budget)
+    hf = _generate_ids(pair, prep, case.budget)
+    out["rows"].insert(0, {"policy": "generate() vs ar", "tokens": len(hf),
+                           "parted_at": parted_at(out["ar_ids"][: len(hf)], hf), "exact": None})
+    out["rows"][0]["exact"] = out["rows"][0]["parted_at"] is None and len(hf) > 0
+    out.update(case=case.name, dtype="float32", device=device, seconds=round(time.perf_counter() - t0, 1))
+    return out
+
+
+def check_bf16(case: Case, device: str, fp32_ar: list[int]) -> dict:
+    """The case in bf16 on `device`: each policy against bf16 `ar`, and bf16 `ar` against fp32 `ar`."""
+    t0 = time.perf_counter()
+    pair, prep = case.make(torch.bfloat16)
+    to_device(pair, device)
+    out = run_policies(SpecEngine(pair), prep, case.budget)
+    policies = [r for r in out["rows"] if r["policy"] != "ar"]
+    out.update(case=case.name, dtype="bfloat16", device=device,
+               agreement=round(sum(r["exact"] for r in policies) / len(policies), 2),
+               ar_vs_fp32_parted_at=parted_at(out["ar_ids"], fp32_ar), seconds=round(time.perf_counter() - t0, 1))
+    return out
+
+
+def check_spread(case: Case, devices: list[str]) -> dict:
+    """The case in fp32 with the target spread over `devices` and the draft on the last: every policy against the
+    one-device `ar`."""
+    t0 = time.perf_counter()
+    pair, prep = case.make(torch.float32)
+    to_device(pair, devices[0])
+    reference = SpecEngine(pair).generate(prep, "ar", max_new_tokens=case.budget, ignore_eos=True).token_ids
+    placed, device_map = spread(pair, devices)
+    out = run_policies(SpecEngine(placed), prep, case.budget, reference=reference)
+    out.update(case=case.name, dtype="float32", devices=devices, device_map=device_map,
+               seconds=round(time.perf_counter() - t0, 1))
+    del placed, pair
+    gc.collect()
+    return out
