@@ -93,7 +93,8 @@ class Drafter:
         else:
             probs = torch.softmax(logits, dim=-1) if sampler is None else sampler.probs(logits)
             p, t = torch.topk(probs, k, dim=-1)
-            frontier = Frontier(rows, t.tolist(), p.tolist())
+            both = torch.cat([p, t.to(p.dtype)], -1).tolist()  # one copy to the host, not two: on a GPU each waits
+            frontier = Frontier(rows, [[int(x) for x in row[k:]] for row in both], [row[:k] for row in both])
         if sampler is not None and policy.samples_draft:
             drawn = sampler.without_replacement(probs, policy.top_k)  # [F, top_k]
             frontier.drawn_tokens = drawn.tolist()

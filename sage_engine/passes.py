@@ -19,14 +19,15 @@ class Pass(NamedTuple):
     top: tuple[list[list[float]], list[list[int]]] | None = None  # ([1][k] probs, [1][k] tokens); else None
     # forward(argmax=True) through the kept layers: each row's argmax, taken in the pass while its logits are in the
     # cores' caches (the same op after the pass reads them back from memory)
-    argmax: np.ndarray | torch.Tensor | None = None  # [q] int64 (NumPy on the CPU)
+    argmax: np.ndarray | None = None  # [q] int64, on the host
 
 
-def rows_argmax(logits: torch.Tensor, on_cpu: bool) -> np.ndarray | torch.Tensor:
-    """Each row's argmax (the first of equal maxima, as torch's): NumPy's on the CPU, whose array's tolist() is a
-    shorter path than a tensor's right after a forward;
-    torch's elsewhere.  # [q, V] -> [q]"""
-    return logits.numpy().argmax(-1) if on_cpu else logits.argmax(-1)
+def rows_argmax(logits: torch.Tensor, on_cpu: bool) -> np.ndarray:
+    """Each row's argmax (the first of equal maxima, as torch's), on the host: NumPy's on the CPU, whose array's
+    tolist() is a shorter path than a tensor's right after a forward; elsewhere torch's on the device, copied to the
+    host in the same call: a verify pass's one read, which also waits for the pass (on a GPU the runner then needs no
+    synchronize of its own to time it).  # [q, V] -> [q]"""
+    return logits.numpy().argmax(-1) if on_cpu else logits.argmax(-1).cpu().numpy()
 
 
 def inference(fn):

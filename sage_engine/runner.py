@@ -229,7 +229,7 @@ class ModelRunner:
         t0 = time.perf_counter()
         logits = self._logits(self.backend(ids, pos, mask, self.cache, top)[0])
         best = rows_argmax(logits, self._cpu) if argmax else None
-        if self._cuda:
+        if self._cuda and best is None:  # the argmax's copy to the host has waited for the pass already
             torch.cuda.synchronize(self.device)
         return Pass(logits, (time.perf_counter() - t0) * 1e3, argmax=best)
 
