@@ -93,13 +93,19 @@ class Drafter:
         else:
             probs = torch.softmax(logits, dim=-1) if sampler is None else sampler.probs(logits)
             p, t = torch.topk(probs, k, dim=-1)
-            both = torch.cat([p, t.to(p.dtype)], -1).tolist()  # one copy to the host, not two: on a GPU each waits
-            frontier = Frontier(rows, [[int(x) for x in row[k:]] for row in both], [row[:k] for row in both])
-        if sampler is not None and policy.samples_draft:
-            drawn = sampler.without_replacement(probs, policy.top_k)  # [F, top_k]
-            frontier.drawn_tokens = drawn.tolist()
-            frontier.drawn_probs = torch.gather(probs, -1, drawn).tolist()
-            qs.update(zip(rows, probs))
+            parts = [p, t.to(p.dtype)]  # token ids are exact in float32 below 2**24
+            drawing = sampler is not None and policy.samples_draft
+            if drawing:
+                drawn = sampler.without_replacement(probs, policy.top_k)  # [F, top_k]
+                parts += [drawn.to(p.dtype), torch.gather(probs, -1, drawn)]
+                qs.update(zip(rows, probs))
+            # one copy to the host per level, not one per list: on a GPU each copy waits for the device
+            host = torch.cat(parts, -1).tolist()
+            frontier = Frontier(rows, [[int(x) for x in r[k: 2 * k]] for r in host], [r[:k] for r in host])
+            if drawing:
+                m = policy.top_k
+                frontier.drawn_tokens = [[int(x) for x in r[2 * k: 2 * k + m]] for r in host]
+                frontier.drawn_probs = [r[2 * k + m:] for r in host]
         if not alphas:
             return frontier, None
         k = policy.entropy_k
