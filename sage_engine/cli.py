@@ -136,6 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--out", default="doctor.json", help="JSON report; a Markdown summary is written beside it")
     doctor.add_argument("--quick", action="store_true", help="two pairs and a smaller speed target (the test's mode)")
     doctor.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    doctor.add_argument("--readme", default=None, help="also write the summary's first table into this README's "
+                                                       "doctor block (the project's README shows a CPU run)")
     return parser
 
 
@@ -291,6 +293,13 @@ def cmd_doctor(args) -> int:
         raise SageError(str(e)) from None
     report["command"] = "python -m sage_engine " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["doctor"] else None
     path, md = write(report, args.out)
+    if args.readme:
+        from pathlib import Path
+
+        from .doctor.summary import with_readme_table
+
+        readme = Path(args.readme)
+        readme.write_text(with_readme_table(readme.read_text(), report))
     print(md.read_text())
     print(f"report: {path}, summary: {md}")
     return 1 if report["mismatches"] else 0

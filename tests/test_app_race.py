@@ -16,12 +16,11 @@ pytestmark = pytest.mark.timeout(300)
 
 def test_stop_switch_ends_the_race_early():
     """The Stop switch, on the real engine: the decoding thread quits within a step or two."""
-    from sage_engine.tiny_pairs import image, qwen25_pair
-
     from app.device import DeviceThread
     from app.race import Race, RunControl, Transcriber, consume
     from app.record import Lane, RunRecord
     from sage_engine import SpecEngine, make_policy, prepare_input
+    from sage_engine.tiny_pairs import image, qwen25_pair
 
     pair = qwen25_pair("noisy")
     prepared = prepare_input(pair, "describe the image", images=[image(0)])
@@ -41,13 +40,12 @@ def test_stop_switch_ends_the_race_early():
 def test_race_warms_up_untimed_before_its_lanes(monkeypatch):
     """A race decodes WARM_TOKENS plain tokens of its input before the two timed lanes, and none of their events reach
     the record: the autoregressive lane, which goes first, no longer pays for a machine that sat idle."""
-    from sage_engine.tiny_pairs import image, qwen25_pair
-
     from app import race as race_module
     from app.device import DeviceThread
     from app.race import Race, Transcriber, consume
     from app.record import Lane, RunRecord
     from sage_engine import SpecEngine, make_policy, prepare_input
+    from sage_engine.tiny_pairs import image, qwen25_pair
 
     calls = []
     real_stream = SpecEngine.stream

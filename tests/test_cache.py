@@ -6,12 +6,12 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from sage_engine.tiny_pairs import image, qwen25_pair
 from transformers import DynamicCache
 
 import sage_engine.cache as cache_module
 from sage_engine.cache import KVBuffers, compact, copy_cache
 from sage_engine.runner import ModelRunner
+from sage_engine.tiny_pairs import image, qwen25_pair
 from sage_engine.tree import DraftTree, verify_allowed
 
 

@@ -7,9 +7,9 @@ import sys
 
 import hostile_media as hm
 import pytest
-from sage_engine.tiny_pairs import write_noise_media
 
 from sage_engine.cli import main
+from sage_engine.tiny_pairs import write_noise_media
 
 ROOT = os.path.dirname(os.path.dirname(__file__))
 

@@ -55,7 +55,7 @@ def test_a_policy_that_parts_from_ar_fails_the_doctor(tmp_path, monkeypatch, cap
     monkeypatch.setattr(GreedyAcceptance, "__call__", wrong)
     import sage_engine.doctor as doctor
 
-    one = cases.Case("tiny Qwen2.5-VL, image, noisy draft", cases._tiny("qwen2.5-vl", "image", "noisy"), 12)
+    one = cases.Case("tiny Qwen2.5-VL (image, noisy draft)", cases._tiny("qwen2.5-vl", "image", "noisy"), 12)
     monkeypatch.setattr(doctor, "checked_cases", lambda quick: [one])
     monkeypatch.setattr(doctor, "measure", lambda *a, **k: _speed_stub())
     assert main(["doctor", "--device", "cpu", "--quick", "--out", str(tmp_path / "d.json")]) == 1
@@ -70,8 +70,9 @@ def _speed_stub() -> dict:
            "engine_ms_per_step": 0.1}
     census = {"stages": {}, "sites": [], "synchronize": 0, "decode_steps": 0, "stages_over_one": []}
     return {"target": "stub", "target_params_m": 0, "draft_params_m": 0, "dtype": "float32", "new_tokens": 0,
-            "ar": row, "sage": {**row, "exact": True}, "speedup": 1.0, "verify": {"one_token_ms": 1.0, "relative": {"1": 1.0}},
-            "host_reads": {"ar": census}}
+            "ar": row, "sage": {**row, "exact": True}, "speedup": 1.0,
+            "verify": {"one_token_ms": 1.0, "relative": {"1": 1.0}},
+            "host_reads": {"ar": census, "sage": census}}
 
 
 def test_the_census_files_reads_under_their_stage():
@@ -148,3 +149,30 @@ def test_a_gpu_device_without_cuda_is_one_line(capsys):
     assert main(["doctor", "--device", "cuda", "--out", "/tmp/never.json"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: --device cuda needs a GPU")
+
+
+def test_the_gpu_branches_of_the_machine_report_and_the_sync_cross_check(monkeypatch):
+    """What the doctor does only on a GPU, driven on the CPU with torch.cuda's answers faked: the device list of
+    `multi` and `cuda:N`, each GPU's description, and torch's sync debug mode counted by its warnings."""
+    import types
+    import warnings
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(
+        name="Fake GPU", total_memory=80 * 2**30, major=9, minor=0))
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 90000)
+    assert machine.devices("multi") == ["cuda:0", "cuda:1", "cuda:2"] and machine.devices("cuda:2") == ["cuda:2"]
+    assert machine.devices("cuda") == ["cuda:0"]
+    with pytest.raises(RuntimeError, match="sees 3 GPU"):
+        machine.devices("cuda:5")
+    found = machine.describe(["cuda:0", "cuda:1"])["devices"]
+    assert found[1] == {"device": "cuda:1", "name": "Fake GPU", "memory_gib": 80.0, "capability": "9.0", "bf16": True}
+    modes = []
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+    with syncs.cuda_sync_warnings() as seen:
+        warnings.warn("called a synchronizing CUDA operation\nmore", stacklevel=1)
+        warnings.warn("something else", stacklevel=1)
+    assert seen == ["called a synchronizing CUDA operation"] and modes == ["warn", 0]

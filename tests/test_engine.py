@@ -5,10 +5,10 @@ import json
 import numpy as np
 import pytest
 import torch
-from sage_engine.tiny_pairs import image, llava_pair, qwen25_pair
 
 from sage_engine import InputError, SpecEngine, prepare_input
 from sage_engine.sampling import Sampling
+from sage_engine.tiny_pairs import image, llava_pair, qwen25_pair
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,12 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from sage_engine.tiny_pairs import clip, image, llava_pair, qwen25_pair
 
 from sage_engine import SageConfig, SpecEngine, make_policy, prepare_input
 from sage_engine import runner as runner_mod
 from sage_engine.config import Eagle2Config
 from sage_engine.runner import ModelRunner
+from sage_engine.tiny_pairs import clip, image, llava_pair, qwen25_pair
 
 MAX_NEW = 40
 POLICIES = {

@@ -10,9 +10,9 @@ and processor, so the two models read prompts of different lengths).
 import pytest
 import torch
 from tiny_families import llava_ov_pair, qwen2vl_pair, smolvlm_pair
-from sage_engine.tiny_pairs import clip, image
 
 from sage_engine import SpecEngine, prepare_input
+from sage_engine.tiny_pairs import clip, image
 
 MAX_NEW = 24
 POLICIES = ("chain", "static", "eagle2", "sage")

@@ -176,11 +176,10 @@ def _pair(name):
 @pytest.mark.parametrize("medium", ["image", "video"])
 def test_zero_pruning_through_each_family_adapter_equals_a_normal_prefill(name, adapter, medium):
     """The adapter's LM submodule, token ids and position rows reproduce the normal prefill exactly."""
-    from sage_engine.tiny_pairs import clip, image
-
     from sage_engine import prepare_input
     from sage_engine.pruning import VisualPruning
     from sage_engine.runner import ModelRunner
+    from sage_engine.tiny_pairs import clip, image
 
     pair = _pair(name)
     assert adapter_for(pair.target) is adapter and adapter_for(pair.draft) is adapter

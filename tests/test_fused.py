@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 from test_stack import DEPTH, PAIRS, TREE, pair_for
-from sage_engine.tiny_pairs import image
 
 from sage_engine import SpecEngine, prepare_input
 from sage_engine import families as fam
@@ -17,6 +16,7 @@ from sage_engine.backends import padding as rows_mod
 from sage_engine.backends.hf_layers import decoder_stack
 from sage_engine.backends.padding import NO_PADDING, padded
 from sage_engine.runner import ModelRunner
+from sage_engine.tiny_pairs import image
 from sage_engine.tree import additive_mask
 
 

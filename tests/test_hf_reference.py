@@ -3,12 +3,12 @@
 import json
 
 import pytest
-from sage_engine.tiny_pairs import write_noise_media
 
 from sage_engine.cli import main
 from sage_engine.engine import SpecEngine
 from sage_engine.hf_reference import _Hooks, assistant_inputs, parse_hf_spec, run_hf
 from sage_engine.inputs import prepare_input
+from sage_engine.tiny_pairs import write_noise_media
 
 
 @pytest.fixture(scope="module")

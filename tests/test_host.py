@@ -9,7 +9,6 @@ import torch
 from test_equivalence import MAX_NEW, sharp_case
 from test_fused import _tree_inputs
 from test_stack import PAIRS, TREE, pair_for
-from sage_engine.tiny_pairs import image
 
 from sage_engine import SpecEngine, make_policy, prepare_input
 from sage_engine.backends import choose
@@ -19,6 +18,7 @@ from sage_engine.backends.numba_layers import CompiledDecoder
 from sage_engine.backends.numpy_host import HostDecoder, pick
 from sage_engine.cache import copy_cache
 from sage_engine.runner import ModelRunner
+from sage_engine.tiny_pairs import image
 from sage_engine.tree import additive_mask
 
 

@@ -10,12 +10,12 @@ import copy
 
 import pytest
 import torch
-from sage_engine.tiny_pairs import clip, image, qwen25_pair
 
 from sage_engine import SpecEngine, prepare_input
 from sage_engine.errors import ModelError
 from sage_engine.models import ModelPair
 from sage_engine.placement import GiB, meta_model, plan_placement
+from sage_engine.tiny_pairs import clip, image, qwen25_pair
 
 QWEN25_VISION = dict(depth=32, hidden_size=1280, num_heads=16, patch_size=14, spatial_merge_size=2,
                      temporal_patch_size=2, window_size=112, fullatt_block_indexes=[7, 15, 23, 31])

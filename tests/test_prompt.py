@@ -5,7 +5,6 @@ prompt, dropped when wrong, and never used where the text model's call is not pl
 import pytest
 import torch
 from test_stack import PAIRS, pair_for
-from sage_engine.tiny_pairs import image
 from transformers import DynamicCache
 
 from sage_engine import SpecEngine, prepare_input
@@ -13,6 +12,7 @@ from sage_engine.backends import prompt_path as prompt_path_mod
 from sage_engine.backends.fused_torch import FusedDecoder
 from sage_engine.backends.hf_layers import prompt_inputs
 from sage_engine.runner import ModelRunner
+from sage_engine.tiny_pairs import image
 
 
 def _checked_runner(model, inputs: dict, row_invariant: bool = True) -> ModelRunner:

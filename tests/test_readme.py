@@ -95,3 +95,16 @@ def test_the_readme_is_for_users():
     text = (ROOT / "README.md").read_text()
     assert len(text.encode()) <= 15 * 1024
     assert not re.search(r"\b20[0-9]{2}-[0-9]{2}-[0-9]{2}\b|committed run|the run before|\brun [A-Z][0-9]\b", text)
+
+
+def test_the_readme_doctor_table_is_the_one_the_cpu_report_gives():
+    """The README's GPU section shows the doctor's first table from docs/doctor/cpu.json, written by
+    `doctor --readme` (no hand edits)."""
+    import json
+
+    from sage_engine.doctor.summary import README_END, README_START, headline
+
+    report = json.loads((ROOT / "docs" / "doctor" / "cpu.json").read_text())
+    block = (ROOT / "README.md").read_text().split(README_START)[1].split(README_END)[0].strip()
+    assert block == "\n".join(headline(report))
+    assert report["mismatches"] == [] and report["seconds"] < 180  # the CPU run: exact, in under 3 minutes

@@ -7,11 +7,11 @@ import math
 
 import pytest
 import torch
-from sage_engine.tiny_pairs import image, llava_pair, qwen25_pair
 
 from sage_engine import SpecEngine, prepare_input
 from sage_engine.passes import Pass
 from sage_engine.sampling import RatioAcceptance, SampledAcceptance, Sampling, inverse_cdf, warped
+from sage_engine.tiny_pairs import image, llava_pair, qwen25_pair
 from sage_engine.tree import DraftTree
 
 

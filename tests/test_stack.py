@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 from tiny_families import llava_ov_pair, qwen2vl_pair, smolvlm_pair
-from sage_engine.tiny_pairs import image, llava_pair, qwen25_pair
 
 from sage_engine import SpecEngine, prepare_input
 from sage_engine import families as fam
 from sage_engine.backends import hf_layers as stack_mod
 from sage_engine.runner import ModelRunner
+from sage_engine.tiny_pairs import image, llava_pair, qwen25_pair
 from sage_engine.tree import additive_mask
 
 PAIRS = {"qwen2.5-vl": qwen25_pair, "qwen2-vl": qwen2vl_pair, "llava-onevision": llava_ov_pair,

@@ -6,7 +6,6 @@ import pytest
 import torch
 from test_prompt import _checked_runner, _forward
 from test_stack import pair_for
-from sage_engine.tiny_pairs import image
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
 from sage_engine import SpecEngine, prepare_input
@@ -14,6 +13,7 @@ from sage_engine.backends import vision_tower as vision_mod
 from sage_engine.backends.choose import near
 from sage_engine.backends.vision_tower import FusedVision, fused_vision
 from sage_engine.runner import ModelRunner
+from sage_engine.tiny_pairs import image
 
 PATCH = 3 * 2 * 14 * 14  # channels x temporal patch x patch x patch
 

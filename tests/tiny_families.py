@@ -18,9 +18,9 @@ or an independent smaller model of the same family.
 from __future__ import annotations
 
 import torch
-from sage_engine.tiny_pairs import QWEN_SPECIALS, QWEN_TEMPLATE, _draft, train_tokenizer
 
 from sage_engine.models import ModelPair
+from sage_engine.tiny_pairs import QWEN_SPECIALS, QWEN_TEMPLATE, _draft, train_tokenizer
 
 QWEN_EXTRA = {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>",
               "vision_start_token": "<|vision_start|>", "vision_end_token": "<|vision_end|>"}

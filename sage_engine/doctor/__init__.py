@@ -33,7 +33,7 @@ def _mismatches(report: dict) -> list[str]:
     for section in ("fp32", "multi"):
         for case in report.get(section) or []:
             for row in case["rows"]:
-                if row["exact"] is False:
+                if not row["exact"]:
                     out.append(f"{section} {case['case']}: {row['policy']} parts at {row['parted_at']}")
     speed = report.get("speed") or {}
     if speed.get("dtype") == "float32" and not speed["sage"]["exact"]:
@@ -57,7 +57,8 @@ def run(device: str = "cpu", quick: bool = False, log=print) -> dict:
             log(f"fp32 {case.name}: {_verdict(report['fp32'][-1])}")
         shards = found if len(found) > 1 else [first, first]
         report["multi"] = []
-        for case in [c for c in checked_cases(quick) if "tiny" in c.name][:1] + [c for c in checked_cases(quick) if "shipped" in c.name]:
+        every = checked_cases(quick)
+        for case in [c for c in every if "tiny" in c.name][:1] + [c for c in every if "shipped" in c.name]:
             report["multi"].append(check_spread(case, shards))
             log(f"multi ({' + '.join(shards)}) {case.name}: {_verdict(report['multi'][-1])}")
         report["multi_note"] = ("the target over every GPU, the draft on the last" if len(found) > 1 else
@@ -81,7 +82,7 @@ def run(device: str = "cpu", quick: bool = False, log=print) -> dict:
 
 
 def _verdict(case: dict) -> str:
-    bad = [r["policy"] for r in case["rows"] if r["exact"] is False]
+    bad = [r["policy"] for r in case["rows"] if not r["exact"]]
     return f"{'PARTS: ' + ', '.join(bad) if bad else 'every policy exact'} ({case['seconds']} s)"
 
 

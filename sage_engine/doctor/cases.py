@@ -27,6 +27,7 @@ class Case:
     name: str
     make: Callable[[torch.dtype], tuple[ModelPair, PreparedInput]]
     budget: int
+    short: str = ""  # for the summary's first table
 
 
 def _shipped(dtype: torch.dtype) -> tuple[ModelPair, PreparedInput]:
@@ -55,10 +56,12 @@ def checked_cases(quick: bool) -> list[Case]:
     budget = 24 if quick else 40
     out = []
     if (ASSETS / "models").is_dir():
-        out.append(Case("shipped pair, image", _shipped, 2 * budget))
-    out += [Case("tiny Qwen2.5-VL, image, noisy draft", _tiny("qwen2.5-vl", "image", "noisy"), budget),
-            Case("tiny Qwen2.5-VL, video, copied draft", _tiny("qwen2.5-vl", "video", "copy"), budget),
-            Case("tiny LLaVA, image, copied draft", _tiny("llava", "image", "copy"), budget)]
+        out.append(Case("shipped pair (image)", _shipped, 2 * budget, "shipped"))
+    out += [Case("tiny Qwen2.5-VL (image, noisy draft)", _tiny("qwen2.5-vl", "image", "noisy"), budget,
+                 "Qwen image"),
+            Case("tiny Qwen2.5-VL (video, copied draft)", _tiny("qwen2.5-vl", "video", "copy"), budget,
+                 "Qwen video"),
+            Case("tiny LLaVA (image, copied draft)", _tiny("llava", "image", "copy"), budget, "LLaVA")]
     return out[:2] if quick else out
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from .exactness import POLICIES
 
+README_START, README_END = "<!-- doctor: written from docs/doctor/cpu.json -->", "<!-- /doctor -->"
+
 
 def _cell(row: dict) -> str:
     if row["exact"]:
@@ -11,18 +13,47 @@ def _cell(row: dict) -> str:
     return f"**parts at {row['parted_at']}**"
 
 
-def _exact_table(cases: list[dict], with_generate: bool) -> list[str]:
-    cols = (["generate()"] if with_generate else []) + [f"`{p}`" for p in POLICIES]
+def _exact_table(cases: list[dict]) -> list[str]:
+    names = [r["policy"] for r in cases[0]["rows"]]
+    cols = ["generate()" if n == "generate() vs ar" else f"`{n}`" for n in names]
     lines = ["| case | backends (target / draft) | " + " | ".join(cols) + " | s |",
              "|---" * (len(cols) + 3) + "|"]
     for case in cases:
         rows = {r["policy"]: r for r in case["rows"]}
-        names = (["generate() vs ar"] if with_generate else []) + list(POLICIES)
         b = case["backends"]
         backends = f"{b['target']['cached']} / {b['draft']['cached']}"
         lines.append(f"| {case['case']} | {backends} | " + " | ".join(_cell(rows[n]) for n in names)
                      + f" | {case['seconds']} |")
     return lines
+
+
+def headline(report: dict) -> list[str]:
+    """The summary's first table (the README's GPU section shows it from a CPU run): one row per check."""
+    def exact(section: str) -> str:
+        runs = [r for c in report[section] for r in c["rows"]]
+        bad = [r for r in runs if not r["exact"]]
+        pairs = len(report[section])
+        return (f"{len(runs) - len(bad)} of {len(runs)} runs exact ({pairs} pair{'s' * (pairs > 1)}, "
+                f"{len(POLICIES)} policies + " + ("generate()" if section == "fp32" else "`ar`") + ")")
+    s, v = report["speed"], report["speed"]["verify"]
+    rows = [("fp32, every policy against `ar`", exact("fp32"))]
+    if report.get("multi"):
+        rows.append(("the same, target spread over " + " + ".join(report["multi"][0]["devices"]), exact("multi")))
+    if report.get("bf16"):
+        rows.append(("bf16, runs equal to bf16 `ar`", ", ".join(f"{c.get('short', c['case'])} {c['agreement']:.0%}"
+                                                               for c in report["bf16"])))
+    rows += [(f"{s['target_params_m']:.0f}M target, {s['dtype']}: `ar` / `sage`",
+              f"{s['ar']['tokens_per_second']} / {s['sage']['tokens_per_second']} tokens/s: {s['speedup']}x, "
+              f"tau {s['sage']['tau']:.2f}"),
+             ("verify of 1 / 8 / 32 / 64 draft nodes", " / ".join(f"{x}x" for x in v["relative"].values())
+              + f" one token ({v['one_token_ms']} ms)"),
+             ("engine time per step, `ar` / `sage`",
+              f"{s['ar']['engine_ms_per_step']} / {s['sage']['engine_ms_per_step']} ms")]
+    reads = s["host_reads"]["sage"]
+    rows.append(("host reads in a `sage` step (most)", ", ".join(
+        f"{stage} {c['most']}" for stage, c in reads["stages"].items() if stage != "prefill")
+        + f"; {reads['synchronize']} synchronize"))
+    return ["| check | result |", "|---|---|"] + [f"| {a} | {b} |" for a, b in rows]
 
 
 def markdown(report: dict) -> str:
@@ -33,14 +64,15 @@ def markdown(report: dict) -> str:
     out = [f"# sage doctor: `--device {report['device']}`" + (" (quick)" if report["quick"] else ""), "",
            f"{devs}; Python {m['python']}, torch {m['torch']} (CUDA {m['cuda'] or 'none'}), transformers "
            f"{m['packages']['transformers']['installed']}, accelerate {m['packages']['accelerate']['installed']}; "
-           f"Numba: {m['numba']}. {report['seconds']} s in all.", ""]
+           f"Numba: {m['numba']}. {report['seconds']} s in all" + (f": `{report['command']}`." if report.get("command")
+                                                                   else "."), ""]
     out += [f"- warning: {w}" for w in m["warnings"]] + ([""] if m["warnings"] else [])
     verdict = ("**fp32: every policy wrote exactly `ar`'s tokens.**" if not report["mismatches"] else
                "**fp32 MISMATCH:** " + "; ".join(report["mismatches"]))
-    out += [verdict, "", "## fp32 (TF32 and reduced-precision reductions off)", ""]
-    out += _exact_table(report["fp32"], True) + [""]
+    out += [verdict, ""] + headline(report) + ["", "## fp32 (TF32 and reduced-precision reductions off)", ""]
+    out += _exact_table(report["fp32"]) + [""]
     if report.get("multi"):
-        out += [f"## Multi-device placement ({report['multi_note']})", ""] + _exact_table(report["multi"], False) + [""]
+        out += [f"## Multi-device placement ({report['multi_note']})", ""] + _exact_table(report["multi"]) + [""]
     if report.get("bf16"):
         out += ["## bf16: each policy against bf16 `ar`", "",
                 "| case | agreement | bf16 `ar` parts from fp32 `ar` at | " + " | ".join(f"`{p}`" for p in POLICIES)
@@ -54,7 +86,8 @@ def markdown(report: dict) -> str:
     s = report["speed"]
     out += [f"## Speed: {s['target']} ({s['target_params_m']}M parameters; draft {s['draft_params_m']}M), "
             f"{s['dtype']}, {s['new_tokens']} new tokens", "",
-            "| policy | tokens/s | tau | target ms / step | draft ms / step | engine ms / step |", "|---|---|---|---|---|---|"]
+            "| policy | tokens/s | tau | target ms / step | draft ms / step | engine ms / step |",
+            "|---|---|---|---|---|---|"]
     for p in ("ar", "sage"):
         r = s[p]
         out.append(f"| `{p}` | {r['tokens_per_second']} | {r['tau']:.2f} | {r['target_ms_per_step']} | "
@@ -68,7 +101,8 @@ def markdown(report: dict) -> str:
     for p, census in s["host_reads"].items():
         for stage, c in census["stages"].items():
             if stage != "prefill":
-                out.append(f"| `{p}` | {stage} | {c['steps']} of {census['decode_steps']} | {c['mean']} / {c['most']} |")
+                out.append(f"| `{p}` | {stage} | {c['steps']} of {census['decode_steps']} | "
+                           f"{c['mean']} / {c['most']} |")
     out.append("")
     for p, census in s["host_reads"].items():
         sites = [x for x in census["sites"] if x["stage"] != "prefill"]
@@ -80,3 +114,10 @@ def markdown(report: dict) -> str:
         out.append(f"  Over {census['decode_steps']} steps: " + ", ".join(extra) + "; stages reading more than once "
                    f"in a step: {', '.join(census['stages_over_one']) or 'none'}.")
     return "\n".join(out) + "\n"
+
+
+def with_readme_table(readme: str, report: dict) -> str:
+    """`readme` with the block between README_START and README_END replaced by the report's first table."""
+    head, rest = readme.split(README_START, 1)
+    _, tail = rest.split(README_END, 1)
+    return head + README_START + "\n" + "\n".join(headline(report)) + "\n" + README_END + tail
