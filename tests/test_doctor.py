@@ -176,3 +176,12 @@ def test_the_gpu_branches_of_the_machine_report_and_the_sync_cross_check(monkeyp
         warnings.warn("called a synchronizing CUDA operation\nmore", stacklevel=1)
         warnings.warn("something else", stacklevel=1)
     assert seen == ["called a synchronizing CUDA operation"] and modes == ["warn", 0]
+
+
+def test_the_multi_layout_spreads_the_target_and_gives_the_draft_its_own_device():
+    from sage_engine.doctor import multi_layout
+
+    gpus = [f"cuda:{i}" for i in range(4)]
+    assert multi_layout(gpus) == (gpus[:3], "cuda:3")
+    assert multi_layout(gpus[:2]) == (gpus[:2], "cuda:1")
+    assert multi_layout(["cpu"]) == (["cpu", "cpu"], "cpu")

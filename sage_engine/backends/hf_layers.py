@@ -86,7 +86,8 @@ def decoder_stack(model: torch.nn.Module, family: Family) -> DecoderStack | None
     # a model dispatched by accelerate (a device map over GPUs, CPU or disk) runs its layers through hooks that move
     # tensors and weights between devices: only its forward() calls them; so it is not called layer by layer, even
     # where every shard is on one device (the doctor's two shards on one device take the multi-GPU path that way)
-    dispatched = any(hasattr(m, "_hf_hook") for m in model.modules())
+    spread = len(set((getattr(model, "hf_device_map", None) or {}).values())) > 1
+    dispatched = spread or any(hasattr(m, "_hf_hook") for m in model.modules())
     devices = _devices(model)
     if not family.verified or dispatched or len(devices) != 1 or "meta" in devices:
         return None

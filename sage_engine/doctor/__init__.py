@@ -41,6 +41,15 @@ def _mismatches(report: dict) -> list[str]:
     return out
 
 
+def multi_layout(found: list[str]) -> tuple[list[str], str]:
+    """Where the multi check puts the pair: the target over every GPU but the last and the draft alone on it
+    (placement.py's multi); with two GPUs the target over both (so that it is spread), the draft on the second; on
+    one device, the target in two shards on it and the draft beside them."""
+    if len(found) > 2:
+        return found[:-1], found[-1]
+    return (found if len(found) == 2 else [found[0], found[0]]), found[-1]
+
+
 def run(device: str = "cpu", quick: bool = False, log=print) -> dict:
     """The whole check on `device` (cpu | cuda | cuda:N | multi); `log` gets one line per stage as it ends."""
     t0 = time.perf_counter()
@@ -55,15 +64,15 @@ def run(device: str = "cpu", quick: bool = False, log=print) -> dict:
         for case in checked_cases(quick):
             report["fp32"].append(check_fp32(case, first))
             log(f"fp32 {case.name}: {_verdict(report['fp32'][-1])}")
-        shards = found if len(found) > 1 else [first, first]
+        shards, draft_device = multi_layout(found)
         report["multi"] = []
         every = checked_cases(quick)
         for case in [c for c in every if "tiny" in c.name][:1] + [c for c in every if "shipped" in c.name]:
-            report["multi"].append(check_spread(case, shards))
-            log(f"multi ({' + '.join(shards)}) {case.name}: {_verdict(report['multi'][-1])}")
-        report["multi_note"] = ("the target over every GPU, the draft on the last" if len(found) > 1 else
-                                "one device: the target in two shards on it through accelerate's hooks, the path a "
-                                "multi-GPU target takes")
+            report["multi"].append(check_spread(case, shards, draft_device))
+            log(f"multi ({' + '.join(shards)}, draft on {draft_device}) {case.name}: {_verdict(report['multi'][-1])}")
+        report["multi_note"] = (f"the target over {' + '.join(shards)}, the draft on {draft_device}" if len(found) > 1
+                                else "one device: the target in two shards on it through accelerate's hooks, the "
+                                     "path a multi-GPU target takes")
     bf16 = all(d["bf16"] for d in report["machine"]["devices"])
     report["bf16"] = []
     if bf16:

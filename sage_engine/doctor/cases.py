@@ -103,9 +103,9 @@ def layer_map(model: torch.nn.Module, shards: int) -> dict[str, int]:
     return out
 
 
-def spread(pair: ModelPair, devices: list[str]) -> tuple[ModelPair, dict]:
+def spread(pair: ModelPair, devices: list[str], draft_device: str) -> tuple[ModelPair, dict]:
     """The target spread over `devices` by a device map (layer_map: its decoder layers split evenly, in order), the
-    draft whole on the last: the `--device multi` placement for a pair built in memory. The devices may repeat
+    draft whole on `draft_device`: the `--device multi` placement for a pair built in memory. The devices may repeat
     ("cpu", "cpu"): accelerate's hooks then move nothing, and the engine runs the very path a multi-GPU target takes
     (its passes through forward(), ids fed to the first shard). Returns the pair and the map (module -> device)."""
     from accelerate import dispatch_model
@@ -114,6 +114,6 @@ def spread(pair: ModelPair, devices: list[str]) -> tuple[ModelPair, dict]:
     device_map = {name: devices[i] for name, i in layer_map(target, len(devices)).items()}
     with _quiet_accelerate():  # it says that shards kept on the CPU are "offloaded" there: they stay in memory
         dispatched = dispatch_model(target, device_map=device_map, main_device=devices[0], force_hooks=True)
-    draft = copy.deepcopy(pair.draft).to(devices[-1]) if pair.draft is not None else None
+    draft = copy.deepcopy(pair.draft).to(draft_device) if pair.draft is not None else None
     placed = ModelPair(dispatched, draft, pair.processor, pair.draft_processor, pair.target_name, pair.draft_name)
     return placed, {name: str(d) for name, d in device_map.items()}

@@ -76,16 +76,16 @@ def check_bf16(case: Case, device: str, fp32_ar: list[int]) -> dict:
     return out
 
 
-def check_spread(case: Case, devices: list[str]) -> dict:
-    """The case in fp32 with the target spread over `devices` and the draft on the last: every policy against the
-    one-device `ar`."""
+def check_spread(case: Case, devices: list[str], draft_device: str) -> dict:
+    """The case in fp32 with the target spread over `devices` and the draft on `draft_device`: every policy against
+    the one-device `ar`."""
     t0 = time.perf_counter()
     pair, prep = case.make(torch.float32)
     to_device(pair, devices[0])
     reference = SpecEngine(pair).generate(prep, "ar", max_new_tokens=case.budget, ignore_eos=True).token_ids
-    placed, device_map = spread(pair, devices)
+    placed, device_map = spread(pair, devices, draft_device)
     out = run_policies(SpecEngine(placed), prep, case.budget, reference=reference)
-    out.update(case=case.name, dtype="float32", devices=devices, device_map=device_map,
+    out.update(case=case.name, dtype="float32", devices=devices, draft_device=draft_device, device_map=device_map,
                seconds=round(time.perf_counter() - t0, 1))
     del placed, pair
     gc.collect()

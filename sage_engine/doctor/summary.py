@@ -38,7 +38,9 @@ def headline(report: dict) -> list[str]:
     s, v = report["speed"], report["speed"]["verify"]
     rows = [("fp32, every policy against `ar`", exact("fp32"))]
     if report.get("multi"):
-        rows.append(("the same, target spread over " + " + ".join(report["multi"][0]["devices"]), exact("multi")))
+        m = report["multi"][0]
+        rows.append((f"the same, target over {' + '.join(m['devices'])}, draft on {m['draft_device']}",
+                     exact("multi")))
     if report.get("bf16"):
         rows.append(("bf16, runs equal to bf16 `ar`", ", ".join(f"{c.get('short', c['case'])} {c['agreement']:.0%}"
                                                                for c in report["bf16"])))
@@ -71,6 +73,11 @@ def markdown(report: dict) -> str:
                "**fp32 MISMATCH:** " + "; ".join(report["mismatches"]))
     out += [verdict, ""] + headline(report) + ["", "## fp32 (TF32 and reduced-precision reductions off)", ""]
     out += _exact_table(report["fp32"]) + [""]
+    notes = sorted({f"{section}, {role} of {c['case']}: {n}" for section in ("fp32", "multi")
+                    for c in report.get(section) or [] for role, b in c["backends"].items() for n in b["notes"]})
+    out += ["Backends: `cached` runs the decode steps, `prompt` the prompt; what was turned down, and why:", ""]
+    out += [f"- {n}" for n in notes] or ["- nothing: every model runs on the fastest backend that applies to it"]
+    out.append("")
     if report.get("multi"):
         out += [f"## Multi-device placement ({report['multi_note']})", ""] + _exact_table(report["multi"]) + [""]
     if report.get("bf16"):
