@@ -287,10 +287,7 @@ def cmd_doctor(args) -> int:
     hf_logging.disable_progress_bar()
     if args.threads:
         torch.set_num_threads(args.threads)
-    try:
-        report = run(args.device, args.quick, log=lambda line: print(line, file=sys.stderr, flush=True))
-    except RuntimeError as e:  # no such device
-        raise SageError(str(e)) from None
+    report = run(args.device, args.quick, log=lambda line: print(line, file=sys.stderr, flush=True))
     report["command"] = "python -m sage_engine " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["doctor"] else None
     path, md = write(report, args.out)
     if args.readme:

@@ -55,8 +55,9 @@ class Placement:
 
 
 @contextmanager
-def _quiet_accelerate():
-    """accelerate warns 'Device N is not available' for every GPU it plans on a machine without them."""
+def quiet_accelerate():
+    """accelerate warns 'Device N is not available' for every GPU it plans on a machine without them, and calls the
+    shards of a device map kept on the CPU "offloaded" there."""
     logs = [logging.getLogger(name) for name in ("accelerate.utils.modeling", "accelerate.big_modeling")]
     levels = [log.level for log in logs]
     for log in logs:
@@ -155,7 +156,7 @@ def _device_map(model, budget: dict, no_split: tuple[str, ...], dtype: torch.dty
     """accelerate's device map for `model` under `budget` (bytes per device); balanced evens out the GPUs."""
     from accelerate.utils import get_balanced_memory, infer_auto_device_map
 
-    with _quiet_accelerate():
+    with quiet_accelerate():
         if balanced:
             budget = get_balanced_memory(model, max_memory=dict(budget), no_split_module_classes=list(no_split),
                                          dtype=dtype, low_zero=False)

@@ -168,6 +168,14 @@ def llava_pair(draft_kind: str = "noisy", seed: int = 0, sigma: float = 0.1, sha
     return ModelPair(target, draft, proc, None, "tiny-llava", f"tiny-llava-{draft_kind}")
 
 
+def sharp_pair(family: str, kind: str) -> ModelPair:
+    """The pair the equivalence tests and `sage doctor` check every policy on: tiny Qwen2.5-VL ("qwen2.5-vl") or LLaVA
+    ("llava"), its draft a close noisy copy ("noisy") or an exact one ("copy"), their heads sharpened so that SAGE
+    drafts deep trees."""
+    build = {"qwen2.5-vl": qwen25_pair, "llava": llava_pair}[family]
+    return build(kind, seed=0, sigma=0.05, sharpness=8.0)
+
+
 def _draft(target, kind: str, seed: int, sigma: float, independent):
     if kind == "copy":
         return copy.deepcopy(target)

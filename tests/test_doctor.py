@@ -12,7 +12,8 @@ from sage_engine import SpecEngine, prepare_input
 from sage_engine.cli import main
 from sage_engine.doctor import cases, machine, syncs
 from sage_engine.doctor.exactness import POLICIES, parted_at
-from sage_engine.tiny_pairs import image, llava_pair, qwen25_pair
+from sage_engine.errors import SageError
+from sage_engine.tiny_pairs import image, llava_pair, qwen25_pair, sharp_pair
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +77,7 @@ def _speed_stub() -> dict:
 
 
 def test_the_census_files_reads_under_their_stage():
-    pair = qwen25_pair("noisy", seed=0, sigma=0.05, sharpness=8.0)
+    pair = sharp_pair("qwen2.5-vl", "noisy")
     engine = SpecEngine(pair, tree_forward="layers")
     prep = prepare_input(pair, "describe what you see", images=[image(10)])
     with syncs.watch("cpu") as census:
@@ -165,7 +166,7 @@ def test_the_gpu_branches_of_the_machine_report_and_the_sync_cross_check(monkeyp
     monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 90000)
     assert machine.devices("multi") == ["cuda:0", "cuda:1", "cuda:2"] and machine.devices("cuda:2") == ["cuda:2"]
     assert machine.devices("cuda") == ["cuda:0"]
-    with pytest.raises(RuntimeError, match="sees 3 GPU"):
+    with pytest.raises(SageError, match="sees 3 GPU"):
         machine.devices("cuda:5")
     found = machine.describe(["cuda:0", "cuda:1"])["devices"]
     assert found[1] == {"device": "cuda:1", "name": "Fake GPU", "memory_gib": 80.0, "capability": "9.0", "bf16": True}

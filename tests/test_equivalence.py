@@ -16,7 +16,7 @@ from sage_engine import SageConfig, SpecEngine, make_policy, prepare_input
 from sage_engine import runner as runner_mod
 from sage_engine.config import Eagle2Config
 from sage_engine.runner import ModelRunner
-from sage_engine.tiny_pairs import clip, image, llava_pair, qwen25_pair
+from sage_engine.tiny_pairs import clip, image, llava_pair, qwen25_pair, sharp_pair
 
 MAX_NEW = 40
 POLICIES = {
@@ -221,7 +221,7 @@ _sharp: dict = {}
 
 def sharp_case(family, media, kind):
     if (family, kind) not in _sharp:
-        _sharp[family, kind] = FAMILIES[family][0](kind, seed=0, sigma=0.05, sharpness=8.0)
+        _sharp[family, kind] = sharp_pair(family, kind)
     pair = _sharp[family, kind]
     return pair, prepare_input(pair, "describe what you see", **media_kwargs(media, 10))
 

@@ -11,13 +11,13 @@ from sage_engine import SpecEngine, prepare_input
 from sage_engine.backends import numba_layers
 from sage_engine.doctor import syncs
 from sage_engine.passes import rows_argmax
-from sage_engine.tiny_pairs import image, qwen25_pair
+from sage_engine.tiny_pairs import image, sharp_pair
 from sage_engine.tree import chain_allowed, verify_allowed
 
 
 @pytest.fixture(scope="module")
 def case():
-    pair = qwen25_pair("noisy", seed=0, sigma=0.05, sharpness=8.0)
+    pair = sharp_pair("qwen2.5-vl", "noisy")
     return pair, prepare_input(pair, "describe what you see", images=[image(10)])
 
 

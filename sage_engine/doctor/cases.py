@@ -14,7 +14,7 @@ import torch
 
 from ..inputs import PreparedInput, prepare_input
 from ..models import ModelPair
-from ..placement import _quiet_accelerate
+from ..placement import quiet_accelerate
 from ..presets import ASSETS
 
 PROMPT = "describe what you see"
@@ -39,10 +39,9 @@ def _shipped(dtype: torch.dtype) -> tuple[ModelPair, PreparedInput]:
 
 def _tiny(family: str, media: str, kind: str) -> Callable:
     def make(dtype: torch.dtype) -> tuple[ModelPair, PreparedInput]:
-        from ..tiny_pairs import clip, image, llava_pair, qwen25_pair
+        from ..tiny_pairs import clip, image, sharp_pair
 
-        build = {"qwen2.5-vl": qwen25_pair, "llava": llava_pair}[family]
-        pair = build(kind, seed=0, sigma=0.05, sharpness=8.0)
+        pair = sharp_pair(family, kind)
         pair.target.to(dtype)
         pair.draft.to(dtype)
         prep = prepare_input(pair, PROMPT, **({"images": [image(10)]} if media == "image" else {"video": clip(10)}))
@@ -112,7 +111,7 @@ def spread(pair: ModelPair, devices: list[str], draft_device: str) -> tuple[Mode
 
     target = pair.target
     device_map = {name: devices[i] for name, i in layer_map(target, len(devices)).items()}
-    with _quiet_accelerate():  # it says that shards kept on the CPU are "offloaded" there: they stay in memory
+    with quiet_accelerate():  # it says that shards kept on the CPU are "offloaded" there: they stay in memory
         dispatched = dispatch_model(target, device_map=device_map, main_device=devices[0], force_hooks=True)
     draft = copy.deepcopy(pair.draft).to(draft_device) if pair.draft is not None else None
     placed = ModelPair(dispatched, draft, pair.processor, pair.draft_processor, pair.target_name, pair.draft_name)

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from .. import jit
+from ..errors import SageError
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("torch", "torchvision", "transformers", "accelerate", "tokenizers", "safetensors", "numpy", "numba",
@@ -24,18 +25,19 @@ PACKAGES = ("torch", "torchvision", "transformers", "accelerate", "tokenizers", 
 
 
 def devices(device: str) -> list[str]:
-    """The devices `--device` names: cpu; cuda (= cuda:0); cuda:N; multi (every visible GPU)."""
+    """The devices `--device` names: cpu; cuda (= cuda:0); cuda:N; multi (every visible GPU). SageError (one line)
+    for a device that is not there."""
     if device == "cpu":
         return ["cpu"]
     if not torch.cuda.is_available():
-        raise RuntimeError(f"--device {device} needs a GPU and torch sees none (CUDA build: "
+        raise SageError(f"--device {device} needs a GPU and torch sees none (CUDA build: "
                            f"{torch.version.cuda or 'no'}); use --device cpu")
     n = torch.cuda.device_count()
     if device == "multi":
         return [f"cuda:{i}" for i in range(n)]
     index = int(device.split(":")[1]) if ":" in device else 0
     if not 0 <= index < n:
-        raise RuntimeError(f"--device {device}: torch sees {n} GPU(s)")
+        raise SageError(f"--device {device}: torch sees {n} GPU(s)")
     return [f"cuda:{index}"]
 
 
