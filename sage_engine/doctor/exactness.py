@@ -1,5 +1,6 @@
 """Does every policy write the target's own greedy tokens here? fp32: exactly, and `ar` as transformers' generate()
-does; bf16: how often, and where a run parts from `ar`.
+does; bf16: how often, and where a run parts from `ar`. And how far apart are the logits of one token computed alone
+and inside a tree pass (the reason bf16 runs can part: ~1e-5 in fp32, ~1e-2 in bf16)?
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import torch
 from ..engine import SpecEngine
 from ..inputs import PreparedInput
 from ..models import ModelPair
+from ..tree import chain_allowed, verify_allowed
 from .cases import Case, spread, to_device
 
 POLICIES = ("chain", "static", "eagle2", "sage", "sage:threshold=paper:d_max=8")
@@ -49,6 +51,27 @@ def run_policies(engine: SpecEngine, prep: PreparedInput, budget: int, reference
     return {"ar_ids": ar.token_ids, "rows": rows, "backends": engine.backends()}
 
 
+def pass_gap(engine: SpecEngine, prep: PreparedInput, token: int, sizes=(4, 24, 64)) -> float:
+    """The largest difference between the target's logits after `token` (following the prompt) computed in a one-token
+    pass and as the root of a tree pass of `sizes` nodes (four children a node, level by level), over the logits'
+    largest magnitude: a near-tie closer than this may be decided one way by `ar` and the other by verification."""
+    runner = engine.target
+    runner.prefill(prep.target_inputs)
+    start = runner.seq_len
+    alone = runner.forward([token], [start], chain_allowed(1)).logits[0].clone()
+    runner.keep(start, [])
+    gap = 0.0
+    for n in sizes:
+        parents = [-1 if i < 4 else (i - 4) // 4 for i in range(n)]
+        depths: list[int] = []
+        for p in parents:
+            depths.append(1 if p < 0 else depths[p] + 1)
+        tree = runner.forward([token] * (n + 1), [start] + [start + d for d in depths], verify_allowed(parents))
+        runner.keep(start, [])
+        gap = max(gap, float((alone - tree.logits[0]).abs().max()))
+    return gap / float(alone.abs().max().clamp_min(1e-30))
+
+
 def check_fp32(case: Case, device: str) -> dict:
     """The case in fp32 on `device`: every policy against `ar`, and `ar` against generate()."""
     t0 = time.perf_counter()
@@ -60,7 +83,8 @@ def check_fp32(case: Case, device: str) -> dict:
     out["rows"].insert(0, {"policy": "generate() vs ar", "tokens": len(hf),
                            "parted_at": parted_at(out["ar_ids"][: len(hf)], hf), "exact": None})
     out["rows"][0]["exact"] = out["rows"][0]["parted_at"] is None and len(hf) > 0
-    out.update(case=case.name, dtype="float32", device=device, seconds=round(time.perf_counter() - t0, 1))
+    out.update(case=case.name, dtype="float32", device=device, pass_gap=pass_gap(engine, prep, out["ar_ids"][0]),
+               seconds=round(time.perf_counter() - t0, 1))
     return out
 
 
@@ -69,8 +93,10 @@ def check_bf16(case: Case, device: str, fp32_ar: list[int]) -> dict:
     t0 = time.perf_counter()
     pair, prep = case.make(torch.bfloat16)
     to_device(pair, device)
-    out = run_policies(SpecEngine(pair), prep, case.budget)
+    engine = SpecEngine(pair)
+    out = run_policies(engine, prep, case.budget)
     out.update(case=case.name, short=case.short or case.name, dtype="bfloat16", device=device,
+               pass_gap=pass_gap(engine, prep, out["ar_ids"][0]),
                agreement=round(sum(r["exact"] for r in out["rows"]) / len(out["rows"]), 2),
                ar_vs_fp32_parted_at=parted_at(out["ar_ids"], fp32_ar), seconds=round(time.perf_counter() - t0, 1))
     return out

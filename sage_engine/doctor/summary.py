@@ -13,17 +13,22 @@ def _cell(row: dict) -> str:
     return f"**parts at {row['parted_at']}**"
 
 
+def _gap(case: dict) -> str:
+    return f" | {case['pass_gap']:.1e}" if "pass_gap" in case else ""
+
+
 def _exact_table(cases: list[dict]) -> list[str]:
     names = [r["policy"] for r in cases[0]["rows"]]
     cols = ["generate()" if n == "generate() vs ar" else f"`{n}`" for n in names]
-    lines = ["| case | backends (target / draft) | " + " | ".join(cols) + " | s |",
-             "|---" * (len(cols) + 3) + "|"]
+    gap = " | tree vs one-token logits" if "pass_gap" in cases[0] else ""
+    lines = ["| case | backends (target / draft) | " + " | ".join(cols) + gap + " | s |",
+             "|---" * (len(cols) + 3 + bool(gap)) + "|"]
     for case in cases:
         rows = {r["policy"]: r for r in case["rows"]}
         b = case["backends"]
         backends = f"{b['target']['cached']} / {b['draft']['cached']}"
         lines.append(f"| {case['case']} | {backends} | " + " | ".join(_cell(rows[n]) for n in names)
-                     + f" | {case['seconds']} |")
+                     + _gap(case) + f" | {case['seconds']} |")
     return lines
 
 
@@ -83,12 +88,14 @@ def markdown(report: dict) -> str:
     if report.get("bf16"):
         out += ["## bf16: each policy against bf16 `ar`", "",
                 "| case | agreement | bf16 `ar` parts from fp32 `ar` at | " + " | ".join(f"`{p}`" for p in POLICIES)
-                + " |", "|---" * (len(POLICIES) + 3) + "|"]
+                + " | tree vs one-token logits |", "|---" * (len(POLICIES) + 4) + "|"]
         for case in report["bf16"]:
             rows = {r["policy"]: r for r in case["rows"]}
             parts = case["ar_vs_fp32_parted_at"]
             out.append(f"| {case['case']} | {case['agreement']:.0%} | {'never' if parts is None else parts} | "
-                       + " | ".join(_cell(rows[p]) for p in POLICIES) + " |")
+                       + " | ".join(_cell(rows[p]) for p in POLICIES) + _gap(case) + " |")
+        out += ["", "The last column: the largest difference between a token's logits computed alone and as a tree's "
+                "root, over their largest magnitude; a pair of tokens nearer than that may swap places."]
         out.append("")
     s = report["speed"]
     out += [f"## Speed: {s['target']} ({s['target_params_m']}M parameters; draft {s['draft_params_m']}M), "
