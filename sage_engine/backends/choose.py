@@ -22,7 +22,7 @@ from .. import jit
 from ..cache import compact
 from ..jit import numba as numba_installed
 from .fused_torch import fused_decoders
-from .hf_layers import DecoderStack, decoder_stack
+from .hf_layers import DecoderStack, decoder_stack, stack_refusal
 from .numba_layers import compiled_decoder
 from .numpy_host import ThreadpoolController, host_decoder, pick
 from .vision_tower import FusedVision, fused_vision
@@ -70,8 +70,7 @@ def offer(model: torch.nn.Module, family, wanted: str = "auto", row_invariant: b
             notes.append(f"{wanted} does not apply to this model: forward() runs every pass")
         return Offer(stack, [] if made is None else [made], None, notes)
     if stack is None and wanted != "forward":
-        notes.append("its layers cannot be called in turn (unknown family, sliding-window layers, a device map or "
-                     "missing parts): forward() runs every pass")
+        notes.append(f"its layers are not called in turn ({stack_refusal(model, family)}): forward() runs every pass")
     if stack is None or wanted == "layers":
         return Offer(stack, [], None, notes)
     fused = fused_decoders(stack, row_invariant)

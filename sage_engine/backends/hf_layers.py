@@ -82,15 +82,27 @@ def _devices(model: torch.nn.Module) -> set[str]:
 
 def decoder_stack(model: torch.nn.Module, family: Family) -> DecoderStack | None:
     """The model's text decoder as a DecoderStack, or None where calling it layer by layer is not known to
-    equal its forward (unknown family, sliding-window layers, a device map, missing parts)."""
+    equal its forward (`stack_refusal` says why)."""
+    return None if stack_refusal(model, family) else _stack(model, family)
+
+
+def stack_refusal(model: torch.nn.Module, family: Family) -> str | None:
+    """Why the model's layers are not called in turn, in a few words; None where they are."""
+    if not family.verified:
+        return f"its family ({family.name}) is not one whose layers are checked to run in turn"
     # a model dispatched by accelerate (a device map over GPUs, CPU or disk) runs its layers through hooks that move
     # tensors and weights between devices: only its forward() calls them; so it is not called layer by layer, even
     # where every shard is on one device (the doctor's two shards on one device take the multi-GPU path that way)
     spread = len(set((getattr(model, "hf_device_map", None) or {}).values())) > 1
-    dispatched = spread or any(hasattr(m, "_hf_hook") for m in model.modules())
+    if spread or any(hasattr(m, "_hf_hook") for m in model.modules()):
+        return "it is spread by a device map (accelerate's hooks run its layers)"
     devices = _devices(model)
-    if not family.verified or dispatched or len(devices) != 1 or "meta" in devices:
-        return None
+    if len(devices) != 1 or "meta" in devices:
+        return f"its weights are on {', '.join(sorted(devices))}"
+    return None if _stack(model, family) is not None else "its text model lacks a part, or has sliding-window layers"
+
+
+def _stack(model: torch.nn.Module, family: Family) -> DecoderStack | None:
     try:
         lm = getattr(model, "model", None) if family is TEXT else family.language_model(model)
     except NotImplementedError:
