@@ -70,7 +70,7 @@ def offer(model: torch.nn.Module, family, wanted: str = "auto", row_invariant: b
             notes.append(f"{wanted} does not apply to this model: forward() runs every pass")
         return Offer(stack, [] if made is None else [made], None, notes)
     if stack is None and wanted != "forward":
-        notes.append(f"its layers are not called in turn ({stack_refusal(model, family)}): forward() runs every pass")
+        notes.append(f"its layers are not called in turn: {stack_refusal(model, family)}; forward() runs every pass")
     if stack is None or wanted == "layers":
         return Offer(stack, [], None, notes)
     fused = fused_decoders(stack, row_invariant)

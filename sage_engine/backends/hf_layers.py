@@ -95,7 +95,7 @@ def stack_refusal(model: torch.nn.Module, family: Family) -> str | None:
     # where every shard is on one device (the doctor's two shards on one device take the multi-GPU path that way)
     spread = len(set((getattr(model, "hf_device_map", None) or {}).values())) > 1
     if spread or any(hasattr(m, "_hf_hook") for m in model.modules()):
-        return "it is spread by a device map (accelerate's hooks run its layers)"
+        return "it is spread by a device map, whose hooks run its layers"
     devices = _devices(model)
     if len(devices) != 1 or "meta" in devices:
         return f"its weights are on {', '.join(sorted(devices))}"
