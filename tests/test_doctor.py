@@ -36,6 +36,7 @@ def test_quick_doctor_on_the_cpu_is_exact_and_reports_every_section(quick):
     assert all(0 <= c["pass_gap"] < 1e-4 for c in report["fp32"])  # a token alone and as a tree's root: ~1e-6
     for case in report["multi"]:  # the spread target runs through forward(), as a target over GPUs does
         assert case["backends"]["target"]["cached"] == "forward" and len(set(case["device_map"].values())) == 1
+        assert any("spread by a device map" in n for n in case["backends"]["target"]["notes"])  # and says why
     assert report["bf16"] and all(0 <= c["agreement"] <= 1 for c in report["bf16"])
     speed = report["speed"]
     assert speed["ar"]["tokens_per_second"] > 0 and speed["sage"]["tau"] > 2 and speed["sage"]["exact"]
