@@ -64,6 +64,16 @@ def checked_cases(quick: bool) -> list[Case]:
     return out[:2] if quick else out
 
 
+def wide_tree(n: int) -> tuple[list[int], list[int]]:
+    """The parents (-1: the root) and depths of an n-node tree with four children a node, filled level by level: the
+    trees the doctor times and compares passes on."""
+    parents = [-1 if i < 4 else (i - 4) // 4 for i in range(n)]
+    depths: list[int] = []
+    for p in parents:  # a parent comes before its children
+        depths.append(1 if p < 0 else depths[p] + 1)
+    return parents, depths
+
+
 def to_device(pair: ModelPair, device: str) -> ModelPair:
     pair.target.to(device)
     if pair.draft is not None:

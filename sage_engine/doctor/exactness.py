@@ -14,7 +14,7 @@ from ..engine import SpecEngine
 from ..inputs import PreparedInput
 from ..models import ModelPair
 from ..tree import chain_allowed, verify_allowed
-from .cases import Case, spread, to_device
+from .cases import Case, spread, to_device, wide_tree
 
 POLICIES = ("chain", "static", "eagle2", "sage", "sage:threshold=paper:d_max=8")
 
@@ -62,10 +62,7 @@ def pass_gap(engine: SpecEngine, prep: PreparedInput, token: int, sizes=(4, 24, 
     runner.keep(start, [])
     gap = 0.0
     for n in sizes:
-        parents = [-1 if i < 4 else (i - 4) // 4 for i in range(n)]
-        depths: list[int] = []
-        for p in parents:
-            depths.append(1 if p < 0 else depths[p] + 1)
+        parents, depths = wide_tree(n)
         tree = runner.forward([token] * (n + 1), [start] + [start + d for d in depths], verify_allowed(parents))
         runner.keep(start, [])
         gap = max(gap, float((alone - tree.logits[0]).abs().max()))

@@ -19,6 +19,7 @@ import torch
 from ..engine import SpecEngine
 from ..models import ModelPair
 from ..tree import chain_allowed, verify_allowed
+from .cases import wide_tree
 from .syncs import cuda_sync_warnings, watch
 
 SIZES = {"full": dict(layers=24, hidden=1024, heads=16, kv_heads=2, intermediate=2816),
@@ -62,10 +63,7 @@ def verify_costs(engine: SpecEngine, prep, rounds: int = 5) -> dict:
     times: dict[int, list[float]] = {0: [], **{n: [] for n in TREE_SIZES}}
     for _ in range(rounds + 1):  # the first round warms each shape up and is not kept
         for n in times:
-            parents = [-1 if i < 4 else (i - 4) // 4 for i in range(n)]
-            depths: list[int] = []
-            for p in parents:  # a parent comes before its children
-                depths.append(1 if p < 0 else depths[p] + 1)
+            parents, depths = wide_tree(n)
             tokens = [7] * (1 + n)
             allowed = chain_allowed(1) if n == 0 else verify_allowed(parents)
             ms = runner.forward(tokens, [start] + [start + d for d in depths], allowed).ms
