@@ -154,7 +154,7 @@ def test_a_gpu_device_without_cuda_is_one_line(capsys):
     assert len(err) == 1 and err[0].startswith("error: --device cuda needs a GPU")
 
 
-def test_the_gpu_branches_of_the_machine_report_and_the_sync_cross_check(monkeypatch):
+def test_the_gpu_branches_of_the_machine_report_and_the_sync_cross_check(monkeypatch, quick):
     """What the doctor does only on a GPU, driven on the CPU with torch.cuda's answers faked: the device list of
     `multi` and `cuda:N`, each GPU's description, and torch's sync debug mode counted by its warnings."""
     import types
@@ -171,7 +171,13 @@ def test_the_gpu_branches_of_the_machine_report_and_the_sync_cross_check(monkeyp
     with pytest.raises(SageError, match="sees 3 GPU"):
         machine.devices("cuda:5")
     found = machine.describe(["cuda:0", "cuda:1"])["devices"]
-    assert found[1] == {"device": "cuda:1", "name": "Fake GPU", "memory_gib": 80.0, "capability": "9.0", "bf16": True}
+    assert found[1] == {"device": "cuda:1", "name": "Fake GPU", "memory_gib": 80.0, "capability": "9.0", "bf16": True,
+                        "fp16": True}
+    from sage_engine.doctor.summary import markdown
+
+    report = quick[1]
+    assert "cuda:1 (Fake GPU, 80.0 GiB, compute capability 9.0; bf16 yes, fp16 yes)" in markdown(
+        {**report, "machine": {**report["machine"], "devices": found}})
     modes = []
     monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: 0)
     monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)

@@ -72,12 +72,20 @@ def packages() -> tuple[dict, list[str]]:
     return out, warnings
 
 
-def _bf16_works(device: str) -> bool:
+def _works(device: str, dtype: torch.dtype) -> bool:
+    """Does a product in `dtype` run on `device`?"""
     try:
-        a = torch.ones(4, 4, dtype=torch.bfloat16, device=device)
+        a = torch.ones(4, 4, dtype=dtype, device=device)
         return bool((a @ a)[0, 0].item() == 4)
     except (RuntimeError, TypeError):
         return False
+
+
+def _ram_gib() -> float | None:
+    try:
+        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError, AttributeError):  # not a POSIX system
+        return None
 
 
 def describe(device_list: list[str]) -> dict:
@@ -86,12 +94,14 @@ def describe(device_list: list[str]) -> dict:
     found = []
     for d in device_list:
         if d == "cpu":
-            found.append({"device": "cpu", "name": platform.processor() or platform.machine(),
-                          "cores": os.cpu_count(), "threads": torch.get_num_threads(), "bf16": _bf16_works("cpu")})
+            found.append({"device": "cpu", "name": platform.processor() or platform.machine(), "memory_gib": _ram_gib(),
+                          "cores": os.cpu_count(), "threads": torch.get_num_threads(),
+                          "bf16": _works("cpu", torch.bfloat16), "fp16": _works("cpu", torch.float16)})
         else:
             p = torch.cuda.get_device_properties(d)
             found.append({"device": d, "name": p.name, "memory_gib": round(p.total_memory / 2**30, 1),
-                          "capability": f"{p.major}.{p.minor}", "bf16": torch.cuda.is_bf16_supported()})
+                          "capability": f"{p.major}.{p.minor}", "bf16": torch.cuda.is_bf16_supported(),
+                          "fp16": True})
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),

@@ -65,8 +65,10 @@ def headline(report: dict) -> list[str]:
 
 def markdown(report: dict) -> str:
     m = report["machine"]
-    devs = ", ".join(f"{d['device']} ({d['name']}" + (f", {d['memory_gib']} GiB" if "memory_gib" in d else
-                                                      f", {d['cores']} cores, {d['threads']} threads") + ")"
+    devs = ", ".join(f"{d['device']} ({d['name']}, {d['memory_gib']} GiB"
+                     + (f", {d['cores']} cores, {d['threads']} threads" if "cores" in d else
+                        f", compute capability {d['capability']}")
+                     + f"; bf16 {'yes' if d['bf16'] else 'no'}, fp16 {'yes' if d['fp16'] else 'no'})"
                      for d in m["devices"])
     out = [f"# sage doctor: `--device {report['device']}`" + (" (quick)" if report["quick"] else ""), "",
            f"{devs}; Python {m['python']}, torch {m['torch']} (CUDA {m['cuda'] or 'none'}), transformers "
