@@ -83,11 +83,19 @@ def _devices(model: torch.nn.Module) -> set[str]:
 def decoder_stack(model: torch.nn.Module, family: Family) -> DecoderStack | None:
     """The model's text decoder as a DecoderStack, or None where calling it layer by layer is not known to
     equal its forward (`stack_refusal` says why)."""
-    return None if stack_refusal(model, family) else _stack(model, family)
+    return None if _placement_refusal(model, family) else _stack(model, family)
 
 
 def stack_refusal(model: torch.nn.Module, family: Family) -> str | None:
     """Why the model's layers are not called in turn, in a few words; None where they are."""
+    refusal = _placement_refusal(model, family)
+    if refusal is None and _stack(model, family) is None:
+        return "its text model lacks a part, or has sliding-window layers"
+    return refusal
+
+
+def _placement_refusal(model: torch.nn.Module, family: Family) -> str | None:
+    """Why the model's family or placement keeps its layers from being called in turn; None where neither does."""
     if not family.verified:
         return f"its family ({family.name}) is not one whose layers are checked to run in turn"
     # a model dispatched by accelerate (a device map over GPUs, CPU or disk) runs its layers through hooks that move
@@ -99,7 +107,7 @@ def stack_refusal(model: torch.nn.Module, family: Family) -> str | None:
     devices = _devices(model)
     if len(devices) != 1 or "meta" in devices:
         return f"its weights are on {', '.join(sorted(devices))}"
-    return None if _stack(model, family) is not None else "its text model lacks a part, or has sliding-window layers"
+    return None
 
 
 def _stack(model: torch.nn.Module, family: Family) -> DecoderStack | None:

@@ -16,6 +16,7 @@ from ..inputs import PreparedInput, prepare_input
 from ..models import ModelPair
 from ..placement import quiet_accelerate
 from ..presets import ASSETS
+from ..tree import verify_allowed
 
 PROMPT = "describe what you see"
 
@@ -33,7 +34,7 @@ class Case:
 def _shipped(dtype: torch.dtype) -> tuple[ModelPair, PreparedInput]:
     from ..models import load_pair
 
-    pair = load_pair(dtype={torch.float32: "float32", torch.bfloat16: "bfloat16"}[dtype])
+    pair = load_pair(dtype=str(dtype).removeprefix("torch."))
     return pair, prepare_input(pair, "Describe it in detail.", images=[str(ASSETS / "examples" / "shapes_1.png")])
 
 
@@ -64,14 +65,17 @@ def checked_cases(quick: bool) -> list[Case]:
     return out[:2] if quick else out
 
 
-def wide_tree(n: int) -> tuple[list[int], list[int]]:
-    """The parents (-1: the root) and depths of an n-node tree with four children a node, filled level by level: the
-    trees the doctor times and compares passes on."""
+def scratch_pass(runner, start: int, n: int, token: int = 7):
+    """The model's pass over a root at sequence position `start` (its cache's length) and an n-node tree under it,
+    four children a node, filled level by level (n = 0: the root alone, a one-token pass); the pass's columns are
+    dropped after it. The trees the doctor times and compares passes on.  # -> Pass"""
     parents = [-1 if i < 4 else (i - 4) // 4 for i in range(n)]
     depths: list[int] = []
     for p in parents:  # a parent comes before its children
         depths.append(1 if p < 0 else depths[p] + 1)
-    return parents, depths
+    out = runner.forward([token] * (1 + n), [start] + [start + d for d in depths], verify_allowed(parents))
+    runner.keep(start, [])
+    return out
 
 
 def to_device(pair: ModelPair, device: str) -> ModelPair:

@@ -11,10 +11,9 @@ import time
 import torch
 
 from ..engine import SpecEngine
+from ..hf_reference import run_hf
 from ..inputs import PreparedInput
-from ..models import ModelPair
-from ..tree import chain_allowed, verify_allowed
-from .cases import Case, spread, to_device, wide_tree
+from .cases import Case, scratch_pass, spread, to_device
 
 POLICIES = ("chain", "static", "eagle2", "sage", "sage:threshold=paper:d_max=8")
 
@@ -25,13 +24,6 @@ def parted_at(ids: list[int], reference: list[int]) -> int | None:
         if a != b:
             return i
     return None if len(ids) == len(reference) else min(len(ids), len(reference))
-
-
-def _generate_ids(pair: ModelPair, prep: PreparedInput, budget: int) -> list[int]:
-    """transformers' own greedy decoding of the input (it stops at an end of sequence; the engine runs on)."""
-    inputs = {k: v.to(pair.target.device) for k, v in prep.target_inputs.items()}
-    out = pair.target.generate(**inputs, max_new_tokens=budget, do_sample=False)
-    return out[0, prep.prompt_tokens:].tolist()
 
 
 def run_policies(engine: SpecEngine, prep: PreparedInput, budget: int, reference: list[int] | None = None) -> dict:
@@ -58,14 +50,8 @@ def pass_gap(engine: SpecEngine, prep: PreparedInput, token: int, sizes=(4, 24, 
     runner = engine.target
     runner.prefill(prep.target_inputs)
     start = runner.seq_len
-    alone = runner.forward([token], [start], chain_allowed(1)).logits[0].clone()
-    runner.keep(start, [])
-    gap = 0.0
-    for n in sizes:
-        parents, depths = wide_tree(n)
-        tree = runner.forward([token] * (n + 1), [start] + [start + d for d in depths], verify_allowed(parents))
-        runner.keep(start, [])
-        gap = max(gap, float((alone - tree.logits[0]).abs().max()))
+    alone = scratch_pass(runner, start, 0, token).logits[0].clone()
+    gap = max(float((alone - scratch_pass(runner, start, n, token).logits[0]).abs().max()) for n in sizes)
     return gap / float(alone.abs().max().clamp_min(1e-30))
 
 
@@ -76,7 +62,7 @@ def check_fp32(case: Case, device: str) -> dict:
     to_device(pair, device)
     engine = SpecEngine(pair)
     out = run_policies(engine, prep, case.budget)
-    hf = _generate_ids(pair, prep, case.budget)
+    hf = run_hf(pair, prep, "hf_generate", case.budget).token_ids  # transformers' own greedy decoding
     out["rows"].insert(0, {"policy": "generate() vs ar", "tokens": len(hf),
                            "parted_at": parted_at(out["ar_ids"][: len(hf)], hf), "exact": None})
     out["rows"][0]["exact"] = out["rows"][0]["parted_at"] is None and len(hf) > 0

@@ -18,8 +18,7 @@ import torch
 
 from ..engine import SpecEngine
 from ..models import ModelPair
-from ..tree import chain_allowed, verify_allowed
-from .cases import wide_tree
+from .cases import scratch_pass
 from .syncs import cuda_sync_warnings, watch
 
 SIZES = {"full": dict(layers=24, hidden=1024, heads=16, kv_heads=2, intermediate=2816),
@@ -63,12 +62,7 @@ def verify_costs(engine: SpecEngine, prep, rounds: int = 5) -> dict:
     times: dict[int, list[float]] = {0: [], **{n: [] for n in TREE_SIZES}}
     for _ in range(rounds + 1):  # the first round warms each shape up and is not kept
         for n in times:
-            parents, depths = wide_tree(n)
-            tokens = [7] * (1 + n)
-            allowed = chain_allowed(1) if n == 0 else verify_allowed(parents)
-            ms = runner.forward(tokens, [start] + [start + d for d in depths], allowed).ms
-            runner.keep(start, [])
-            times[n].append(ms)
+            times[n].append(scratch_pass(runner, start, n).ms)
     one = statistics.median(times[0][1:])
     return {"one_token_ms": round(one, 2),
             "relative": {str(n): round(statistics.median(times[n][1:]) / one, 2) for n in TREE_SIZES}}
