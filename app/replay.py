@@ -80,8 +80,9 @@ def _lane_html(lane: dict, done: bool) -> str:
 
 
 def replay_html(record: RunRecord | None) -> str:
-    """The replay panel; its button is enabled once both lanes finished."""
-    ready = record is not None and record.done
+    """The replay panel; its button is enabled once both lanes finished (a stopped run is not raced: its lanes may
+    have been cut at different points, even where both have ended)."""
+    ready = record is not None and record.done and not record.stopped
     lanes = [_lane(record.ar), _lane(record.spec)] if ready else []
     timeline = escape(json.dumps({"lanes": lanes}), quote=True) if ready else ""
     options = "".join(f'<option value="{v}"{" selected" if v == "1" else ""}>{label}</option>' for v, label in SPEEDS)

@@ -32,6 +32,19 @@ def test_divergence_and_speedup():
     assert rec.divergence() is None
 
 
+def test_a_stopped_run_is_not_raced_even_where_both_lanes_ended():
+    """Stop can land while the second lane is ending: both lanes then have their times, cut at different points, and
+    the replay stays closed."""
+    from app.record import Lane, RunRecord
+    from app.replay import replay_html
+
+    rec = RunRecord("p", "q", 8, "sage", {}, {}, ar=Lane("ar", "ar", token_ids=[1, 2, 3], seconds=1.0),
+                    spec=Lane("spec", "sage", token_ids=[1], seconds=0.2))
+    assert "each at its measured speed" in replay_html(rec)
+    rec.stopped = True
+    assert "available after a run" in replay_html(rec) and " disabled" in replay_html(rec)
+
+
 def test_tree_layout_centres_parents():
     from app.tree_plot import BONUS_NODE, _layout
 
