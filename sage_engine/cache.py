@@ -14,7 +14,9 @@ from operator import attrgetter, is_
 import numpy as np
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
+from .errors import ModelError
 from .jit import jit, numba
 
 
@@ -148,8 +150,10 @@ def compact(cache: DynamicCache, start: int, keep: list[int], buffers: KVBuffers
     if buffers is not None and buffers.move(cache.layers, start, keep, moved):  # False unless the layers view them
         return
     layers = [layer for layer in cache.layers if layer.is_initialized]
-    if any(getattr(layer, "is_sliding", False) for layer in layers):
-        raise NotImplementedError("tree decoding with sliding-window cache layers is not supported")
+    if any(type(layer) is not DynamicLayer for layer in layers):  # a rolling window, a recurrent state: not columns
+        raise ModelError("cannot compact this cache to the accepted path: its layers "
+                         f"({', '.join(sorted({type(la).__name__ for la in layers} - {'DynamicLayer'}))}) keep more "
+                         "than key and value columns (layer_kinds.py says which kinds trees support)")
     if not layers or (not moved and layers[0].keys.shape[2] == start + m):
         return  # every column of the region is kept where it is (a plain step, a fully accepted tree): nothing to do
     idx = None
@@ -164,11 +168,15 @@ def compact(cache: DynamicCache, start: int, keep: list[int], buffers: KVBuffers
 
 
 def copy_cache(cache: DynamicCache) -> DynamicCache:
-    """An independent copy of `cache`: its layers' key and value tensors cloned, the rest shallow-copied (a
-    deepcopy would also copy the config and every attribute, several times slower for a small cache)."""
+    """An independent copy of `cache`: its key/value layers' tensors cloned, the rest shallow-copied (a deepcopy
+    would also copy the config and every attribute, several times slower for a small cache); a layer of another
+    kind (a recurrent state and its convolution window) deep-copied."""
     new = copy.copy(cache)
     new.layers = []
     for layer in cache.layers:
+        if type(layer) is not DynamicLayer:
+            new.layers.append(copy.deepcopy(layer))
+            continue
         twin = copy.copy(layer)
         if layer.is_initialized:
             twin.keys, twin.values = layer.keys.clone(), layer.values.clone()

@@ -26,6 +26,7 @@ from .backends.hf_forward import ModelForward
 from .backends.prompt_path import FusedPrompt
 from .cache import compact, copy_cache
 from .families import Family, adapter_for
+from .layer_kinds import Unsupported, plan_for
 from .passes import Pass, inference, rows_argmax
 from .pruning import VisualPruning, pruned_prefill_inputs
 from .tree import DraftTree, additive_mask, verify_allowed, verify_inputs
@@ -40,6 +41,7 @@ class _KeptPrompt:
     cache: DynamicCache  # after the prompt (copied on each reuse: a run appends to and crops its own)
     rope_delta: int
     logits: torch.Tensor  # [V] after the prompt's last token
+    columns: np.ndarray | None  # the cache columns' sequence indices (ModelRunner.columns)
 
 
 class ModelRunner:
@@ -53,6 +55,12 @@ class ModelRunner:
         guesses (then the NumPy and Numba layers may be offered too)."""
         self.model = model
         self.family = family or adapter_for(model)
+        self.plan = plan_for(model)  # its layers' kinds (layer_kinds.py): what each sees, how its cache keeps a path
+        # the sequence index of every cache column, kept where a layer sees less than the whole past (a window, a
+        # chunk): its mask is built from these. None where every layer sees every column.
+        self.columns: np.ndarray | None = None
+        # the first layer with key/value columns (a hybrid model's first layers may hold a recurrent state instead)
+        self._kv_layer = next((i for i, k in enumerate(self.plan.kinds) if not isinstance(k, Unsupported)), 0)
         self.reference = ModelForward(model)  # forward(): what every other backend is checked against
         self.offered = choose.offer(model, self.family, backend, row_invariant)
         self.stack = self.offered.stack
@@ -94,7 +102,7 @@ class ModelRunner:
         A layer no forward has written holds no keys, or an empty 1D tensor."""
         if self.cache is None:
             return 0
-        keys = self.cache.layers[0].keys if self.cache.layers else None
+        keys = getattr(self.cache.layers[self._kv_layer], "keys", None) if self.cache.layers else None
         buffers = self.backend.buffers
         n = None if buffers is None else buffers.length_of(keys)
         if n is not None:
@@ -108,7 +116,7 @@ class ModelRunner:
         kept = self._kept
         if self.keep_prompt and kept is not None and kept.inputs is inputs and kept.pruning == pruning:
             t0 = time.perf_counter()
-            self.cache, self.rope_delta = copy_cache(kept.cache), kept.rope_delta
+            self.cache, self.rope_delta, self.columns = copy_cache(kept.cache), kept.rope_delta, kept.columns
             return Pass(kept.logits, (time.perf_counter() - t0) * 1e3)
         self._kept = None
         self.cache = self._new_cache()
@@ -135,9 +143,11 @@ class ModelRunner:
             ms = (time.perf_counter() - t0) * 1e3
         if pruning is None:
             self.rope_delta = positions.shift_after_prefill(self.model)
+        if self.plan.windowed:
+            self.columns = np.arange(self.seq_len, dtype=np.int64)
         logits = self._logits(logits)
         if self.keep_prompt:
-            self._kept = _KeptPrompt(inputs, pruning, copy_cache(self.cache), self.rope_delta, logits)
+            self._kept = _KeptPrompt(inputs, pruning, copy_cache(self.cache), self.rope_delta, logits, self.columns)
         return Pass(logits, ms)
 
     def _new_cache(self) -> DynamicCache:
@@ -145,6 +155,7 @@ class ModelRunner:
         layer types, several times the copy's cost)."""
         if self._empty is None:
             self._empty = DynamicCache(config=self.model.config)
+            self.plan.cache_layers(self._empty)  # windows and chunks keep every column (layer_kinds.py)
         return copy_cache(self._empty)
 
     def _own_prompt(self, batch: dict) -> torch.Tensor:
@@ -174,6 +185,8 @@ class ModelRunner:
         through the kept torch layers (`Pass.argmax`).  # [q, V]"""
         q, r = allowed.shape
         shifted = [p + self.rope_delta for p in positions]
+        if self.plan.windowed:  # a window or a chunk: a mask per kind over every column, built from their indices
+            return self._windowed_pass(tokens, positions, shifted, allowed, argmax)
         sees_all = q == 1 and (r == 1 or allowed.all())  # one token that sees every column (itself at least): no mask
         if self.stack_checked and self.backend.takes_lists:  # NumPy takes the lists and pattern as they are
             t0 = time.perf_counter()
@@ -199,7 +212,7 @@ class ModelRunner:
         after each node. Once the layers are checked, their ids, positions and mask are built in one compiled call
         (tree.verify_inputs).  # [1 + n, V]"""
         L = self.seq_len if past is None else past
-        if not tree.tokens or not self.stack_checked or self.backend.takes_lists:
+        if not tree.tokens or not self.stack_checked or self.backend.takes_lists or self.plan.windowed:
             return self.forward([root] + tree.tokens, [L] + [L + d for d in tree.depths], verify_allowed(tree.parents),
                                 argmax=argmax)
         blocked = self._blocked_value
@@ -210,6 +223,32 @@ class ModelRunner:
         if not self._cpu_float32:
             ids, pos, mask = ids.to(self.device), pos.to(self.device), mask.to(device=self.device, dtype=self.dtype)
         return self._timed_pass(ids, pos, mask, L + self.rope_delta + depth, argmax)
+
+    def _windowed_pass(self, tokens: list[int], positions: list[int], shifted: list[int], allowed: np.ndarray,
+                       argmax: bool) -> Pass:
+        """`forward` on a model with a window or a chunk: the tree's pattern over every column (the older ones all
+        allowed) narrowed by each layer kind (layer_kinds.LayerPlan.masks) on the columns' sequence indices; one
+        additive mask, or one per layer type where the kinds differ (transformers' models take them keyed by type).
+        Every pass carries its masks, a one-token step too: the model's own would follow its rolling cache."""
+        q, r = allowed.shape
+        n = self.seq_len
+        past = n + q - r
+        q_seq = np.asarray(positions, dtype=np.int64)
+        kv_seq = np.concatenate([self.columns[:n], q_seq])  # [past + r]
+        full = np.ones((q, past + r), np.bool_)
+        full[:, past:] = allowed
+        blocked = float(torch.finfo(self.dtype).min)
+
+        def additive(pattern: np.ndarray) -> torch.Tensor:
+            mask = torch.from_numpy(np.where(pattern, np.float32(0), np.float32(blocked))[None, None])
+            return mask.to(device=self.device, dtype=self.dtype)
+
+        masks = {name: additive(m) for name, m in self.plan.masks(full, q_seq, kv_seq).items()}
+        mask = masks if self.plan.mixed else next(iter(masks.values()))
+        self.columns = kv_seq
+        ids_pos = torch.from_numpy(np.array(tokens + shifted, dtype=np.int64)).view(2, 1, q)
+        ids, pos = ids_pos.to(self.device).unbind()
+        return self._timed_pass(ids, pos, mask, max(shifted), argmax)
 
     def _one_token_pass(self, token: int, position: int, argmax: bool = False) -> Pass:
         """A pass of one token that sees every column, on the CPU once the layers are checked: its id and (shifted)
@@ -308,7 +347,7 @@ class ModelRunner:
         try:
             yield
         finally:
-            self.cache, self.rope_delta, self._kept = None, 0, None
+            self.cache, self.rope_delta, self._kept, self.columns = None, 0, None, None
             self.check_ms = before + (time.perf_counter() - t0) * 1e3
 
     @inference
@@ -318,6 +357,8 @@ class ModelRunner:
         pass of the kept layers read the length from the buffers; code that reads the layers itself calls
         `sync_cache()` first."""
         compact(self.cache, start, cols, self.backend.buffers)
+        if self.columns is not None:
+            self.columns = np.concatenate([self.columns[:start], self.columns[start + np.asarray(cols, np.int64)]])
 
     @inference
     def sync_cache(self) -> None:

@@ -1,7 +1,8 @@
 """The "layers" backend: tree forwards through the model's own layers, without its wrapper (embed -> layers -> head).
 
 Where it applies: a known family (families.py) whose text model is embed_tokens / rotary_emb / layers / norm, every
-layer full attention, the whole model on one device; bit-identical to forward() or not kept; otherwise forward().
+layer full attention without sinks (layer_kinds.py), the whole model on one device; bit-identical to forward() or not
+kept; otherwise forward().
 
 A cached tree forward of a small model spends much of its time outside its decoder layers: the VLM
 wrapper, the text model's mask building and output bookkeeping (for a 1-layer draft, about half of
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..families import TEXT, Family
+from ..layer_kinds import FullAttention, plan_for
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,10 @@ def stack_refusal(model: torch.nn.Module, family: Family) -> str | None:
     """Why the model's layers are not called in turn, in a few words; None where they are."""
     refusal = _placement_refusal(model, family)
     if refusal is None and _stack(model, family) is None:
-        return "its text model lacks a part, or has sliding-window layers"
+        plan = plan_for(model)
+        if any(not isinstance(kind, FullAttention) for kind in plan.kinds):
+            return f"its layers are not all plain full attention ({plan.describe()})"
+        return "its text model lacks a part"
     return refusal
 
 
@@ -119,8 +124,7 @@ def _stack(model: torch.nn.Module, family: Family) -> DecoderStack | None:
     head = model.get_output_embeddings()
     if any(p is None for p in parts) or head is None:
         return None
-    cfg = getattr(lm, "config", None)
-    if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or ())):
+    if any(not isinstance(kind, FullAttention) for kind in plan_for(model).kinds):  # windows, chunks, sinks, states
         return None
     embed, rotary, layers, norm = parts
     return DecoderStack(embed, rotary, tuple(layers), norm, head, mrope=family.positions.name == "mrope",
