@@ -28,7 +28,7 @@ from .backends.choose import BACKENDS
 from .backends.choose import known as known_backend
 from .costs import CostMeter, Quote, StepTiming
 from .draft import Draft, Drafter
-from .errors import InputError
+from .errors import InputError, ModelError, first_line
 from .events import Deferred, GenerationResult, StepEvent, summarize
 from .families import shared_vocab
 from .inputs import PreparedInput, prepare_input
@@ -42,6 +42,7 @@ from .telemetry import Telemetry
 from .transcript import Transcript
 from .tree import DraftTree
 from .tree import warm as warm_verify_inputs
+from .tree_check import tree_refusal
 from .verify import GreedyAcceptance, verify_tree
 
 # torch.inference_mode()'s own guard, which that context manager enters through a few Python frames of its own; the
@@ -80,11 +81,28 @@ class SpecEngine:
         for runner in (self.target, self.draft):  # each model's layers checked against forward() now, not in a run
             if runner is not None:
                 runner.check_layers(words)
+        self.tree_refusals = self._check_trees(words) if self.draft is not None else {}
         self._check_prompts()
         self.keep_prompt = keep_prompt
         self.accept = acceptance or GreedyAcceptance()
         self.costs = CostMeter()  # step timings of every run on this engine (cost-aware policies read them)
         self.telemetry = Telemetry(self.tokenizer)
+
+    def _check_trees(self, words: list[int]) -> dict[str, str]:
+        """Each model's tree passes proved exact once, now (tree_check.py): {role: why not} for a model that cannot
+        verify a tree, which every drafting policy then refuses in one line (`ar` still runs)."""
+        refusals = {}
+        for role, runner in (("target", self.target), ("draft", self.draft)):
+            try:
+                why = tree_refusal(runner, words)
+            except Exception as e:  # noqa: BLE001 - e.g. a model that needs its images: its layer kinds are known
+                runner.notes.append(f"the tree check could not run on a text prompt ({first_line(e)}); its layers "
+                                    f"are of kinds trees support ({runner.plan.describe()})")
+                continue
+            if why is not None:
+                refusals[role] = why
+                runner.notes.append(f"trees refused: {why}")
+        return refusals
 
     def _check_prompts(self) -> None:
         """Each model's prompt path through its fused layers checked against forward() now, on a small picture (its
@@ -158,6 +176,10 @@ class SpecEngine:
         drafting = policy.uses_draft
         if drafting and self.draft is None:
             raise InputError(f"policy {policy.name!r} needs a draft model")
+        if drafting and self.tree_refusals:
+            role, why = next(iter(self.tree_refusals.items()))
+            raise ModelError(f"policy {policy.name!r} cannot run on this pair: in the {role}, {why}; only 'ar' runs on "
+                             "it")
         eos = set() if ignore_eos else self.pair.eos_token_ids
         out = Transcript(self.tokenizer, eos, self._budget(prepared, max_new_tokens), stop)
 

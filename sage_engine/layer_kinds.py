@@ -167,8 +167,8 @@ class LayerPlan:
         if not bad:
             return None
         names = ", ".join(dict.fromkeys(k.describe() for k in bad))
-        return (f"it has {len(bad)} of {len(self.kinds)} layers of a kind tree verification does not support yet "
-                f"({names}); supported: {SUPPORTED}")
+        return (f"{len(bad)} of its {len(self.kinds)} layers are {names}, which tree verification does not support "
+                f"yet (it supports {SUPPORTED})")
 
     def describe(self) -> str:
         counts: dict[str, int] = {}

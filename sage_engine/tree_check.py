@@ -1,0 +1,99 @@
+"""The proof, once per model, that its tree passes are exact: before a model decodes a tree, the engine knows every
+layer of it is of a kind it can verify a tree for (layer_kinds.py), and checks it on the model itself.
+
+The check (`tree_refusal`), on a text prompt of the model's own tokenizer, long enough to run past the model's
+narrowest window or chunk (up to 64 tokens), on the backend its passes run on:
+  1. a tree pass over [root, a, b, c] (a and b children of the root, c a child of a), from the prompt's cache;
+  2. the cache compacted to the path root -> a -> c, then one more token x read after it;
+  3. from the same prompt cache, the chains root, a, c, x and root, b each read alone.
+Each tree row's logits must equal its chain's (root, a, b, c), and x's after the compaction x's after the chain,
+within a tolerance far below what a wrong mask or a state that saw a rejected branch gives (fp32: 0.5% of the
+logits' largest magnitude). A model whose layer kinds are not supported is refused without running it. A model
+that fails is refused in one line; `ar` alone still runs on it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .cache import copy_cache
+from .errors import first_line
+from .layer_kinds import WithSinks
+from .tree import DraftTree, chain_allowed
+
+MAX_PROMPT = 64
+
+
+def _prompt_length(plan) -> int:
+    """Past the narrowest window or chunk where one is small enough to cross cheaply; else a short prompt."""
+    widths = []
+    for kind in plan.kinds:
+        inner = kind.inner if isinstance(kind, WithSinks) else kind
+        widths.append(getattr(inner, "window", None) or getattr(inner, "chunk", None))
+    narrowest = min((w for w in widths if w), default=None)
+    return 8 if narrowest is None else max(8, min(narrowest + 6, MAX_PROMPT))
+
+
+def _tolerance(dtype: torch.dtype) -> float:
+    return 5e-3 if dtype == torch.float32 else 5e-2
+
+
+def _state(runner):
+    return copy_cache(runner.cache), runner.rope_delta, None if runner.columns is None else runner.columns.copy()
+
+
+def _restore(runner, state) -> None:
+    cache, delta, columns = state
+    runner.cache, runner.rope_delta = copy_cache(cache), delta
+    runner.columns = None if columns is None else columns.copy()
+
+
+def _chain(runner, tokens: list[int], start: int) -> torch.Tensor:
+    """The logits after each of `tokens` read as a chain at positions start.. (one pass, causal).  # [q, V]"""
+    return runner.forward(tokens, list(range(start, start + len(tokens))), chain_allowed(len(tokens))).logits
+
+
+def _passes(runner, root: int, a: int, b: int, c: int, x: int):
+    """Steps 1-3 of the check from the prompt's cache: the tree's rows, x after the compaction, the two chains."""
+    base, L = _state(runner), runner.seq_len
+    tree = DraftTree()
+    for token, parent in ((a, -1), (b, -1), (c, 0)):
+        tree.add(token, parent, 1.0)
+    rows = runner.forward_tree(root, tree).logits.float()  # root, a, b, c
+    runner.keep(L, [0, 1, 3])  # the path root -> a -> c
+    after = runner.forward([x], [L + 3], np.ones((1, 1), np.bool_)).logits.float()[0]
+    _restore(runner, base)
+    path = _chain(runner, [root, a, c, x], L).float()
+    _restore(runner, base)
+    side = _chain(runner, [root, b], L).float()
+    return rows, after, path, side
+
+
+def tree_refusal(runner, words: list[int]) -> str | None:
+    """Why `runner`'s model cannot verify a tree, in a few words; None where the check passes. `words`: token ids
+    of the model's tokenizer to build the check's prompt and tree from (at least 4). Runs in the runner's scratch
+    state (runner._scratch_check): nothing of it stays in the runner."""
+    plan = runner.plan
+    if plan.refusal is not None:
+        return plan.refusal
+    n = _prompt_length(plan)
+    ids = (words * (n // max(len(words), 1) + 2))[: n + 4]
+    prompt, (root, a, b, c) = ids[:n], ids[n:]
+    x = prompt[0]
+    with runner._scratch_check():
+        runner.prefill({"input_ids": torch.tensor([prompt]), "attention_mask": torch.ones(1, n, dtype=torch.long)})
+        try:  # the prompt is read: from here on, any failure is the tree's
+            rows, after, path, side = _passes(runner, root, a, b, c, x)
+        except Exception as e:  # noqa: BLE001 - e.g. a cache whose layers cannot be compacted
+            return f"a tree pass fails on it ({first_line(e)}; layers: {plan.describe()})"
+    pairs = {"the root": (rows[0], path[0]), "a node": (rows[1], path[1]), "a second branch": (rows[2], side[1]),
+             "a node at depth 2": (rows[3], path[2]), "the token after a compaction": (after, path[3])}
+    tol = _tolerance(runner.dtype)
+    for what, (got, want) in pairs.items():
+        scale = max(1.0, float(want.abs().max()))
+        gap = float((got - want).abs().max())
+        if not gap <= tol * scale:  # NaN fails too
+            return (f"its logits for {what} of a tree differ from the same tokens read alone (by {gap:.3g}, "
+                    f"{gap / scale:.1%} of their scale; layers: {plan.describe()})")
+    return None
