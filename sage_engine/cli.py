@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m sage_engine", description="SAGE speculative decoding for VLMs")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    gen = sub.add_parser("generate", help="decode one prompt (with images or a video)")
+    gen = sub.add_parser("generate", help="decode one prompt (with images or a video; a text-only pair: text alone)")
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--image", action="append", default=[], help="image file (repeatable)")
     gen.add_argument("--video", default=None, help="video file (frames sampled uniformly)")
@@ -124,7 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--policy", default="sage", help="a policy name or spec, as generate takes it")
     check.add_argument("--samples", type=int, default=400, help="draws (seeds --seed, --seed + 1, ...)")
     check.add_argument("--prompt", default="Describe the image in detail.")
-    check.add_argument("--image", default=None, help="default: the first image example (assets/examples)")
+    check.add_argument("--image", default=None, help="default: the first image example (assets/examples); none "
+                                                     "for a text-only pair")
     check.add_argument("--json", action="store_true", help="print one JSON object")
     _model_args(check)
     _sampling_args(check)
@@ -253,6 +254,7 @@ def cmd_check_sampling(args) -> int:
     from .engine import SpecEngine
     from .inputs import prepare_input
     from .media import load_image
+    from .models import is_tokenizer
     from .presets import ASSETS
     from .sampling_check import POWER, check_sampling
 
@@ -265,7 +267,8 @@ def cmd_check_sampling(args) -> int:
     image = load_image(args.image or str(ASSETS / "examples" / "shapes_1.png"))
     pair = _load(args)
     engine = SpecEngine(pair, tree_forward=args.tree_forward)
-    result = check_sampling(engine, prepare_input(pair, args.prompt, images=[image]), args.policy, sampling,
+    images = [] if args.image is None and is_tokenizer(pair.processor) else [image]  # a text-only pair: the prompt
+    result = check_sampling(engine, prepare_input(pair, args.prompt, images=images), args.policy, sampling,
                             args.samples)
     if args.json:
         print(json.dumps(result.to_dict()))

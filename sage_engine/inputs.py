@@ -1,7 +1,9 @@
 """One multimodal prompt, prepared through the model's own chat template and processor.
 
 The same PreparedInput feeds the target and the draft. When the draft's processor
-differs (or its visual tokens are pruned), the draft gets its own tensors.
+differs (or its visual tokens are pruned), the draft gets its own tensors. A text-only pair's processor is its
+tokenizer: the prompt goes through the tokenizer's chat template (the plain prompt where it has none), and an
+image or a video is refused in one line.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from PIL import Image
 from .errors import InputError, first_line
 from .families import GENERIC, Family, adapter_for
 from .media import VideoClip, load_image, sample_video
-from .models import ModelPair
+from .models import ModelPair, is_tokenizer
 
 DEFAULT_NUM_FRAMES = 8
 MAX_PROMPT_CHARS = 8000
@@ -64,9 +66,34 @@ def _uncapped(video_processor) -> dict:
     return {}
 
 
+def refuse_media_for_text(processor, images, video) -> None:
+    """InputError (one line) when a text-only model (its processor a tokenizer) is given an image or a video."""
+    if is_tokenizer(processor) and (images or video is not None):
+        raise InputError(f"this model pair is text-only: it takes no {'image' if images else 'video'}")
+
+
+def process_text(tokenizer, prompt: str) -> dict[str, torch.Tensor]:
+    """A text-only model's prompt: the tokenizer's chat template (one user turn, then the assistant's turn) when it
+    has one, the plain prompt otherwise; input_ids and attention_mask."""
+    try:
+        if getattr(tokenizer, "chat_template", None):
+            text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                                 tokenize=False)
+            out = tokenizer([text], add_special_tokens=False, return_tensors="pt")  # the template wrote BOS
+        else:
+            out = tokenizer([prompt], return_tensors="pt")
+    except (ValueError, RuntimeError, TypeError) as e:
+        raise InputError(f"the tokenizer rejected this input: {first_line(e)}") from None
+    return {k: out[k] for k in ("input_ids", "attention_mask")}
+
+
 def process(processor, prompt: str, images: list[Image.Image], video: VideoClip | None,
             family: Family | None = None) -> dict[str, torch.Tensor]:
-    """Chat template + processor call for one model of `family` (families.py; default: the generic one)."""
+    """Chat template + processor call for one model of `family` (families.py; default: the generic one); a
+    text-only model's processor is its tokenizer (process_text)."""
+    refuse_media_for_text(processor, images, video)
+    if is_tokenizer(processor):
+        return process_text(processor, prompt)
     family = family or GENERIC
     if video is not None and (not family.supports_video or getattr(processor, "video_processor", None) is None):
         raise InputError("this model does not take video input")
@@ -98,6 +125,7 @@ def prepare_input(
         raise InputError("the prompt is empty")
     if len(prompt) > MAX_PROMPT_CHARS:
         raise InputError(f"the prompt is too long ({len(prompt)} characters; the limit is {MAX_PROMPT_CHARS})")
+    refuse_media_for_text(pair.processor, images, video)  # before any file is read
     pil = [load_image(im) for im in images]
     clip = video
     if isinstance(video, str):

@@ -1,8 +1,11 @@
-"""Loading a target/draft VLM pair through the transformers Auto classes and the official processor.
+"""Loading a target/draft pair through the transformers Auto classes: a VLM with its official processor, or a
+text-only LM (a config with no vision_config) with its tokenizer as the processor.
 
 Security defaults: trust_remote_code is never enabled, weights load from safetensors only.
 A pair whose tokenizers or visual token ids disagree is refused (padding of the embedding matrix is
-fine: the engine compares only the logit rows both have, families.shared_vocab).
+fine: the engine compares only the logit rows both have, families.shared_vocab). A VLM target with a text-only
+draft is refused (the draft could not read the target's images); a text-only target with a VLM draft is used, the
+draft reading the target's text prompt (a text-only pair takes no images, and a VLM reads text alone).
 """
 
 from __future__ import annotations
@@ -20,11 +23,12 @@ from .presets import DEFAULT_DRAFT, DEFAULT_TARGET, PRESETS, require_hub
 
 @dataclass
 class ModelPair:
-    """A target VLM, an optional draft VLM sharing its tokenizer, and the processor(s) that feed them."""
+    """A target model, an optional draft sharing its tokenizer, and the processor(s) that feed them: VLMs with their
+    processors, or a text-only target whose processor is its tokenizer (the draft then reads the target's ids)."""
 
     target: torch.nn.Module
     draft: torch.nn.Module | None
-    processor: object  # the target's processor (chat template, image and video processors, tokenizer)
+    processor: object  # the target's processor (chat template, image and video processors, tokenizer), or tokenizer
     draft_processor: object | None  # the draft's, when its visual preprocessing differs; else None
     target_name: str = "target"
     draft_name: str | None = None
@@ -65,13 +69,43 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def _load_one(name: str, dtype: torch.dtype, device: str, attn: str, device_map=None):
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+def is_text_only(config) -> bool:
+    """A text-only LM: no vision_config, and a model type transformers does not list as image-text-to-text
+    (gemma3_text, llama and qwen3 are text-only; gemma3, llava and qwen3_vl are not)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    return (getattr(config, "vision_config", None) is None
+            and getattr(config, "model_type", None) not in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
+
+
+def is_tokenizer(processor) -> bool:
+    """Is this processor a bare tokenizer (a text-only model's), not a multimodal processor?"""
+    from transformers import PreTrainedTokenizerBase
+
+    return isinstance(processor, PreTrainedTokenizerBase)
+
+
+def _text_only(name: str) -> bool:
+    """Is the checkpoint `name` a text-only LM? Read from its config alone (no weights)."""
+    from transformers import AutoConfig
 
     require_hub(name)  # a hub id with no reachable hub fails in ~2 s with one line, never hangs
     try:
-        processor = AutoProcessor.from_pretrained(name, trust_remote_code=False)
-        model = AutoModelForImageTextToText.from_pretrained(
+        return is_text_only(AutoConfig.from_pretrained(name, trust_remote_code=False))
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelError(f"cannot load model {name!r}: {first_line(e)}") from None
+
+
+def _load_one(name: str, dtype: torch.dtype, device: str, attn: str, device_map=None):
+    """(model, processor) for one checkpoint: a VLM with its processor, or a text-only LM with its tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+
+    text_only = _text_only(name)
+    try:
+        loader, auto_model = (AutoTokenizer, AutoModelForCausalLM) if text_only else \
+            (AutoProcessor, AutoModelForImageTextToText)
+        processor = loader.from_pretrained(name, trust_remote_code=False)
+        model = auto_model.from_pretrained(
             name,
             dtype=dtype,
             attn_implementation=attn,
@@ -103,6 +137,15 @@ def check_same_tokenizer(target_tok, draft_tok) -> None:
         )
     if target_tok.eos_token_id != draft_tok.eos_token_id:
         raise ModelError("target and draft tokenizers have different end-of-sequence tokens")
+
+
+def check_modalities(target_text_only: bool, draft_text_only: bool, target: str = "target",
+                     draft: str = "draft") -> None:
+    """Refuse a VLM target with a text-only draft: the draft could not read the images or video the target takes.
+    The other way round is fine: a text-only target takes text alone, which a VLM draft reads through its ids."""
+    if draft_text_only and not target_text_only:
+        raise ModelError(f"the target {target!r} is a vision-language model but the draft {draft!r} is text-only "
+                         "(it could not read the target's images or video); use a VLM draft")
 
 
 def check_same_visual_tokens(target_config, draft_config) -> None:
@@ -144,15 +187,17 @@ def load_pair(
     t_model, t_proc = _load_one(target, DTYPES[dtype], device, attn_implementation, target_device_map)
     d_model = d_proc = None
     if draft:
+        check_modalities(is_tokenizer(t_proc), _text_only(draft), target, draft)  # before the draft's weights load
         d_model, d_proc = _load_one(draft, DTYPES[dtype], draft_device or device, attn_implementation)
         check_same_tokenizer(getattr(t_proc, "tokenizer", t_proc), getattr(d_proc, "tokenizer", d_proc))
         check_same_visual_tokens(t_model.config, d_model.config)
     settle_heap()
+    own = d_proc is not None and not is_tokenizer(t_proc) and not _same_preprocessing(t_proc, d_proc)
     return ModelPair(
         target=t_model,
         draft=d_model,
         processor=t_proc,
-        draft_processor=None if d_proc is None or _same_preprocessing(t_proc, d_proc) else d_proc,
+        draft_processor=d_proc if own else None,  # a text-only target: the draft reads its ids (one tokenizer)
         target_name=target,
         draft_name=draft,
     )

@@ -70,12 +70,16 @@ def quiet_accelerate():
 
 
 def meta_model(config, dtype: torch.dtype) -> torch.nn.Module:
-    """The model of `config` with every weight on the meta device (shapes only, no memory)."""
+    """The model of `config` with every weight on the meta device (shapes only, no memory); a text-only LM's config
+    builds its causal LM, as models.load_pair loads it."""
     from accelerate import init_empty_weights
-    from transformers import AutoModelForImageTextToText
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
+    from .models import is_text_only
+
+    auto = AutoModelForCausalLM if is_text_only(config) else AutoModelForImageTextToText
     with init_empty_weights():
-        return AutoModelForImageTextToText.from_config(config, dtype=dtype)
+        return auto.from_config(config, dtype=dtype)
 
 
 def weight_bytes(model: torch.nn.Module, dtype: torch.dtype) -> int:

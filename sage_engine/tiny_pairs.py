@@ -38,6 +38,12 @@ LLAVA_TEMPLATE = (
     "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}{% endfor %}{% endif %}\n"
     "{% endfor %}{% if add_generation_prompt %}ASSISTANT:{% endif %}"
 )
+LLAMA_TEXT_TEMPLATE = (  # a Llama-3-like chat template over plain string messages (a text LM's own template)
+    "{{ bos_token }}{% for message in messages %}<|start_header_id|>{{ message['role'] }}<|end_header_id|>\n\n"
+    "{{ message['content'] }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+LLAMA_TEXT_SPECIALS = ["<|eot_id|>", "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>"]
 CORPUS = [
     "a red circle and a blue square on a white background",
     "describe the image in detail please",
@@ -166,6 +172,33 @@ def llava_pair(draft_kind: str = "noisy", seed: int = 0, sigma: float = 0.1, sha
     target = sharpen(build(2, seed), sharpness)
     draft = _draft(target, draft_kind, seed, sigma, lambda: sharpen(build(1, seed + 1000), sharpness))
     return ModelPair(target, draft, proc, None, "tiny-llava", f"tiny-llava-{draft_kind}")
+
+
+def llama_text_tokenizer():
+    """A BPE tokenizer trained here with a Llama-3-like chat template: eos <|eot_id|>, bos <|begin_of_text|>."""
+    tok = train_tokenizer(LLAMA_TEXT_SPECIALS, {}, LLAMA_TEXT_TEMPLATE)
+    tok.bos_token = "<|begin_of_text|>"
+    return tok
+
+
+def llama_text_pair(draft_kind: str = "noisy", seed: int = 0, sigma: float = 0.1,
+                    sharpness: float = 1.0) -> ModelPair:
+    """Tiny text-only Llama target and draft (LlamaForCausalLM, no vision tower); the processor is the tokenizer."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = llama_text_tokenizer()
+
+    def build(layers: int, s: int):
+        torch.manual_seed(s)
+        cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                          initializer_range=0.2, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                          tie_word_embeddings=False)
+        return LlamaForCausalLM(cfg).eval()
+
+    target = sharpen(build(2, seed), sharpness)
+    draft = _draft(target, draft_kind, seed, sigma, lambda: sharpen(build(1, seed + 1000), sharpness))
+    return ModelPair(target, draft, tok, None, "tiny-llama-text", f"tiny-llama-text-{draft_kind}")
 
 
 def sharp_pair(family: str, kind: str) -> ModelPair:
