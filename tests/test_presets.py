@@ -26,6 +26,27 @@ def test_every_preset_is_self_consistent():
             assert "unverified" in p.why_valid or p.local, p.name  # say so rather than guess
 
 
+def test_the_text_qwen3_vl_and_gemma_presets_cite_their_sources():
+    """The paper's pairs (Qwen3-VL MoE, Llama text), a dense Qwen3-VL, a Gemma 3 and a Qwen3 text pair: each why_valid
+    names a source listed at the top of presets.py, and a text pair takes neither images nor video."""
+    import re
+
+    import sage_engine.presets as presets
+
+    sources = set(re.findall(r"^  (\[[\w.-]+\])", presets.__doc__, re.M))
+    new = {"qwen3-vl-235b-a22b/2b": "Qwen/Qwen3-VL-235B-A22B-Instruct", "qwen3-vl-32b/4b": "Qwen/Qwen3-VL-32B-Instruct",
+           "gemma-3-27b/4b": "google/gemma-3-27b-it", "llama-3.1-8b/3.2-1b": "meta-llama/Llama-3.1-8B-Instruct",
+           "qwen3-8b/0.6b": "Qwen/Qwen3-8B"}
+    for name, target in new.items():
+        p = PRESETS[name]
+        cited = set(re.findall(r"\[[\w.-]+\]", p.why_valid))
+        assert p.target == target and cited and cited <= sources, (name, cited - sources)
+    for name in ("llama-3.1-8b/3.2-1b", "qwen3-8b/0.6b"):
+        assert PRESETS[name].image_token_id is None and not PRESETS[name].video
+    assert PRESETS["llama-3.1-8b/3.2-1b"].target_vocab == PRESETS["llama-3.1-8b/3.2-1b"].draft_vocab == 128256
+    assert PRESETS["qwen3-vl-235b-a22b/2b"].device == "multi"
+
+
 def test_resolve_names_and_local_pairs(saved_qwen_pair):
     assert resolve("llava-onevision-72b/7b").draft == "llava-hf/llava-onevision-qwen2-7b-ov-hf"
     target, draft = saved_qwen_pair
