@@ -8,6 +8,10 @@ What differs per family (transformers 5.23 names), and why it matters to lossles
                                                               video_token_id                      (fps -> second_per_grid_ts)
   qwen2_vl              M-RoPE     model.model.rope_deltas    image_token_id,              yes    metadata taken,  language_model
                                                               video_token_id                      unused
+  qwen3_vl, qwen3_vl_moe M-RoPE    model.model.rope_deltas    image_token_id,              yes    metadata NEEDED  language_model
+                        (interleaved)                         video_token_id                      (timestamps in text)
+  gemma3                1D         0                          image_token_id (alias        no     -                language_model
+                                                              image_token_index)
   llava_onevision       1D         0                          image_token_id (alias        yes    metadata taken,  language_model
                                                               image_token_index), video_..        unused
   llava                 1D         0                          image_token_id (alias        no     -                language_model
@@ -151,6 +155,12 @@ SMOLVLM = Family("smolvlm", ("smolvlm",), Positions1D(), _IMAGE_VIDEO[:1], suppo
                  lm_attrs=_TEXT_MODEL)  # video frames are <image> tokens: no video token id
 IDEFICS3 = Family("idefics3", ("idefics3",), Positions1D(), _IMAGE_VIDEO[:1], supports_video=False,
                   lm_attrs=_TEXT_MODEL)
+# Qwen3-VL and its MoE: interleaved M-RoPE (the rotary's axes interleaved, the shift still model.model.rope_deltas),
+# DeepStack (visual features added to the first LM layers' hidden states: in the prompt only, none in a text step)
+QWEN3_VL = Family("qwen3-vl", ("qwen3_vl", "qwen3_vl_moe"), MRoPE(), _IMAGE_VIDEO, supports_video=True, lm_attrs=_LM)
+# Gemma 3 VLMs: 1D positions, image soft tokens (image_token_id, alias image_token_index) that attend to each other
+# both ways in the prompt, sliding-window and full layers (layer_kinds.py)
+GEMMA3 = Family("gemma3", ("gemma3",), Positions1D(), _LLAVA_IMAGE_VIDEO[:1], supports_video=False, lm_attrs=_LM)
 # A text-only LM (no vision_config): 1D positions, nothing visual; exact for any decoder-only LM.
 TEXT = Family("text", (), Positions1D(), (), supports_video=False, lm_attrs=(), verified=True)
 # Unknown VLM families: every usual attribute name; the processor decides about video.
@@ -159,7 +169,8 @@ GENERIC = Family("generic", (), Positions1D(), _LLAVA_IMAGE_VIDEO, supports_vide
 GENERIC_MROPE = Family("generic-mrope", (), MRoPE(), _LLAVA_IMAGE_VIDEO, supports_video=True,
                        lm_attrs=_LM + _TEXT_MODEL, verified=False)
 
-FAMILIES: dict[str, Family] = {t: f for f in (QWEN2_5_VL, QWEN2_VL, LLAVA_ONEVISION, LLAVA, SMOLVLM, IDEFICS3)
+FAMILIES: dict[str, Family] = {t: f for f in (QWEN2_5_VL, QWEN2_VL, QWEN3_VL, GEMMA3, LLAVA_ONEVISION, LLAVA,
+                                              SMOLVLM, IDEFICS3)
                                for t in f.model_types}
 _warned: set[str] = set()
 

@@ -27,6 +27,8 @@ from .models import ModelPair
 from .tiny_pairs import QWEN_SPECIALS, QWEN_TEMPLATE, _draft, sharpen, train_tokenizer
 
 WINDOW = 8
+# Gemma 3 scales its embeddings by sqrt(hidden): at the others' 0.2 a random one repeats one token forever
+GEMMA_INIT = 0.02
 TEXT_TEMPLATE = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
                  "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 TEXT_KINDS = ("mistral", "gemma3-text", "gpt-oss", "llama4-text", "qwen3-next", "falcon-h1")
@@ -40,9 +42,9 @@ def text_tokenizer():
     return train_tokenizer(["<|endoftext|>", "<|im_start|>", "<|im_end|>"], {}, TEXT_TEMPLATE)
 
 
-def _text_common(tok, layers: int) -> dict:
+def _text_common(tok, layers: int, init: float = 0.2) -> dict:
     return dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, initializer_range=0.2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, initializer_range=init,
                 eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
 
 
@@ -55,7 +57,7 @@ def text_model(arch: str, tok, layers: int = 2, seed: int = 0):
     import transformers as T
 
     torch.manual_seed(seed)
-    c = _text_common(tok, layers)
+    c = _text_common(tok, layers, GEMMA_INIT if arch == "gemma3-text" else 0.2)
     if arch == "mistral":
         model = T.MistralForCausalLM(T.MistralConfig(**c, sliding_window=WINDOW))
     elif arch == "gemma3-text":
@@ -120,7 +122,7 @@ def vlm_model(arch: str, tok, layers: int = 2, seed: int = 0):
     import transformers as T
 
     torch.manual_seed(seed)
-    c = _text_common(tok, layers)
+    c = _text_common(tok, layers, GEMMA_INIT if arch == "gemma3" else 0.2)
     vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=16,
                   spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=64,
                   deepstack_visual_indexes=[0], initializer_range=0.2)
