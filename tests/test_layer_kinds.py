@@ -9,6 +9,10 @@ Negative controls: a mask that ignores the window, and a tree pass that lets a n
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from unittest import mock
 
 import numpy as np
@@ -25,6 +29,7 @@ from sage_engine.tiny_pairs import clip, image, llama_text_pair
 from sage_engine.tree_check import tree_refusal
 
 MAX_NEW = 40
+ROOT = Path(__file__).resolve().parent.parent
 POLICIES = ("chain", "static", "eagle2", "sage", "sage:threshold=paper", "eagle2:depth=4:top_k=3:total_nodes=10")
 CASES = [("mistral", "text"), ("gemma3-text", "text"), ("gpt-oss", "text"), ("llama4-text", "text"),
          ("gemma3", "image"), ("gemma3", "text"), ("qwen3-vl", "image"), ("qwen3-vl", "video"), ("qwen3-vl", "text"),
@@ -152,3 +157,26 @@ def test_a_recurrent_model_declared_attention_is_caught_by_the_check():
     with mock.patch.object(layer_kinds, "kinds_of", lambda m: [layer_kinds.FullAttention()] * 2):
         engine = SpecEngine(pair)
     assert set(engine.tree_refusals) == {"target", "draft"}
+
+
+@pytest.mark.parametrize("name", ["falcon-h1", "qwen3.5"])
+def test_cli_refuses_a_saved_recurrent_pair_in_one_line(name, tmp_path):
+    """`generate --target DIR --draft DIR` on a saved hybrid pair: a drafting policy exits 2 with one `error:` line
+    that names the layer kind; `ar` decodes."""
+    pair = pair_of(name)
+    for role, model in (("t", pair.target), ("d", pair.draft)):
+        model.save_pretrained(tmp_path / role)
+        pair.processor.save_pretrained(tmp_path / role)
+
+    def run(policy):
+        return subprocess.run([sys.executable, "-m", "sage_engine", "generate", "--prompt", "the green triangle",
+                               "--target", str(tmp_path / "t"), "--draft", str(tmp_path / "d"), "--policy", policy,
+                               "--max-new-tokens", "6"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+    refused = run("sage")
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]  # Qwen3.5: + a warning
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr and len(errors) == 1
+    assert errors[0].startswith("error: policy 'sage' cannot run")
+    assert ("Mamba-2" if name == "falcon-h1" else "gated delta rule") in errors[0]
+    assert run("ar").returncode == 0
