@@ -1,7 +1,7 @@
 """The pairs the doctor checks, each built from what the repository holds (the shipped pair in assets/) or from
 configs on the spot (tiny random Qwen2.5-VL and LLaVA, their heads sharpened so that SAGE drafts deep trees, as the
-equivalence tests build them), and where each goes: one device, or the target spread over several with an
-accelerate device map and the draft on the last.
+equivalence tests build them; tiny Gemma 3 with its sliding windows and Qwen3-VL, tiny_kinds.py), and where each goes:
+one device, or the target spread over several with an accelerate device map and the draft on the last.
 """
 
 from __future__ import annotations
@@ -50,9 +50,23 @@ def _tiny(family: str, media: str, kind: str) -> Callable:
     return make
 
 
+def _kind(name: str, media: str) -> Callable:
+    """A tiny pair of a current architecture (tiny_kinds.py), its draft a noisy copy, on `media`."""
+    def make(dtype: torch.dtype) -> tuple[ModelPair, PreparedInput]:
+        from ..tiny_kinds import kind_pair
+        from ..tiny_pairs import image
+
+        pair = kind_pair(name, "noisy")
+        pair.target.to(dtype)
+        pair.draft.to(dtype)
+        return pair, prepare_input(pair, PROMPT, **({"images": [image(10, 64)]} if media == "image" else {}))
+    return make
+
+
 def checked_cases(quick: bool) -> list[Case]:
     """The shipped pair on an example scene (where assets/ has it), tiny Qwen2.5-VL on an image (a noisy draft) and a
-    video (an exact copy), tiny LLaVA on an image (an exact copy)."""
+    video (an exact copy), tiny LLaVA on an image (an exact copy); and in both modes, tiny Gemma 3 on text (sliding
+    windows of 8 beside full layers, decoded well past the window) and tiny Qwen3-VL on an image."""
     budget = 24 if quick else 40
     out = []
     if (ASSETS / "models").is_dir():
@@ -62,7 +76,10 @@ def checked_cases(quick: bool) -> list[Case]:
             Case("tiny Qwen2.5-VL (video, copied draft)", _tiny("qwen2.5-vl", "video", "copy"), budget,
                  "Qwen video"),
             Case("tiny LLaVA (image, copied draft)", _tiny("llava", "image", "copy"), budget, "LLaVA")]
-    return out[:2] if quick else out
+    kinds = [Case("tiny Gemma 3 (text, sliding window 8 + full layers, noisy draft)", _kind("gemma3-text", "text"),
+                  budget, "Gemma 3 window"),
+             Case("tiny Qwen3-VL (image, noisy draft)", _kind("qwen3-vl", "image"), budget, "Qwen3-VL")]
+    return (out[:2] if quick else out) + kinds
 
 
 def scratch_pass(runner, start: int, n: int, token: int = 7):
