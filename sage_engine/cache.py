@@ -149,7 +149,15 @@ def compact(cache: DynamicCache, start: int, keep: list[int], buffers: KVBuffers
     # took the layers (a sliding-window layer is never one of them: its model's layers are not fused)
     if buffers is not None and buffers.move(cache.layers, start, keep, moved):  # False unless the layers view them
         return
-    layers = [layer for layer in cache.layers if layer.is_initialized]
+    compact_layers(cache.layers, start, keep, moved)
+
+
+def compact_layers(layers: list, start: int, keep: list[int], moved: bool | None = None) -> None:
+    """`compact` on the key/value layers `layers` (of one cache: a windowed group's `start` counts the columns they
+    hold)."""
+    m = len(keep)
+    moved = keep != list(range(m)) if moved is None else moved
+    layers = [layer for layer in layers if layer.is_initialized]
     if any(type(layer) is not DynamicLayer for layer in layers):  # a rolling window, a recurrent state: not columns
         raise ModelError("cannot compact this cache to the accepted path: its layers "
                          f"({', '.join(sorted({type(la).__name__ for la in layers} - {'DynamicLayer'}))}) keep more "

@@ -7,18 +7,20 @@ engine sees the same kinds the model runs. Each kind answers two questions for t
   kind               what a query at sequence index i sees of a key at index j     the engine's cache layer
   -----------------  ------------------------------------------------------------  ---------------------------------
   full attention     every j the tree pattern allows                                DynamicLayer, compacted
-  sliding window w   ... and j > i - w                    (Mistral, Gemma 3, GPT-OSS) DynamicLayer, compacted
-  chunks of c        ... and j // c == i // c                       (Llama 4)      DynamicLayer, compacted
+  sliding window w   ... and j > i - w                    (Mistral, Gemma 3, GPT-OSS) DynamicLayer, compacted, then
+                                                                                     rolled to about w columns
+  chunks of c        ... and j // c == i // c                       (Llama 4)      the same, to its current chunk
   sinks              as the kind it wraps: a sink is a per-head logit in the softmax's denominator, the same for
                      every query and mask (GPT-OSS), so neither the mask nor the cache changes
   anything else      refused: a recurrent layer (gated delta rule, Mamba-2) reads the tree's nodes in sequence, so a
                      tree mask does not reach it, and cutting cache columns does not undo what a rejected branch wrote
 
 "Sequence index" is a token's place in the decoded sequence (a tree node at depth d after a root at L: L + d), the
-index transformers' own window and chunk masks use; the runner keeps it per cache column (`ModelRunner.columns`).
-The window and chunk kinds keep every column (a full DynamicLayer where transformers would roll a window of w - 1):
-a rolling cache keeps the newest columns, and after a tree pass those are rejected branches as much as accepted
-ones. Their masks hide what the window no longer sees; memory grows as a full-attention layer's does.
+index transformers' own window and chunk masks use; the runner keeps it per cache column (`Columns`). transformers'
+rolling layer keeps the newest w - 1 columns after every pass, and after a tree pass those are rejected branches as
+much as accepted ones. So a windowed layer here is a plain DynamicLayer: the tree pass appends to it, the compaction
+keeps the accepted path, and only then are the columns that no later query can see dropped from its front (`roll`),
+so that it holds about its window. Its masks are built over the columns it still holds.
 """
 
 from __future__ import annotations
@@ -35,10 +37,15 @@ from .errors import ModelError
 class FullAttention:
     name: str = "full_attention"
     windowed = False
+    width = None  # the keys a query sees at most: every one
 
     def visible(self, q_seq: np.ndarray, kv_seq: np.ndarray) -> np.ndarray | None:
         """Which keys each query may see beyond the tree's own pattern: None, every one.  # [q], [kv] -> [q, kv]"""
         return None
+
+    def first_visible(self, L: int) -> int:
+        """The smallest sequence index a query at index L or later can still see: columns before it may go."""
+        return 0
 
     def describe(self) -> str:
         return "full attention"
@@ -50,8 +57,15 @@ class SlidingWindow:
     name: str = "sliding_attention"
     windowed = True
 
+    @property
+    def width(self) -> int:
+        return self.window
+
     def visible(self, q_seq: np.ndarray, kv_seq: np.ndarray) -> np.ndarray:
         return kv_seq[None, :] > q_seq[:, None] - self.window
+
+    def first_visible(self, L: int) -> int:
+        return L - self.window + 1
 
     def describe(self) -> str:
         return f"a sliding window of {self.window}"
@@ -63,8 +77,15 @@ class Chunked:
     name: str = "chunked_attention"
     windowed = True
 
+    @property
+    def width(self) -> int:
+        return self.chunk
+
     def visible(self, q_seq: np.ndarray, kv_seq: np.ndarray) -> np.ndarray:
         return kv_seq[None, :] // self.chunk == q_seq[:, None] // self.chunk
+
+    def first_visible(self, L: int) -> int:
+        return L // self.chunk * self.chunk
 
     def describe(self) -> str:
         return f"chunks of {self.chunk}"
@@ -84,8 +105,15 @@ class WithSinks:
     def windowed(self) -> bool:
         return self.inner.windowed
 
+    @property
+    def width(self) -> int | None:
+        return self.inner.width
+
     def visible(self, q_seq: np.ndarray, kv_seq: np.ndarray) -> np.ndarray | None:
         return self.inner.visible(q_seq, kv_seq)
+
+    def first_visible(self, L: int) -> int:
+        return self.inner.first_visible(L)
 
     def describe(self) -> str:
         return f"{self.inner.describe()} with sinks"
@@ -177,21 +205,75 @@ class LayerPlan:
         return ", ".join(f"{n} x {d}" for d, n in counts.items())
 
     def cache_layers(self, cache) -> None:
-        """Give every attention layer of `cache` (a DynamicCache made from the model's config) a full DynamicLayer,
-        where transformers made a rolling window: the engine keeps every column and masks by kind (module docstring).
-        Layers of an unsupported kind keep transformers' own class (their model then runs `ar` only)."""
+        """Give every attention layer of `cache` (a DynamicCache made from the model's config) a plain DynamicLayer,
+        where transformers made a rolling window: the engine compacts it like any other and rolls it itself
+        (`Columns.roll`). Layers of an unsupported kind keep transformers' own class (their model runs `ar` only)."""
         for i, kind in enumerate(self.kinds):
             if kind.windowed and i < len(cache.layers):
                 cache.layers[i] = DynamicLayer()
 
-    def masks(self, allowed_full: np.ndarray, q_seq: np.ndarray, kv_seq: np.ndarray) -> dict[str, np.ndarray]:
-        """The tree's pattern over every key column (`allowed_full` [q, kv]: True where the tree lets a query see a
-        column) narrowed by each kind: {layer type: [q, kv] bool}."""
+    def masks(self, columns: Columns, q_seq: np.ndarray, allowed: np.ndarray) -> dict[str, np.ndarray]:
+        """Each layer type's pattern for a pass of queries at `q_seq` [q] after the cached `columns`: the older columns
+        all allowed, `allowed` [q, r] over the newest r (the last q of them these queries'), narrowed by the kind, over
+        the columns that type's layers hold: {layer type: [q, held + q] bool}."""
+        q, r = allowed.shape
         out = {}
         for name, kind in self.by_name.items():
+            kv_seq = np.concatenate([columns.seq[columns.dropped.get(name, 0):], q_seq])
+            pattern = np.ones((q, kv_seq.shape[0]), np.bool_)
+            pattern[:, kv_seq.shape[0] - r:] = allowed
             vis = kind.visible(q_seq, kv_seq)
-            out[name] = allowed_full if vis is None else allowed_full & vis
+            out[name] = pattern if vis is None else pattern & vis
         return out
+
+
+@dataclass
+class Columns:
+    """The cache of a model with windowed layers, column by column: the sequence index of every column a
+    full-attention layer would hold (`seq`), and for each windowed layer type how many of the first it has dropped
+    because no later query can see them (`dropped`; its layers hold seq[dropped:]). The runner's cache length is
+    len(seq) whatever the layers hold, so positions, regions and compactions speak of the same columns for every
+    kind."""
+
+    seq: np.ndarray  # [n] int64
+    dropped: dict[str, int]
+
+    @classmethod
+    def prompt(cls, plan: LayerPlan, n: int) -> Columns:
+        return cls(np.arange(n, dtype=np.int64), {k.name: 0 for k in plan.by_name.values() if k.windowed})
+
+    def copy(self) -> Columns:
+        return Columns(self.seq.copy(), dict(self.dropped))
+
+    def append(self, q_seq: np.ndarray) -> None:
+        self.seq = np.concatenate([self.seq, q_seq])
+
+    def keep(self, start: int, cols: list[int]) -> None:
+        """Columns start + cols kept, in order, the rest after `start` dropped (cache.compact's rule)."""
+        self.seq = np.concatenate([self.seq[:start], self.seq[start + np.asarray(cols, np.int64)]])
+
+    def roll(self, plan: LayerPlan, layers: list, slack: int = 16) -> None:
+        """Drop from each windowed type's layers the leading columns no query after the last column can see, once at
+        least `slack` of them (or a quarter of the window) have gathered: their keys and values become views of the
+        rest, which the layer's next update copies into a tensor of its own, so a windowed layer holds about its
+        window, not the whole sequence."""
+        n = self.seq.shape[0]
+        if not n:
+            return
+        after = int(self.seq[-1]) + 1  # every later query sits at this sequence index or after it
+        for name, kind in plan.by_name.items():
+            if not kind.windowed:
+                continue
+            unseen = self.seq < kind.first_visible(after)
+            k = n if unseen.all() else int(np.argmin(unseen))  # the leading run of columns no later query sees
+            k = min(k, n - 1)  # keep one column: a layer's length is read off its keys
+            step = k - self.dropped[name]
+            if step < max(slack, kind.width // 4):
+                continue
+            for layer, layer_kind in zip(layers, plan.kinds):
+                if layer_kind.name == name and layer.is_initialized:
+                    layer.keys, layer.values = layer.keys[:, :, step:], layer.values[:, :, step:]
+            self.dropped[name] = k
 
 
 def plan_for(model_or_config) -> LayerPlan:

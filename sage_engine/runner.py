@@ -24,9 +24,9 @@ from .backends import choose
 from .backends.choose import sync
 from .backends.hf_forward import ModelForward
 from .backends.prompt_path import FusedPrompt
-from .cache import compact, copy_cache
+from .cache import compact, compact_layers, copy_cache
 from .families import Family, adapter_for
-from .layer_kinds import Unsupported, plan_for
+from .layer_kinds import Columns, Unsupported, plan_for
 from .passes import Pass, inference, rows_argmax
 from .pruning import VisualPruning, pruned_prefill_inputs
 from .tree import DraftTree, additive_mask, verify_allowed, verify_inputs
@@ -41,7 +41,7 @@ class _KeptPrompt:
     cache: DynamicCache  # after the prompt (copied on each reuse: a run appends to and crops its own)
     rope_delta: int
     logits: torch.Tensor  # [V] after the prompt's last token
-    columns: np.ndarray | None  # the cache columns' sequence indices (ModelRunner.columns)
+    columns: Columns | None  # the cache's columns (ModelRunner.columns)
 
 
 class ModelRunner:
@@ -56,9 +56,9 @@ class ModelRunner:
         self.model = model
         self.family = family or adapter_for(model)
         self.plan = plan_for(model)  # its layers' kinds (layer_kinds.py): what each sees, how its cache keeps a path
-        # the sequence index of every cache column, kept where a layer sees less than the whole past (a window, a
-        # chunk): its mask is built from these. None where every layer sees every column.
-        self.columns: np.ndarray | None = None
+        # where a layer sees less than the whole past (a window, a chunk): every cache column's sequence index, and
+        # what each windowed layer type has dropped of them (layer_kinds.Columns). None where every layer sees all.
+        self.columns: Columns | None = None
         # the first layer with key/value columns (a hybrid model's first layers may hold a recurrent state instead)
         self._kv_layer = next((i for i, k in enumerate(self.plan.kinds) if not isinstance(k, Unsupported)), 0)
         self.reference = ModelForward(model)  # forward(): what every other backend is checked against
@@ -102,6 +102,8 @@ class ModelRunner:
         A layer no forward has written holds no keys, or an empty 1D tensor."""
         if self.cache is None:
             return 0
+        if self.columns is not None:  # windowed layers may hold fewer: the cache's columns are counted here
+            return self.columns.seq.shape[0]
         keys = getattr(self.cache.layers[self._kv_layer], "keys", None) if self.cache.layers else None
         buffers = self.backend.buffers
         n = None if buffers is None else buffers.length_of(keys)
@@ -116,10 +118,11 @@ class ModelRunner:
         kept = self._kept
         if self.keep_prompt and kept is not None and kept.inputs is inputs and kept.pruning == pruning:
             t0 = time.perf_counter()
-            self.cache, self.rope_delta, self.columns = copy_cache(kept.cache), kept.rope_delta, kept.columns
+            self.cache, self.rope_delta = copy_cache(kept.cache), kept.rope_delta
+            self.columns = None if kept.columns is None else kept.columns.copy()
             return Pass(kept.logits, (time.perf_counter() - t0) * 1e3)
         self._kept = None
-        self.cache = self._new_cache()
+        self.cache, self.columns = self._new_cache(), None
         positions = self.family.positions
         positions.reset(self.model)  # never reuse a previous request's shift
         batch = {k: v.to(self.device) for k, v in inputs.items()}
@@ -144,10 +147,12 @@ class ModelRunner:
         if pruning is None:
             self.rope_delta = positions.shift_after_prefill(self.model)
         if self.plan.windowed:
-            self.columns = np.arange(self.seq_len, dtype=np.int64)
+            self.columns = Columns.prompt(self.plan, self.seq_len)
+            self.columns.roll(self.plan, self.cache.layers)
         logits = self._logits(logits)
         if self.keep_prompt:
-            self._kept = _KeptPrompt(inputs, pruning, copy_cache(self.cache), self.rope_delta, logits, self.columns)
+            columns = None if self.columns is None else self.columns.copy()
+            self._kept = _KeptPrompt(inputs, pruning, copy_cache(self.cache), self.rope_delta, logits, columns)
         return Pass(logits, ms)
 
     def _new_cache(self) -> DynamicCache:
@@ -212,6 +217,8 @@ class ModelRunner:
         after each node. Once the layers are checked, their ids, positions and mask are built in one compiled call
         (tree.verify_inputs).  # [1 + n, V]"""
         L = self.seq_len if past is None else past
+        if self.columns is not None:  # between steps (no region open): windowed layers drop what the root cannot see
+            self.columns.roll(self.plan, self.cache.layers)
         if not tree.tokens or not self.stack_checked or self.backend.takes_lists or self.plan.windowed:
             return self.forward([root] + tree.tokens, [L] + [L + d for d in tree.depths], verify_allowed(tree.parents),
                                 argmax=argmax)
@@ -230,22 +237,18 @@ class ModelRunner:
         allowed) narrowed by each layer kind (layer_kinds.LayerPlan.masks) on the columns' sequence indices; one
         additive mask, or one per layer type where the kinds differ (transformers' models take them keyed by type).
         Every pass carries its masks, a one-token step too: the model's own would follow its rolling cache."""
-        q, r = allowed.shape
-        n = self.seq_len
-        past = n + q - r
+        q = allowed.shape[0]
         q_seq = np.asarray(positions, dtype=np.int64)
-        kv_seq = np.concatenate([self.columns[:n], q_seq])  # [past + r]
-        full = np.ones((q, past + r), np.bool_)
-        full[:, past:] = allowed
         blocked = float(torch.finfo(self.dtype).min)
 
         def additive(pattern: np.ndarray) -> torch.Tensor:
             mask = torch.from_numpy(np.where(pattern, np.float32(0), np.float32(blocked))[None, None])
             return mask.to(device=self.device, dtype=self.dtype)
 
-        masks = {name: additive(m) for name, m in self.plan.masks(full, q_seq, kv_seq).items()}
+        # [1, 1, q, held + q] per layer type: each type's layers hold their own columns
+        masks = {name: additive(m) for name, m in self.plan.masks(self.columns, q_seq, allowed).items()}
         mask = masks if self.plan.mixed else next(iter(masks.values()))
-        self.columns = kv_seq
+        self.columns.append(q_seq)
         ids_pos = torch.from_numpy(np.array(tokens + shifted, dtype=np.int64)).view(2, 1, q)
         ids, pos = ids_pos.to(self.device).unbind()
         return self._timed_pass(ids, pos, mask, max(shifted), argmax)
@@ -356,9 +359,16 @@ class ModelRunner:
         hold the cache, its layers keep their longer views until the next pass (cache.KVBuffers): `seq_len` and every
         pass of the kept layers read the length from the buffers; code that reads the layers itself calls
         `sync_cache()` first."""
-        compact(self.cache, start, cols, self.backend.buffers)
-        if self.columns is not None:
-            self.columns = np.concatenate([self.columns[:start], self.columns[start + np.asarray(cols, np.int64)]])
+        columns = self.columns
+        if columns is None:
+            compact(self.cache, start, cols, self.backend.buffers)
+            return
+        for dropped in set(columns.dropped.values()) | {0}:  # each group of layers by what it has dropped
+            layers = [layer for layer, kind in zip(self.cache.layers, self.plan.kinds)
+                      if columns.dropped.get(kind.name, 0) == dropped]
+            compact_layers(layers, start - dropped, cols)
+        columns.keep(start, cols)
+        columns.roll(self.plan, self.cache.layers)
 
     @inference
     def sync_cache(self) -> None:

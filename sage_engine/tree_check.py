@@ -19,7 +19,6 @@ import torch
 
 from .cache import copy_cache
 from .errors import first_line
-from .layer_kinds import WithSinks
 from .tree import DraftTree, chain_allowed
 
 MAX_PROMPT = 64
@@ -27,11 +26,7 @@ MAX_PROMPT = 64
 
 def _prompt_length(plan) -> int:
     """Past the narrowest window or chunk where one is small enough to cross cheaply; else a short prompt."""
-    widths = []
-    for kind in plan.kinds:
-        inner = kind.inner if isinstance(kind, WithSinks) else kind
-        widths.append(getattr(inner, "window", None) or getattr(inner, "chunk", None))
-    narrowest = min((w for w in widths if w), default=None)
+    narrowest = min((k.width for k in plan.kinds if getattr(k, "width", None)), default=None)
     return 8 if narrowest is None else max(8, min(narrowest + 6, MAX_PROMPT))
 
 

@@ -180,3 +180,29 @@ def test_cli_refuses_a_saved_recurrent_pair_in_one_line(name, tmp_path):
     assert errors[0].startswith("error: policy 'sage' cannot run")
     assert ("Mamba-2" if name == "falcon-h1" else "gated delta rule") in errors[0]
     assert run("ar").returncode == 0
+
+
+@pytest.mark.parametrize("name", ["gemma3-text", "llama4-text"])
+def test_windowed_layers_hold_about_their_window(name):
+    """After a run, a sliding layer holds its window plus what has gathered since it last rolled (a quarter of the
+    window, at least 16 columns), a chunked layer its current chunk plus as much; full layers hold every column."""
+    pair = pair_of(name)
+    engine = SpecEngine(pair)
+    prep = prepared(pair, "text")
+    res = engine.generate(prep, "sage", max_new_tokens=MAX_NEW, ignore_eos=True)
+    runner = engine.target
+    n = runner.seq_len
+    assert n == prep.prompt_tokens + len(res.token_ids) - 1  # the last token is emitted, not yet read
+    held = {kind.name: layer.keys.shape[2] for layer, kind in zip(runner.cache.layers, runner.plan.kinds)}
+    assert held["full_attention"] == n
+    windowed = next(k for k in held if k != "full_attention")
+    assert held[windowed] <= WINDOW + 16 < n, (held, n, runner.columns.dropped)
+
+
+def test_a_window_rolled_one_column_too_far_fails():
+    """Negative control: a sliding layer that drops the oldest column its window still sees parts from the model."""
+    pair = pair_of("mistral")
+    prep = prepared(pair, "text")
+    with mock.patch.object(layer_kinds.SlidingWindow, "first_visible", lambda self, L: L - self.window + 2):
+        ar = SpecEngine(pair).generate(prep, "ar", max_new_tokens=MAX_NEW, ignore_eos=True).token_ids
+    assert ar != uncached_greedy(pair.target, prep, ar)
