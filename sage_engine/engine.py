@@ -81,6 +81,7 @@ class SpecEngine:
         for runner in (self.target, self.draft):  # each model's layers checked against forward() now, not in a run
             if runner is not None:
                 runner.check_layers(words)
+        # each model's tree passes proved exact on the backend they will run on (tree_check.py)
         self.tree_refusals = self._check_trees(words) if self.draft is not None else {}
         self._check_prompts()
         self.keep_prompt = keep_prompt

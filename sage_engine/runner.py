@@ -112,9 +112,10 @@ class ModelRunner:
         return 0 if keys is None or keys.dim() != 4 else keys.shape[2]
 
     @inference
-    def prefill(self, inputs: dict[str, torch.Tensor], pruning: VisualPruning | None = None) -> Pass:
-        """Run the whole prompt (with `pruning`, only part of its visual tokens): the logits after its last
-        token.  # [V]"""
+    def prefill(self, inputs: dict[str, torch.Tensor], pruning: VisualPruning | None = None,
+                own: bool = False) -> Pass:
+        """Run the whole prompt (with `pruning`, only part of its visual tokens; `own`: through forward(), never the
+        fused prompt path, whose check is left to a real prompt): the logits after its last token.  # [V]"""
         kept = self._kept
         if self.keep_prompt and kept is not None and kept.inputs is inputs and kept.pruning == pruning:
             t0 = time.perf_counter()
@@ -130,7 +131,8 @@ class ModelRunner:
         self.rope_delta = 0
         if pruning is not None:
             batch, self.rope_delta = pruned_prefill_inputs(self.model, batch, pruning, self.family)
-        decoder = self.prompts.layers_for(self.fused, batch) if pruning is None and self.stack_checked else None
+        decoder = self.prompts.layers_for(self.fused, batch) if pruning is None and self.stack_checked and not own \
+            else None
         if decoder is not None and self.prompts.state is None:  # forward() runs it, then the fused path is checked
             logits = self._own_prompt(batch)
             sync(self.device)

@@ -77,7 +77,8 @@ def tree_refusal(runner, words: list[int]) -> str | None:
     prompt, (root, a, b, c) = ids[:n], ids[n:]
     x = prompt[0]
     with runner._scratch_check():
-        runner.prefill({"input_ids": torch.tensor([prompt]), "attention_mask": torch.ones(1, n, dtype=torch.long)})
+        runner.prefill({"input_ids": torch.tensor([prompt]), "attention_mask": torch.ones(1, n, dtype=torch.long)},
+                       own=True)
         try:  # the prompt is read: from here on, any failure is the tree's
             rows, after, path, side = _passes(runner, root, a, b, c, x)
         except Exception as e:  # noqa: BLE001 - e.g. a cache whose layers cannot be compacted

@@ -10,6 +10,7 @@ from transformers import DynamicCache
 
 import sage_engine.cache as cache_module
 from sage_engine.cache import KVBuffers, compact, copy_cache
+from sage_engine.errors import ModelError
 from sage_engine.runner import ModelRunner
 from sage_engine.tiny_pairs import image, qwen25_pair
 from sage_engine.tree import DraftTree, verify_allowed
@@ -40,11 +41,15 @@ def test_compact_keeping_the_whole_region_in_place_touches_nothing_and_a_prefix_
     assert cache.layers[0].keys[0, 0, :, 0].tolist() == [0, 1, 2, 3, 4, 5, 6, 8]
 
 
-def test_compact_refuses_sliding_window_layers_even_where_nothing_moves():
+def test_compact_refuses_layers_that_are_not_plain_columns_even_where_nothing_moves():
+    """transformers' rolling window layer keeps the newest columns, rejected branches among them; the runner gives
+    windowed layers plain ones (layer_kinds.py), and compaction refuses any other kind in one line."""
+    from transformers.cache_utils import DynamicSlidingWindowLayer
+
     cache = DynamicCache()
+    cache.layers = [DynamicSlidingWindowLayer(sliding_window=8)]
     cache.update(torch.zeros(1, 1, 4, 2), torch.zeros(1, 1, 4, 2), 0)
-    cache.layers[0].is_sliding = True
-    with pytest.raises(NotImplementedError):
+    with pytest.raises(ModelError, match="DynamicSlidingWindowLayer"):
         compact(cache, start=3, keep=[0])
 
 

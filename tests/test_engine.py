@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from sage_engine import InputError, SpecEngine, prepare_input
+from sage_engine import engine as engine_mod
 from sage_engine.sampling import Sampling
 from sage_engine.tiny_pairs import image, llava_pair, qwen25_pair
 
@@ -131,8 +132,13 @@ def test_the_runners_one_off_check_is_not_metered_as_a_step_cost(monkeypatch, wh
         return real(self, *args)
 
     monkeypatch.setattr(ModelRunner, "_check_cached", slow_check)
-    if when == "first step":
+    if when == "first step":  # a model that takes no text-only prompt: neither check runs on one
         monkeypatch.setattr(ModelRunner, "check_layers", lambda self, ids: None)
+
+        def needs_images(runner, words):
+            raise ValueError("this model needs its images")
+
+        monkeypatch.setattr(engine_mod, "tree_refusal", needs_images)
     pair = qwen25_pair("noisy", seed=2)
     engine = SpecEngine(pair)
     assert (engine.target.stack_checked and engine.draft.stack_checked) == (when == "built")

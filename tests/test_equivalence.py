@@ -13,8 +13,10 @@ import pytest
 import torch
 
 from sage_engine import SageConfig, SpecEngine, make_policy, prepare_input
+from sage_engine import engine as engine_mod
 from sage_engine import runner as runner_mod
 from sage_engine.config import Eagle2Config
+from sage_engine.errors import ModelError
 from sage_engine.runner import ModelRunner
 from sage_engine.tiny_pairs import clip, image, llava_pair, qwen25_pair, sharp_pair
 
@@ -154,7 +156,16 @@ def test_negative_control_causal_mask_instead_of_tree_mask_is_caught(monkeypatch
     assert _run(pair, prep, "static") == reference
     _wrong_verify_mask(monkeypatch, lambda parents: torch.ones(
         len(parents) + 1, len(parents) + 1, dtype=torch.bool).tril().numpy())
-    assert _run(pair, prep, "static") != reference
+    _caught_twice(monkeypatch, pair, prep, "static", reference)
+
+
+def _caught_twice(monkeypatch, pair, prep, policy, reference):
+    """A broken tree pass is refused by the engine's own check when it is built (tree_check.py), and, with that check
+    bypassed, gives other tokens than `ar`: the equivalence tests would catch it too."""
+    with pytest.raises(ModelError, match="differ from the same tokens read alone"):
+        _run(pair, prep, policy)
+    monkeypatch.setattr(engine_mod, "tree_refusal", lambda runner, words: None)
+    assert _run(pair, prep, policy) != reference
 
 
 def _wrong_verify_mask(monkeypatch, pattern):
@@ -202,7 +213,7 @@ def test_negative_control_node_positions_off_by_one_are_caught(monkeypatch):
         return ids, pos, mask, depth
 
     monkeypatch.setattr(runner_mod, "verify_inputs", shifted)
-    assert _run(pair, prep, "eagle2") != reference
+    _caught_twice(monkeypatch, pair, prep, "eagle2", reference)
 
 
 # Deep trees. Random init gives near-uniform next-token distributions, on which SAGE's thresholds keep its

@@ -17,6 +17,8 @@ IMG, VID = 91, 92  # token ids given to the tiny configs (any ids: the adapters 
 def _configs():
     """Tiny configs of every registered family, built the way tests/tiny_families.py builds them."""
     from transformers import (
+        Gemma3Config,
+        Gemma3TextConfig,
         Idefics3Config,
         LlamaConfig,
         LlavaConfig,
@@ -24,6 +26,8 @@ def _configs():
         Qwen2_5_VLConfig,
         Qwen2Config,
         Qwen2VLConfig,
+        Qwen3VLConfig,
+        Qwen3VLMoeConfig,
         SmolVLMConfig,
     )
 
@@ -39,6 +43,9 @@ def _configs():
         "llava": LlavaConfig(text_config=LlamaConfig(**text).to_dict(), image_token_index=IMG),
         "smolvlm": SmolVLMConfig(text_config=LlamaConfig(**text).to_dict(), image_token_id=IMG),
         "idefics3": Idefics3Config(text_config=LlamaConfig(**text).to_dict(), image_token_id=IMG),
+        "qwen3_vl": Qwen3VLConfig(text_config=mrope, image_token_id=IMG, video_token_id=VID),
+        "qwen3_vl_moe": Qwen3VLMoeConfig(text_config=mrope, image_token_id=IMG, video_token_id=VID),
+        "gemma3": Gemma3Config(text_config=Gemma3TextConfig(**text).to_dict(), image_token_index=IMG),
     }
 
 
@@ -49,6 +56,9 @@ EXPECTED = {  # model_type: (adapter, position rule, visual token ids, takes vid
     "llava": (fam.LLAVA, "1d", {"image": IMG}, False, "language_model"),
     "smolvlm": (fam.SMOLVLM, "1d", {"image": IMG}, True, "text_model"),  # video frames are <image> tokens
     "idefics3": (fam.IDEFICS3, "1d", {"image": IMG}, False, "text_model"),
+    "qwen3_vl": (fam.QWEN3_VL, "mrope", {"image": IMG, "video": VID}, True, "language_model"),
+    "qwen3_vl_moe": (fam.QWEN3_VL, "mrope", {"image": IMG, "video": VID}, True, "language_model"),
+    "gemma3": (fam.GEMMA3, "1d", {"image": IMG}, False, "language_model"),  # hub configs: image_token_index
 }
 
 
@@ -96,9 +106,9 @@ def test_unknown_mrope_model_falls_back_to_generic_mrope():
     with pytest.warns(UserWarning, match="generic-mrope"):
         got = adapter_for(Mystery())
     assert got is fam.GENERIC_MROPE and got.positions.name == "mrope"
-    from transformers import Qwen3VLConfig  # config only: an mrope_section in the rope parameters says so
+    from transformers import Qwen3_5Config  # config only: an mrope_section in the rope parameters says so
 
-    cfg = Qwen3VLConfig()
+    cfg = Qwen3_5Config()
     cfg.text_config.rope_parameters = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [8, 12, 12]}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
