@@ -25,6 +25,7 @@ so that it holds about its window. Its masks are built over the columns it still
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -148,22 +149,34 @@ def text_config(model_or_config):
     return getter(decoder=True) if getter is not None else cfg
 
 
+# transformers' layer type -> the kind, made from the layer's cache kwargs (cache_utils.get_layer_types_and_kwargs);
+# a type not here is refused (`Unsupported`). `register_kind` adds one.
+KINDS: dict[str, Callable[[dict], Kind | None]] = {
+    "full_attention": lambda kw: FullAttention(),
+    "sliding_attention": lambda kw: SlidingWindow(int(kw["sliding_window"])) if kw.get("sliding_window") else None,
+    # transformers passes the chunk size under the window's name
+    "chunked_attention": lambda kw: Chunked(int(kw["sliding_window"])) if kw.get("sliding_window") else None,
+}
+
+
+def register_kind(layer_type: str, make: Callable[[dict], Kind | None]) -> None:
+    """Make layers of `layer_type` a kind trees are verified through: `make(cache kwargs)` returns the kind (an object
+    with the attributes and methods of `SlidingWindow`), or None where those kwargs are not one it handles."""
+    KINDS[layer_type] = make
+
+
 def kinds_of(model_or_config) -> list[Kind | Unsupported]:
     """Each decoder layer's kind, in order, as transformers reads the config to build the model's caches."""
     types, kwargs = get_layer_types_and_kwargs(text_config(model_or_config))
     sinks = _sinks(model_or_config)
     out: list[Kind | Unsupported] = []
     for t, kw in zip(types, kwargs):
-        if t == "full_attention":
-            kind = FullAttention()
-        elif t == "sliding_attention" and kw.get("sliding_window"):
-            kind = SlidingWindow(int(kw["sliding_window"]))
-        elif t == "chunked_attention" and kw.get("sliding_window"):
-            kind = Chunked(int(kw["sliding_window"]))  # transformers passes the chunk size under this name
-        else:
+        make = KINDS.get(t)
+        kind = None if make is None else make(kw)
+        if kind is None:
             out.append(Unsupported(t))
-            continue
-        out.append(WithSinks(kind) if sinks else kind)
+        else:
+            out.append(WithSinks(kind) if sinks else kind)
     return out
 
 

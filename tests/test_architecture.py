@@ -21,7 +21,7 @@ def test_every_module_the_architecture_names_exists():
 EXAMPLES = re.findall(r"```python\n(.*?)```", DOC, re.S)
 
 
-@pytest.mark.parametrize("code", EXAMPLES, ids=["policy", "family", "backend"][: len(EXAMPLES)])
+@pytest.mark.parametrize("code", EXAMPLES, ids=["policy", "family", "kind", "backend"][: len(EXAMPLES)])
 def test_the_extension_examples_run(code, monkeypatch):
     from sage_engine import families
     from sage_engine.backends import choose
@@ -32,5 +32,5 @@ def test_the_extension_examples_run(code, monkeypatch):
     exec(compile(code, "docs/ARCHITECTURE.md", "exec"), {"__name__": "example"})
 
 
-def test_there_are_three_examples():
-    assert len(EXAMPLES) == 3
+def test_there_are_four_examples():
+    assert len(EXAMPLES) == 4
