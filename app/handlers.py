@@ -188,6 +188,7 @@ class Handlers:
     def _race(self, s: Setup, stop: threading.Event) -> Iterator[tuple]:
         record = s.record
         engine = s.loaded.engine(s.pruning)
+        engine.check_trees(s.policy)  # a pair that cannot verify trees: one line before either lane decodes
         record.backends = engine.backends()
         race = Race(engine, s.prepared, s.policy, record.max_new_tokens, self.pool.device, stop, s.sampling)
         transcriber = Transcriber()

@@ -191,6 +191,7 @@ class PolicyComparison:
             video = self.h.previews.original(video)
             _, prepared = self.h.pool.device.call(self.h._prepare, loaded.pair, prompt, image, video)
             engine = loaded.engine(None)
+            engine.check_trees("sage")  # every compared policy but ar drafts: one line before any decodes
             stop = (control or RunControl()).switch
             lanes = self.h.pool.device.call(run_all, engine, prepared, n, stop)
         except SageError as e:  # the user's to fix: one line

@@ -89,6 +89,15 @@ class SpecEngine:
         self.costs = CostMeter()  # step timings of every run on this engine (cost-aware policies read them)
         self.telemetry = Telemetry(self.tokenizer)
 
+    def check_trees(self, policy: Policy | str) -> None:
+        """Raise the one-line ModelError where `policy` drafts trees and a model of this pair cannot verify them
+        (tree_check.py); callers that start work before decoding (the app's race) ask first."""
+        policy = make_policy(policy) if isinstance(policy, str) else policy
+        if policy.uses_draft and self.tree_refusals:
+            role, why = next(iter(self.tree_refusals.items()))
+            raise ModelError(f"policy {policy.name!r} cannot run on this pair: in the {role}, {why}; only 'ar' runs on "
+                             "it")
+
     def _check_trees(self, words: list[int]) -> dict[str, str]:
         """Each model's tree passes proved exact once, now (tree_check.py): {role: why not} for a model that cannot
         verify a tree, which every drafting policy then refuses in one line (`ar` still runs)."""
@@ -177,10 +186,7 @@ class SpecEngine:
         drafting = policy.uses_draft
         if drafting and self.draft is None:
             raise InputError(f"policy {policy.name!r} needs a draft model")
-        if drafting and self.tree_refusals:
-            role, why = next(iter(self.tree_refusals.items()))
-            raise ModelError(f"policy {policy.name!r} cannot run on this pair: in the {role}, {why}; only 'ar' runs on "
-                             "it")
+        self.check_trees(policy)
         eos = set() if ignore_eos else self.pair.eos_token_ids
         out = Transcript(self.tokenizer, eos, self._budget(prepared, max_new_tokens), stop)
 

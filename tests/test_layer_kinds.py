@@ -206,3 +206,38 @@ def test_a_window_rolled_one_column_too_far_fails():
     with mock.patch.object(layer_kinds.SlidingWindow, "first_visible", lambda self, L: L - self.window + 2):
         ar = SpecEngine(pair).generate(prep, "ar", max_new_tokens=MAX_NEW, ignore_eos=True).token_ids
     assert ar != uncached_greedy(pair.target, prep, ar)
+
+
+def test_the_app_refuses_a_recurrent_pair_in_one_line_and_keeps_serving(media):
+    """The demo on a hosted Qwen3.5 pair: the race and the policy comparison each say in one line why, before either
+    decodes anything; the same handlers then race another pair."""
+    import dataclasses
+
+    import app_server
+    import gradio as gr
+
+    from app.handlers import Handlers
+    from app.media import RunFiles
+    from app.pool import PairPool
+    from app.race import RunControl
+    from app.view import View
+
+    table = app_server.presets()
+    hybrid = dataclasses.replace(table["tiny-random"], name="tiny-qwen3.5")
+
+    def factory(preset):
+        return pair_of("qwen3.5") if preset.name == hybrid.name else app_server.pair_factory(preset)
+
+    h = Handlers(PairPool({"tiny-random": table["tiny-random"], hybrid.name: hybrid}, factory), RunFiles(),
+                 "tiny-random")
+    names = [f.name for f in dataclasses.fields(View)]
+    rows = []
+    with pytest.raises(gr.Error, match="gated delta rule"):
+        for row in h.compare(media.image, None, media.image_prompt, 8, "sage", hybrid.name, RunControl()):
+            rows.append(dict(zip(names, row)))
+    assert len(rows) == 1 and "\n" not in rows[0]["status"] and "gated delta rule" in rows[0]["status"]
+    with pytest.raises(gr.Error, match="policy 'sage' cannot run on this pair"):
+        h.comparison.run(media.image, None, media.image_prompt, 8, hybrid.name)
+    rows = [dict(zip(names, r)) for r in h.compare(media.image, None, media.image_prompt, 8, "sage", "tiny-random",
+                                                   RunControl())]
+    assert rows[-1]["summary"]["speculative"]["token_ids"] == rows[-1]["summary"]["ar"]["token_ids"]
