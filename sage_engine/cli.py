@@ -10,9 +10,10 @@ import argparse
 import json
 import sys
 import time
+import warnings
 
 from .engine import TREE_FORWARDS
-from .errors import SageError
+from .errors import SageError, first_line
 from .events import summarize
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET
 from .placement import DTYPES
@@ -305,8 +306,14 @@ def cmd_doctor(args) -> int:
     return 1 if report["mismatches"] else 0
 
 
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    """A warning as the CLI prints it: `warning: ...` on one line, without the source line Python adds."""
+    return f"warning: {first_line(message) if isinstance(message, BaseException) else str(message).splitlines()[0]}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    python_format, warnings.formatwarning = warnings.formatwarning, _one_line_warning  # for this command only
     try:
         commands = {"generate": cmd_generate, "bench": cmd_bench, "check-sampling": cmd_check_sampling,
                     "doctor": cmd_doctor}
@@ -317,3 +324,5 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    finally:
+        warnings.formatwarning = python_format
