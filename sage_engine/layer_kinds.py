@@ -120,8 +120,30 @@ class WithSinks:
         return f"{self.inner.describe()} with sinks"
 
 
-Kind = FullAttention | SlidingWindow | Chunked | WithSinks
-SUPPORTED = "full attention, sliding windows, chunked attention and attention sinks"
+@dataclass(frozen=True)
+class Recurrent:
+    """A layer that carries a state from token to token (the gated delta rule; Mamba-2, alone or beside attention):
+    a tree mask does not reach it, so its model reads every tree node along its own path (paths.py)."""
+
+    name: str  # transformers' layer type: "linear_attention", "hybrid"
+    has_keys: bool  # also attention with key/value columns beside the state (Falcon-H1's "hybrid")
+    what: str = "a recurrent state"  # the layer's own name, from the model type (`_RECURRENT`)
+    windowed = False
+    width = None
+
+    def visible(self, q_seq: np.ndarray, kv_seq: np.ndarray) -> np.ndarray | None:
+        return None  # a path is read as a chain: every key of it is visible
+
+    def first_visible(self, L: int) -> int:
+        return 0
+
+    def describe(self) -> str:
+        return f"{self.what} beside attention" if self.has_keys else self.what
+
+
+Kind = FullAttention | SlidingWindow | Chunked | WithSinks | Recurrent
+SUPPORTED = ("full attention, sliding windows, chunked attention and attention sinks (under a mask), recurrent layers "
+             "whose several-token passes continue their state (path by path)")
 
 
 @dataclass(frozen=True)
@@ -132,8 +154,8 @@ class Unsupported:
     windowed = False
 
     def describe(self) -> str:
-        why = {"linear_attention": "gated delta rule", "hybrid": "Mamba-2 beside attention", "mamba": "Mamba",
-               "conv": "short convolution", "dummy": "a layer without its own KV cache"}.get(self.name)
+        why = {"conv": "short convolution", "dummy": "a layer without its own KV cache, or one sharing another's"}.get(
+            self.name)
         return f"{self.name} ({why})" if why else self.name
 
 
@@ -156,7 +178,14 @@ KINDS: dict[str, Callable[[dict], Kind | None]] = {
     "sliding_attention": lambda kw: SlidingWindow(int(kw["sliding_window"])) if kw.get("sliding_window") else None,
     # transformers passes the chunk size under the window's name
     "chunked_attention": lambda kw: Chunked(int(kw["sliding_window"])) if kw.get("sliding_window") else None,
+    "linear_attention": lambda kw: Recurrent("linear_attention", has_keys=False),  # Qwen3.5, Qwen3-Next, Mamba
+    "hybrid": lambda kw: Recurrent("hybrid", has_keys=True),  # Falcon-H1: Mamba-2 and attention in one layer
 }
+# what a recurrent layer is, by model type (transformers calls them all "linear_attention" or "hybrid")
+_RECURRENT = {"qwen3_5": "the gated delta rule", "qwen3_5_moe": "the gated delta rule",
+              "qwen3_next": "the gated delta rule", "falcon_h1": "Mamba-2", "nemotron_h": "Mamba-2",
+              "granitemoehybrid": "Mamba-2", "bamba": "Mamba-2", "mamba2": "Mamba-2", "mamba": "Mamba",
+              "falcon_mamba": "Mamba", "jamba": "Mamba"}
 
 
 def register_kind(layer_type: str, make: Callable[[dict], Kind | None]) -> None:
@@ -167,8 +196,10 @@ def register_kind(layer_type: str, make: Callable[[dict], Kind | None]) -> None:
 
 def kinds_of(model_or_config) -> list[Kind | Unsupported]:
     """Each decoder layer's kind, in order, as transformers reads the config to build the model's caches."""
-    types, kwargs = get_layer_types_and_kwargs(text_config(model_or_config))
+    text = text_config(model_or_config)
+    types, kwargs = get_layer_types_and_kwargs(text)
     sinks = _sinks(model_or_config)
+    model_type = getattr(text, "model_type", "").removesuffix("_text")
     out: list[Kind | Unsupported] = []
     for t, kw in zip(types, kwargs):
         make = KINDS.get(t)
@@ -176,7 +207,9 @@ def kinds_of(model_or_config) -> list[Kind | Unsupported]:
         if kind is None:
             out.append(Unsupported(t))
         else:
-            out.append(WithSinks(kind) if sinks else kind)
+            if isinstance(kind, Recurrent):
+                kind = Recurrent(kind.name, kind.has_keys, _RECURRENT.get(model_type, kind.what))
+            out.append(WithSinks(kind) if sinks and not isinstance(kind, Recurrent) else kind)
     return out
 
 
@@ -195,6 +228,11 @@ class LayerPlan:
     def windowed(self) -> bool:
         """Does any layer see less than the whole past (a window, a chunk)? Then masks are built per kind."""
         return any(k.windowed for k in self.kinds)
+
+    @property
+    def recurrent(self) -> bool:
+        """Does any layer carry a state? Then trees are read path by path (paths.py), not under a tree mask."""
+        return any(isinstance(k, Recurrent) for k in self.kinds)
 
     @property
     def mixed(self) -> bool:

@@ -11,6 +11,7 @@ draft reading the target's text prompt (a text-only pair takes no images, and a 
 from __future__ import annotations
 
 import gc
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -105,14 +106,14 @@ def _load_one(name: str, dtype: torch.dtype, device: str, attn: str, device_map=
         loader, auto_model = (AutoTokenizer, AutoModelForCausalLM) if text_only else \
             (AutoProcessor, AutoModelForImageTextToText)
         processor = loader.from_pretrained(name, trust_remote_code=False)
-        model = auto_model.from_pretrained(
-            name,
-            dtype=dtype,
-            attn_implementation=attn,
-            trust_remote_code=False,
-            use_safetensors=True,
-            device_map=device_map,
-        )
+        kwargs = dict(dtype=dtype, trust_remote_code=False, use_safetensors=True, device_map=device_map)
+        try:
+            model = auto_model.from_pretrained(name, attn_implementation=attn, **kwargs)
+        except ValueError as e:  # an architecture without it (GPT-OSS, Mamba: sdpa): its own default, said once
+            if "does not support an attention implementation" not in str(e):
+                raise
+            warnings.warn(f"{name}: no {attn} attention in this architecture; loaded with its default", stacklevel=2)
+            model = auto_model.from_pretrained(name, **kwargs)
     except (OSError, ValueError) as e:
         raise ModelError(f"cannot load model {name!r}: {first_line(e)}") from None
     if device_map is None:

@@ -28,6 +28,7 @@ from .cache import compact, compact_layers, copy_cache
 from .families import Family, adapter_for
 from .layer_kinds import Columns, Unsupported, plan_for
 from .passes import Pass, inference, rows_argmax
+from .paths import PathRegion
 from .pruning import VisualPruning, pruned_prefill_inputs
 from .tree import DraftTree, additive_mask, verify_allowed, verify_inputs
 
@@ -60,7 +61,10 @@ class ModelRunner:
         # what each windowed layer type has dropped of them (layer_kinds.Columns). None where every layer sees all.
         self.columns: Columns | None = None
         # the first layer with key/value columns (a hybrid model's first layers may hold a recurrent state instead)
-        self._kv_layer = next((i for i, k in enumerate(self.plan.kinds) if not isinstance(k, Unsupported)), 0)
+        self._kv_layer = next((i for i, k in enumerate(self.plan.kinds)
+                               if not isinstance(k, Unsupported) and getattr(k, "has_keys", True)), 0)
+        # a model with recurrent layers: its uncommitted columns, each read along its own path (paths.py)
+        self.paths = PathRegion() if self.plan.recurrent else None
         self.reference = ModelForward(model)  # forward(): what every other backend is checked against
         self.offered = choose.offer(model, self.family, backend, row_invariant)
         self.stack = self.offered.stack
@@ -102,6 +106,8 @@ class ModelRunner:
         A layer no forward has written holds no keys, or an empty 1D tensor."""
         if self.cache is None:
             return 0
+        if self.paths is not None and self.paths.committed:  # committed columns + the region read since
+            return self.paths.length
         if self.columns is not None:  # windowed layers may hold fewer: the cache's columns are counted here
             return self.columns.seq.shape[0]
         keys = getattr(self.cache.layers[self._kv_layer], "keys", None) if self.cache.layers else None
@@ -121,9 +127,12 @@ class ModelRunner:
             t0 = time.perf_counter()
             self.cache, self.rope_delta = copy_cache(kept.cache), kept.rope_delta
             self.columns = None if kept.columns is None else kept.columns.copy()
+            self._start_paths()
             return Pass(kept.logits, (time.perf_counter() - t0) * 1e3)
         self._kept = None
         self.cache, self.columns = self._new_cache(), None
+        if self.paths is not None:
+            self.paths.reset(0)
         positions = self.family.positions
         positions.reset(self.model)  # never reuse a previous request's shift
         batch = {k: v.to(self.device) for k, v in inputs.items()}
@@ -148,14 +157,21 @@ class ModelRunner:
             ms = (time.perf_counter() - t0) * 1e3
         if pruning is None:
             self.rope_delta = positions.shift_after_prefill(self.model)
-        if self.plan.windowed:
+        if self.plan.windowed and self.paths is None:
             self.columns = Columns.prompt(self.plan, self.seq_len)
             self.columns.roll(self.plan, self.cache.layers)
+        self._start_paths()
         logits = self._logits(logits)
         if self.keep_prompt:
             columns = None if self.columns is None else self.columns.copy()
             self._kept = _KeptPrompt(inputs, pruning, copy_cache(self.cache), self.rope_delta, logits, columns)
         return Pass(logits, ms)
+
+    def _start_paths(self) -> None:
+        """A recurrent model's prompt is committed: the columns its cache holds."""
+        if self.paths is not None:
+            self.paths.reset(0)
+            self.paths.reset(self.seq_len)
 
     def _new_cache(self) -> DynamicCache:
         """An empty cache for a prompt: a copy of one made from the model's config once (making one reads the config's
@@ -192,6 +208,11 @@ class ModelRunner:
         through the kept torch layers (`Pass.argmax`).  # [q, V]"""
         q, r = allowed.shape
         shifted = [p + self.rope_delta for p in positions]
+        if self.paths is not None:  # recurrent layers: each token read along its own path (paths.py)
+            t0 = time.perf_counter()
+            logits, self.cache = self.paths.forward(self.model, self.cache, tokens, shifted, allowed, self.device)
+            sync(self.device)
+            return Pass(self._logits(logits), (time.perf_counter() - t0) * 1e3)
         if self.plan.windowed:  # a window or a chunk: a mask per kind over every column, built from their indices
             return self._windowed_pass(tokens, positions, shifted, allowed, argmax)
         sees_all = q == 1 and (r == 1 or allowed.all())  # one token that sees every column (itself at least): no mask
@@ -219,6 +240,11 @@ class ModelRunner:
         after each node. Once the layers are checked, their ids, positions and mask are built in one compiled call
         (tree.verify_inputs).  # [1 + n, V]"""
         L = self.seq_len if past is None else past
+        if self.paths is not None and not tree.tokens:  # a plain step: its token is always kept, read in directly
+            t0 = time.perf_counter()
+            logits = self.paths.commit(self.model, self.cache, [root], [L + self.rope_delta], self.device)
+            sync(self.device)
+            return Pass(self._logits(logits), (time.perf_counter() - t0) * 1e3)
         if self.columns is not None:  # between steps (no region open): windowed layers drop what the root cannot see
             self.columns.roll(self.plan, self.cache.layers)
         if not tree.tokens or not self.stack_checked or self.backend.takes_lists or self.plan.windowed:
@@ -353,6 +379,8 @@ class ModelRunner:
             yield
         finally:
             self.cache, self.rope_delta, self._kept, self.columns = None, 0, None, None
+            if self.paths is not None:
+                self.paths.reset(0)
             self.check_ms = before + (time.perf_counter() - t0) * 1e3
 
     @inference
@@ -361,6 +389,9 @@ class ModelRunner:
         hold the cache, its layers keep their longer views until the next pass (cache.KVBuffers): `seq_len` and every
         pass of the kept layers read the length from the buffers; code that reads the layers itself calls
         `sync_cache()` first."""
+        if self.paths is not None:  # the kept path read onto the committed cache (paths.py)
+            self.cache = self.paths.keep(self.model, self.cache, start, cols, self.device)
+            return
         columns = self.columns
         if columns is None:
             compact(self.cache, start, cols, self.backend.buffers)

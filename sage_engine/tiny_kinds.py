@@ -11,9 +11,11 @@ of today on, and what they check the engine refuses.
   gemma3           Gemma3ForConditionalGeneration           sliding, full; SigLIP, 4 tokens an image
   qwen3-vl         Qwen3VLForConditionalGeneration          full, full; interleaved M-RoPE, DeepStack
   qwen3-vl-moe     Qwen3VLMoeForConditionalGeneration       full, full; MoE
-  qwen3.5          Qwen3_5ForConditionalGeneration          gated delta rule x 3, full (refused: layer_kinds.py)
-  qwen3-next       Qwen3NextForCausalLM                     gated delta rule x 3, full (refused)
-  falcon-h1        FalconH1ForCausalLM                      Mamba-2 beside attention (refused)
+  qwen3.5          Qwen3_5ForConditionalGeneration          gated delta rule, full; interleaved M-RoPE, partial rotary
+  qwen3-next       Qwen3NextForCausalLM (MoE)               gated delta rule, full
+  falcon-h1        FalconH1ForCausalLM                      Mamba-2 beside attention
+  mamba            MambaForCausalLM                         Mamba-1 (refused: the engine's check fails it)
+  nemotron-h       NemotronHForCausalLM                     Mamba-2, full, MLP-only (refused: a "dummy" layer type)
 
 Text models take their tokenizer as the processor. Windows and chunks are 8 wide so that a test's prompt plus answer
 (about 60 tokens) runs well past them. Heads are sharpened (tiny_pairs.sharpen) where the pair is to draft deep trees.
@@ -31,9 +33,10 @@ WINDOW = 8
 GEMMA_INIT = 0.02
 TEXT_TEMPLATE = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
                  "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-TEXT_KINDS = ("mistral", "gemma3-text", "gpt-oss", "llama4-text", "qwen3-next", "falcon-h1")
+TEXT_KINDS = ("mistral", "gemma3-text", "gpt-oss", "llama4-text", "qwen3-next", "falcon-h1", "mamba", "nemotron-h")
 VLM_KINDS = ("gemma3", "qwen3-vl", "qwen3-vl-moe", "qwen3.5")
-REFUSED = ("qwen3.5", "qwen3-next", "falcon-h1")  # recurrent layers: trees refused until they are supported
+RECURRENT = ("qwen3.5", "qwen3-next", "falcon-h1")  # trees read path by path (paths.py)
+REFUSED = ("mamba", "nemotron-h")  # trees refused in one line
 QWEN_EXTRA = {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>",
               "vision_start_token": "<|vision_start|>", "vision_end_token": "<|vision_end|>"}
 
@@ -80,6 +83,14 @@ def text_model(arch: str, tok, layers: int = 2, seed: int = 0):
             **c, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
             linear_value_head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
             shared_expert_intermediate_size=32, layer_types=["linear_attention"] * (layers - 1) + ["full_attention"]))
+    elif arch == "mamba":  # Mamba-1: its several-token passes do not continue its state, so trees are refused
+        model = T.MambaForCausalLM(T.MambaConfig(vocab_size=len(tok), hidden_size=64, state_size=8,
+                                                 num_hidden_layers=layers, eos_token_id=tok.eos_token_id,
+                                                 pad_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id))
+    elif arch == "nemotron-h":  # Mamba-2, attention and an MLP-only layer ("dummy" in transformers: refused)
+        model = T.NemotronHForCausalLM(T.NemotronHConfig(
+            **dict(c, num_hidden_layers=3), head_dim=16, mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=16,
+            n_groups=1, mamba_chunk_size=16, hybrid_override_pattern="M*-"))
     elif arch == "falcon-h1":
         model = T.FalconH1ForCausalLM(T.FalconH1Config(**c, head_dim=16, mamba_d_ssm=64, mamba_n_heads=4,
                                                        mamba_d_head=16, mamba_d_state=16, mamba_n_groups=1,

@@ -4,8 +4,8 @@ layer of it is of a kind it can verify a tree for (layer_kinds.py), and checks i
 The check (`tree_refusal`), on a text prompt of the model's own tokenizer, long enough to run past the model's
 narrowest window or chunk (up to 64 tokens), on the backend its passes run on:
   1. a tree pass over [root, a, b, c] (a and b children of the root, c a child of a), from the prompt's cache;
-  2. the cache compacted to the path root -> a -> c, then one more token x read after it;
-  3. from the same prompt cache, the chains root, a, c, x and root, b each read alone.
+  2. the cache compacted to the path root -> b (a shorter branch than the tree's deepest), then one more token x;
+  3. from the same prompt cache, the chains root, a, c and root, b, x each read alone, one token a pass (as `ar`).
 Each tree row's logits must equal its chain's (root, a, b, c), and x's after the compaction x's after the chain,
 within a tolerance far below what a wrong mask or a state that saw a rejected branch gives (fp32: 0.5% of the
 logits' largest magnitude). A model whose layer kinds are not supported is refused without running it. A model
@@ -19,7 +19,7 @@ import torch
 
 from .cache import copy_cache
 from .errors import first_line
-from .tree import DraftTree, chain_allowed
+from .tree import DraftTree
 
 MAX_PROMPT = 64
 
@@ -35,18 +35,23 @@ def _tolerance(dtype: torch.dtype) -> float:
 
 
 def _state(runner):
-    return copy_cache(runner.cache), runner.rope_delta, None if runner.columns is None else runner.columns.copy()
+    return (copy_cache(runner.cache), runner.rope_delta, None if runner.columns is None else runner.columns.copy(),
+            runner.seq_len)
 
 
 def _restore(runner, state) -> None:
-    cache, delta, columns = state
+    cache, delta, columns, length = state
     runner.cache, runner.rope_delta = copy_cache(cache), delta
     runner.columns = None if columns is None else columns.copy()
+    if runner.paths is not None:  # a recurrent model: nothing uncommitted after the prompt
+        runner.paths.reset(length)
 
 
 def _chain(runner, tokens: list[int], start: int) -> torch.Tensor:
-    """The logits after each of `tokens` read as a chain at positions start.. (one pass, causal).  # [q, V]"""
-    return runner.forward(tokens, list(range(start, start + len(tokens))), chain_allowed(len(tokens))).logits
+    """The logits after each of `tokens` read one at a time at positions start.., as `ar` reads them (so that a model
+    whose several-token passes go wrong, a recurrent one among them, cannot pass for exact).  # [q, V]"""
+    one = np.ones((1, 1), np.bool_)
+    return torch.cat([runner.forward([t], [start + i], one).logits for i, t in enumerate(tokens)])
 
 
 def _passes(runner, root: int, a: int, b: int, c: int, x: int):
@@ -56,12 +61,12 @@ def _passes(runner, root: int, a: int, b: int, c: int, x: int):
     for token, parent in ((a, -1), (b, -1), (c, 0)):
         tree.add(token, parent, 1.0)
     rows = runner.forward_tree(root, tree).logits.float()  # root, a, b, c
-    runner.keep(L, [0, 1, 3])  # the path root -> a -> c
-    after = runner.forward([x], [L + 3], np.ones((1, 1), np.bool_)).logits.float()[0]
+    runner.keep(L, [0, 2])  # the path root -> b: not the tree's deepest, its node moved one column
+    after = runner.forward([x], [L + 2], np.ones((1, 1), np.bool_)).logits.float()[0]
     _restore(runner, base)
-    path = _chain(runner, [root, a, c, x], L).float()
+    path = _chain(runner, [root, a, c], L).float()
     _restore(runner, base)
-    side = _chain(runner, [root, b], L).float()
+    side = _chain(runner, [root, b, x], L).float()
     return rows, after, path, side
 
 
@@ -84,7 +89,7 @@ def tree_refusal(runner, words: list[int]) -> str | None:
         except Exception as e:  # noqa: BLE001 - e.g. a cache whose layers cannot be compacted
             return f"a tree pass fails on it ({first_line(e)}; layers: {plan.describe()})"
     pairs = {"the root": (rows[0], path[0]), "a node": (rows[1], path[1]), "a second branch": (rows[2], side[1]),
-             "a node at depth 2": (rows[3], path[2]), "the token after a compaction": (after, path[3])}
+             "a node at depth 2": (rows[3], path[2]), "the token after a compaction": (after, side[2])}
     tol = _tolerance(runner.dtype)
     for what, (got, want) in pairs.items():
         scale = max(1.0, float(want.abs().max()))
