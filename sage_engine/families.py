@@ -9,7 +9,7 @@ What differs per family (transformers 5.23 names), and why it matters to lossles
   qwen2_vl              M-RoPE     model.model.rope_deltas    image_token_id,              yes    metadata taken,  language_model
                                                               video_token_id                      unused
   qwen3_vl, qwen3_vl_moe M-RoPE    model.model.rope_deltas    image_token_id,              yes    metadata NEEDED  language_model
-                        (interleaved)                         video_token_id                      (timestamps in text)
+  qwen3_5, qwen3_5_moe  (interleaved)                         video_token_id                      (timestamps in text)
   gemma3                1D         0                          image_token_id (alias        no     -                language_model
                                                               image_token_index)
   llava_onevision       1D         0                          image_token_id (alias        yes    metadata taken,  language_model
@@ -158,6 +158,9 @@ IDEFICS3 = Family("idefics3", ("idefics3",), Positions1D(), _IMAGE_VIDEO[:1], su
 # Qwen3-VL and its MoE: interleaved M-RoPE (the rotary's axes interleaved, the shift still model.model.rope_deltas),
 # DeepStack (visual features added to the first LM layers' hidden states: in the prompt only, none in a text step)
 QWEN3_VL = Family("qwen3-vl", ("qwen3_vl", "qwen3_vl_moe"), MRoPE(), _IMAGE_VIDEO, supports_video=True, lm_attrs=_LM)
+# Qwen3.5 and its MoE: Qwen3-VL's interleaved M-RoPE with a partial rotary, and gated-delta-rule layers beside full
+# attention (layer_kinds.py: read path by path, paths.py)
+QWEN3_5 = Family("qwen3.5", ("qwen3_5", "qwen3_5_moe"), MRoPE(), _IMAGE_VIDEO, supports_video=True, lm_attrs=_LM)
 # Gemma 3 VLMs: 1D positions, image soft tokens (image_token_id, alias image_token_index) that attend to each other
 # both ways in the prompt, sliding-window and full layers (layer_kinds.py)
 GEMMA3 = Family("gemma3", ("gemma3",), Positions1D(), _LLAVA_IMAGE_VIDEO[:1], supports_video=False, lm_attrs=_LM)
@@ -169,8 +172,8 @@ GENERIC = Family("generic", (), Positions1D(), _LLAVA_IMAGE_VIDEO, supports_vide
 GENERIC_MROPE = Family("generic-mrope", (), MRoPE(), _LLAVA_IMAGE_VIDEO, supports_video=True,
                        lm_attrs=_LM + _TEXT_MODEL, verified=False)
 
-FAMILIES: dict[str, Family] = {t: f for f in (QWEN2_5_VL, QWEN2_VL, QWEN3_VL, GEMMA3, LLAVA_ONEVISION, LLAVA,
-                                              SMOLVLM, IDEFICS3)
+FAMILIES: dict[str, Family] = {t: f for f in (QWEN2_5_VL, QWEN2_VL, QWEN3_VL, QWEN3_5, GEMMA3, LLAVA_ONEVISION,
+                                              LLAVA, SMOLVLM, IDEFICS3)
                                for t in f.model_types}
 _warned: set[str] = set()
 

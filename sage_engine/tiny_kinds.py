@@ -12,6 +12,7 @@ of today on, and what they check the engine refuses.
   qwen3-vl         Qwen3VLForConditionalGeneration          full, full; interleaved M-RoPE, DeepStack
   qwen3-vl-moe     Qwen3VLMoeForConditionalGeneration       full, full; MoE
   qwen3.5          Qwen3_5ForConditionalGeneration          gated delta rule, full; interleaved M-RoPE, partial rotary
+  qwen3.5-moe      Qwen3_5MoeForConditionalGeneration       the same, MoE
   qwen3-next       Qwen3NextForCausalLM (MoE)               gated delta rule, full
   falcon-h1        FalconH1ForCausalLM                      Mamba-2 beside attention
   mamba            MambaForCausalLM                         Mamba-1 (refused: the engine's check fails it)
@@ -34,8 +35,8 @@ GEMMA_INIT = 0.02
 TEXT_TEMPLATE = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
                  "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 TEXT_KINDS = ("mistral", "gemma3-text", "gpt-oss", "llama4-text", "qwen3-next", "falcon-h1", "mamba", "nemotron-h")
-VLM_KINDS = ("gemma3", "qwen3-vl", "qwen3-vl-moe", "qwen3.5")
-RECURRENT = ("qwen3.5", "qwen3-next", "falcon-h1")  # trees read path by path (paths.py)
+VLM_KINDS = ("gemma3", "qwen3-vl", "qwen3-vl-moe", "qwen3.5", "qwen3.5-moe")
+RECURRENT = ("qwen3.5", "qwen3.5-moe", "qwen3-next", "falcon-h1")  # trees read path by path (paths.py)
 REFUSED = ("mamba", "nemotron-h")  # trees refused in one line
 QWEN_EXTRA = {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>",
               "vision_start_token": "<|vision_start|>", "vision_end_token": "<|vision_end|>"}
@@ -147,15 +148,20 @@ def vlm_model(arch: str, tok, layers: int = 2, seed: int = 0):
                                                   num_experts_per_tok=2, moe_intermediate_size=32),
                                  vision_config=vision, **_qwen3_ids(tok))
         model = T.Qwen3VLMoeForConditionalGeneration(cfg)
-    elif arch == "qwen3.5":
+    elif arch in ("qwen3.5", "qwen3.5-moe"):
         rope = dict(mrope, partial_rotary_factor=0.5, mrope_section=[1, 1, 2])
-        cfg = T.Qwen3_5Config(text_config=dict(**c, head_dim=16, rope_parameters=rope, linear_num_key_heads=2,
-                                               linear_num_value_heads=4, linear_key_head_dim=16,
-                                               linear_value_head_dim=16,
-                                               layer_types=["linear_attention"] * (layers - 1) + ["full_attention"]),
-                              vision_config={k: v for k, v in vision.items() if k != "deepstack_visual_indexes"},
-                              **_qwen3_ids(tok))
-        model = T.Qwen3_5ForConditionalGeneration(cfg)
+        text = dict(**c, head_dim=16, rope_parameters=rope, linear_num_key_heads=2, linear_num_value_heads=4,
+                    linear_key_head_dim=16, linear_value_head_dim=16,
+                    layer_types=["linear_attention"] * (layers - 1) + ["full_attention"])
+        vision = {k: v for k, v in vision.items() if k != "deepstack_visual_indexes"}
+        if arch == "qwen3.5":
+            model = T.Qwen3_5ForConditionalGeneration(T.Qwen3_5Config(text_config=text, vision_config=vision,
+                                                                      **_qwen3_ids(tok)))
+        else:
+            text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                        shared_expert_intermediate_size=32)
+            model = T.Qwen3_5MoeForConditionalGeneration(T.Qwen3_5MoeConfig(text_config=text, vision_config=vision,
+                                                                            **_qwen3_ids(tok)))
     elif arch == "gemma3":
         cfg = T.Gemma3Config(
             text_config=T.Gemma3TextConfig(**c, head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=16,

@@ -26,6 +26,8 @@ def _configs():
         Qwen2_5_VLConfig,
         Qwen2Config,
         Qwen2VLConfig,
+        Qwen3_5Config,
+        Qwen3_5MoeConfig,
         Qwen3VLConfig,
         Qwen3VLMoeConfig,
         SmolVLMConfig,
@@ -46,6 +48,8 @@ def _configs():
         "qwen3_vl": Qwen3VLConfig(text_config=mrope, image_token_id=IMG, video_token_id=VID),
         "qwen3_vl_moe": Qwen3VLMoeConfig(text_config=mrope, image_token_id=IMG, video_token_id=VID),
         "gemma3": Gemma3Config(text_config=Gemma3TextConfig(**text).to_dict(), image_token_index=IMG),
+        "qwen3_5": Qwen3_5Config(text_config=mrope, image_token_id=IMG, video_token_id=VID),
+        "qwen3_5_moe": Qwen3_5MoeConfig(text_config=mrope, image_token_id=IMG, video_token_id=VID),
     }
 
 
@@ -59,6 +63,8 @@ EXPECTED = {  # model_type: (adapter, position rule, visual token ids, takes vid
     "qwen3_vl": (fam.QWEN3_VL, "mrope", {"image": IMG, "video": VID}, True, "language_model"),
     "qwen3_vl_moe": (fam.QWEN3_VL, "mrope", {"image": IMG, "video": VID}, True, "language_model"),
     "gemma3": (fam.GEMMA3, "1d", {"image": IMG}, False, "language_model"),  # hub configs: image_token_index
+    "qwen3_5": (fam.QWEN3_5, "mrope", {"image": IMG, "video": VID}, True, "language_model"),
+    "qwen3_5_moe": (fam.QWEN3_5, "mrope", {"image": IMG, "video": VID}, True, "language_model"),
 }
 
 
@@ -106,9 +112,9 @@ def test_unknown_mrope_model_falls_back_to_generic_mrope():
     with pytest.warns(UserWarning, match="generic-mrope"):
         got = adapter_for(Mystery())
     assert got is fam.GENERIC_MROPE and got.positions.name == "mrope"
-    from transformers import Qwen3_5Config  # config only: an mrope_section in the rope parameters says so
+    from transformers import Glm4vConfig  # config only: an mrope_section in the rope parameters says so
 
-    cfg = Qwen3_5Config()
+    cfg = Glm4vConfig()
     cfg.text_config.rope_parameters = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [8, 12, 12]}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -38,7 +38,8 @@ POLICIES = ("chain", "static", "eagle2", "sage", "sage:threshold=paper", "eagle2
 CASES = [("mistral", "text"), ("gemma3-text", "text"), ("gpt-oss", "text"), ("llama4-text", "text"),
          ("gemma3", "image"), ("gemma3", "text"), ("qwen3-vl", "image"), ("qwen3-vl", "video"), ("qwen3-vl", "text"),
          ("qwen3-vl-moe", "image"), ("llama", "text"),
-         ("qwen3.5", "image"), ("qwen3.5", "video"), ("qwen3.5", "text"), ("qwen3-next", "text"), ("falcon-h1", "text")]
+         ("qwen3.5", "image"), ("qwen3.5", "video"), ("qwen3.5", "text"), ("qwen3.5-moe", "image"),
+         ("qwen3-next", "text"), ("falcon-h1", "text")]
 _pairs: dict = {}
 
 
@@ -60,8 +61,9 @@ def uncached_greedy(model, prep, ids: list[int]) -> list[int]:
     full = dict(prep.target_inputs)
     full["input_ids"] = torch.cat([full["input_ids"][0], torch.tensor(ids)])[None]
     full["attention_mask"] = torch.ones_like(full["input_ids"])
-    if "token_type_ids" in full:  # Gemma 3: image tokens are type 1, the answer text 0
-        full["token_type_ids"] = torch.cat([full["token_type_ids"][0], torch.zeros(len(ids), dtype=torch.long)])[None]
+    for key in ("token_type_ids", "mm_token_type_ids"):  # Gemma 3, Qwen3.5: visual tokens typed, the answer text 0
+        if key in full:
+            full[key] = torch.cat([full[key][0], torch.zeros(len(ids), dtype=full[key].dtype)])[None]
     if hasattr(getattr(model, "model", None), "rope_deltas"):
         model.model.rope_deltas = None
     with torch.no_grad():
@@ -227,7 +229,7 @@ def test_cli_on_a_saved_recurrent_pair(name, tmp_path):
 
     ar, sage = run("ar"), run("sage")
     assert ar.returncode == 0, ar.stderr
-    lines = sage.stderr.splitlines()  # Qwen3.5 has no family adapter yet: one warning line says so
+    lines = sage.stderr.splitlines()
     assert all(line.startswith(("error:", "warning:")) for line in lines), sage.stderr
     if name == "mamba":
         errors = [line for line in lines if line.startswith("error:")]
