@@ -66,7 +66,8 @@ def _kind(name: str, media: str) -> Callable:
 def checked_cases(quick: bool) -> list[Case]:
     """The shipped pair on an example scene (where assets/ has it), tiny Qwen2.5-VL on an image (a noisy draft) and a
     video (an exact copy), tiny LLaVA on an image (an exact copy); and in both modes, tiny Gemma 3 on text (sliding
-    windows of 8 beside full layers, decoded well past the window) and tiny Qwen3-VL on an image."""
+    windows of 8 beside full layers, decoded well past the window), tiny Qwen3-VL on an image and tiny Qwen3.5 (its
+    gated-delta-rule layers read path by path) on an image."""
     budget = 24 if quick else 40
     out = []
     if (ASSETS / "models").is_dir():
@@ -78,7 +79,9 @@ def checked_cases(quick: bool) -> list[Case]:
             Case("tiny LLaVA (image, copied draft)", _tiny("llava", "image", "copy"), budget, "LLaVA")]
     kinds = [Case("tiny Gemma 3 (text, sliding window 8 + full layers, noisy draft)", _kind("gemma3-text", "text"),
                   budget, "Gemma 3 window"),
-             Case("tiny Qwen3-VL (image, noisy draft)", _kind("qwen3-vl", "image"), budget, "Qwen3-VL")]
+             Case("tiny Qwen3-VL (image, noisy draft)", _kind("qwen3-vl", "image"), budget, "Qwen3-VL"),
+             Case("tiny Qwen3.5 (image, gated delta rule beside full attention, noisy draft)",
+                  _kind("qwen3.5", "image"), budget, "Qwen3.5")]
     return (out[:2] if quick else out) + kinds
 
 
