@@ -55,6 +55,19 @@ def map_cache(cache, fn):
     return new
 
 
+def cache_bytes(cache) -> int:
+    """Bytes of every batch-first tensor of `cache` (keys, values, convolution and recurrent states)."""
+    total = 0
+    for layer in cache.layers:
+        for name in ("keys", "values"):
+            t = getattr(layer, name, None)
+            total += t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+        for name in _STATES:
+            for t in (getattr(layer, name, None) or {}).values():
+                total += t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+    return total
+
+
 @dataclass
 class _Rows:
     """The last pass's batch: its cache after the pass and each row's region columns (None: a padded row, whose
@@ -73,12 +86,18 @@ class PathRegion:
     positions: list[int] = field(default_factory=list)  # shifted (the model's own) positions
     paths: list[list[int]] = field(default_factory=list)  # region columns before each one on its path
     rows: _Rows | None = None
+    # what the paths cost, counted over the runner's life (bench and the docs read them): chains read again to commit
+    # an accepted path, tokens read in batch rows, and a row's cache (keys, values, states) at the last pass, in bytes
+    replays: int = 0
+    row_tokens: int = 0
+    row_bytes: int = 0
 
     @property
     def length(self) -> int:
         return self.committed + len(self.tokens)
 
     def reset(self, committed: int) -> None:
+        """`committed` columns in the cache, nothing read since (the counters go on)."""
         self.committed, self.tokens, self.positions, self.paths, self.rows = committed, [], [], [], None
 
     def forward(self, model, cache, tokens: list[int], positions: list[int], allowed: np.ndarray,
@@ -103,6 +122,8 @@ class PathRegion:
         batch = map_cache(cache, lambda t: t.repeat(len(rows), *([1] * (t.dim() - 1))))
         logits = model(input_ids=ids, position_ids=pos, past_key_values=batch, use_cache=True).logits  # [B, T, V]
         self.rows = _Rows(batch, [row if len(row) == width else None for row in rows])
+        self.row_tokens += len(rows) * width
+        self.row_bytes = cache_bytes(batch) // len(rows)
         out = []
         for path in wanted:
             b = next(b for b, row in enumerate(rows) if row[: len(path)] == path)
@@ -125,6 +146,7 @@ class PathRegion:
             cache = map_cache(self.rows.cache, lambda t: t[row : row + 1].clone())
         elif kept:
             cache = self._chain(model, cache, [self.tokens[c] for c in kept], [self.positions[c] for c in kept], device)
+            self.replays += 1
         self.reset(self.committed + len(kept))
         return cache
 
@@ -146,6 +168,7 @@ class PathRegion:
             if self.paths[m] != list(range(m)):
                 raise ModelError("columns every query sees are not one path in a recurrent model's region")
         cache = self._chain(model, cache, self.tokens[:n], self.positions[:n], device)
+        self.replays += 1
         self.tokens, self.positions = self.tokens[n:], self.positions[n:]
         self.paths = [[c - n for c in path[n:]] for path in self.paths[n:]]
         self.committed += n
