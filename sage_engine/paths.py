@@ -3,21 +3,25 @@
 A recurrent layer (Qwen3.5's and Qwen3-Next's gated delta rule, Falcon-H1's Mamba-2) keeps a state that every token
 it reads changes: a tree mask does not reach it, and cutting cache columns does not undo what a rejected branch
 wrote. So for a model with such layers (layer_kinds.LayerPlan.recurrent) the runner keeps its cache only up to the
-last *committed* column, and the columns read since (the step's region) as tokens, each with the region columns on
-its path:
+last *committed* column, and the columns read since (the region) as tokens, each with the region columns on its path:
 
   forward(tokens, allowed)  each new token's path is the region columns its pattern lets it see, then itself. The
-                            paths that are not a prefix of another run as one batch, each row a plain chain read from
-                            a copy of the committed cache, so every layer, recurrent or attention, computes exactly
-                            what it computes on that path alone; a token's logits are its row's at its place in it.
-  keep(start, cols)         the kept columns (the accepted path) are read onto the committed cache as one chain, or,
-                            where the last pass ran exactly that path as a row, that row's cache is taken instead.
-  commit(tokens)            a plain step's token, always kept, is read onto the committed cache directly.
+                            paths that are no prefix of another run as one batch, each row a plain chain read from a
+                            copy of the committed cache, so every layer, recurrent or attention, computes exactly what
+                            it computes on that path alone; a token's logits are its row's at its place in it. Where
+                            every new token's path before it is a row the last pass read whole (a draft's next level),
+                            each is read as one token after that row's cache instead.
+  keep(start, cols)         the kept columns (the accepted path): where the last pass read exactly that path as a row,
+                            that row's cache becomes the committed one; otherwise the path is carried, uncommitted, to
+                            the head of every row of the next pass (up to CARRY_MAX tokens; a longer one is read onto
+                            the committed cache at once).
+  commit(tokens)            a plain step's token, always kept, read onto the committed cache after the carried path,
+                            in one pass.
 
-Cost against a tree mask: a pass reads sum(path lengths) tokens instead of the tree's n (a tree of P root-to-leaf
-paths of depth D: P * (D + 1)), over P copies of the cache (its key/value columns too); a step whose accepted path was
-not one whole row reads it once more (one chain of accepted + 1 tokens). A draft's level re-reads its nodes' paths
-from the step's start. The cost meter sees all of it in the step's time.
+Cost against a tree mask: a verify pass reads sum(row lengths) tokens, about P * (D + 1 + carried) for a tree of P
+root-to-leaf paths of depth D, instead of the tree's n + 1, over P copies of the cache (its key/value columns too:
+`row_bytes`); a draft level reads one token a node over copies of its parents' caches. The runner's cost meter sees
+all of it in each step's time, so `sage` prices trees on such a model by what they cost here.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import torch
 from .errors import ModelError
 
 _STATES = ("conv_states", "recurrent_states")  # a recurrent layer's per-layer dicts of batch-first tensors
+CARRY_MAX = 16  # the longest accepted path carried into the next pass's rows instead of read again at once
 
 
 def map_cache(cache, fn):
@@ -105,16 +110,23 @@ class PathRegion:
         """Append `tokens` at (shifted) `positions` under `allowed` [q, r] over the newest r columns (older ones seen
         by all): their logits [q, V], and the committed cache (columns before the pattern committed first)."""
         q, r = allowed.shape
-        first = self.length + q - r  # the pattern's first column; every query sees every column before it
-        if first > self.committed:
-            cache = self._commit_region(model, cache, first - self.committed, device)
         base = len(self.tokens)
+        w0 = base + q - r  # the pattern's first column, as a region index; every query sees every column before it
+        if w0 < 0:
+            raise ModelError("a pattern over committed columns of a recurrent model's cache")
+        if w0 > CARRY_MAX:  # a long carried path: commit it, so that rows stay short
+            cache = self._commit_region(model, cache, w0, device)
+            base, w0 = len(self.tokens), 0
         for i in range(q):
-            seen = [j for j in range(base) if allowed[i, j]] + [base + j for j in range(i) if allowed[i, base + j]]
+            seen = list(range(w0)) + [j for j in range(w0, base) if allowed[i, j - w0]] + \
+                [base + j for j in range(i) if allowed[i, base + j - w0]]
             self.tokens.append(tokens[i])
             self.positions.append(positions[i])
             self.paths.append(seen)
         wanted = [self.paths[base + i] + [base + i] for i in range(q)]
+        parents = self._parents(wanted)
+        if parents is not None:  # every token continues a row the last pass read whole: one token a row
+            return self._continue(model, parents, wanted, device), cache
         rows = _maximal(wanted)
         width = max(len(row) for row in rows)
         ids = torch.tensor([[self.tokens[c] for c in _padded(row, width)] for row in rows], device=device)
@@ -130,6 +142,27 @@ class PathRegion:
             out.append(logits[b, len(path) - 1])
         return torch.stack(out), cache
 
+    def _parents(self, wanted: list[list[int]]) -> list[int] | None:
+        """For each new token, the row of the last pass that read exactly its path before it (a draft's next level:
+        its nodes' parents were the last level's nodes); None unless every one has such a row."""
+        if self.rows is None:
+            return None
+        index = {tuple(path): b for b, path in enumerate(self.rows.paths) if path is not None}
+        parents = [index.get(tuple(path[:-1])) for path in wanted]
+        return None if None in parents else parents
+
+    def _continue(self, model, parents: list[int], wanted: list[list[int]], device) -> torch.Tensor:
+        """Each new token read as one token after its parent row's cache (gathered into a batch): logits [q, V]."""
+        index = torch.tensor(parents)
+        batch = map_cache(self.rows.cache, lambda t: t.index_select(0, index.to(t.device)))
+        ids = torch.tensor([[self.tokens[path[-1]]] for path in wanted], device=device)
+        pos = torch.tensor([[self.positions[path[-1]]] for path in wanted], device=device)
+        logits = model(input_ids=ids, position_ids=pos, past_key_values=batch, use_cache=True).logits  # [q, 1, V]
+        self.rows = _Rows(batch, wanted)
+        self.row_tokens += len(wanted)
+        self.row_bytes = cache_bytes(batch) // len(wanted)
+        return logits[:, 0]
+
     def keep(self, model, cache, start: int, cols: list[int], device):
         """Keep region columns start + cols (the accepted path, in order) and drop the rest: the committed cache after
         them."""
@@ -144,23 +177,28 @@ class PathRegion:
             (b for b, path in enumerate(self.rows.paths) if path == kept and kept), None)
         if row is not None:  # the last pass read exactly this path: its cache is the committed one now
             cache = map_cache(self.rows.cache, lambda t: t[row : row + 1].clone())
-        elif kept:
+            self.reset(self.committed + len(kept))
+        elif len(kept) > CARRY_MAX:
             cache = self._chain(model, cache, [self.tokens[c] for c in kept], [self.positions[c] for c in kept], device)
             self.replays += 1
-        self.reset(self.committed + len(kept))
+            self.reset(self.committed + len(kept))
+        else:  # carried: the next pass reads the path at the head of every row (one pass fewer than reading it now)
+            tokens, positions = [self.tokens[c] for c in kept], [self.positions[c] for c in kept]
+            self.reset(self.committed)
+            self.tokens, self.positions, self.paths = tokens, positions, [list(range(m)) for m in range(len(kept))]
         return cache
 
     def commit(self, model, cache, tokens: list[int], positions: list[int], device) -> torch.Tensor:
-        """Read `tokens` (always kept: a plain step's) onto the committed cache: their logits [q, V]. Only with
-        nothing uncommitted."""
-        if self.tokens:
-            raise ModelError("a recurrent model's plain step came with uncommitted columns")
-        ids = torch.tensor([tokens], device=device)
-        pos = torch.tensor([positions], device=device)
+        """Read `tokens` (always kept: a plain step's) onto the committed cache after a carried path (one pass for
+        both): their logits [q, V]."""
+        for m, path in enumerate(self.paths):
+            if path != list(range(m)):
+                raise ModelError("a recurrent model's plain step came with uncommitted branches")
+        ids = torch.tensor([self.tokens + tokens], device=device)
+        pos = torch.tensor([self.positions + positions], device=device)
         logits = model(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True).logits[0]
-        self.committed += len(tokens)
-        self.rows = None
-        return logits
+        self.reset(self.committed + len(self.tokens) + len(tokens))
+        return logits[-len(tokens):]
 
     def _commit_region(self, model, cache, n: int, device):
         """The first n region columns, seen by every later query, read onto the committed cache."""

@@ -47,11 +47,10 @@ def _restore(runner, state) -> None:
         runner.paths.reset(length)
 
 
-def _chain(runner, tokens: list[int], start: int) -> torch.Tensor:
+def _chain(runner, tokens: list[int]) -> torch.Tensor:
     """The logits after each of `tokens` read one at a time at positions start.., as `ar` reads them (so that a model
     whose several-token passes go wrong, a recurrent one among them, cannot pass for exact).  # [q, V]"""
-    one = np.ones((1, 1), np.bool_)
-    return torch.cat([runner.forward([t], [start + i], one).logits for i, t in enumerate(tokens)])
+    return torch.cat([runner.forward_tree(t, DraftTree()).logits for t in tokens])  # each a plain step's pass
 
 
 def _passes(runner, root: int, a: int, b: int, c: int, x: int):
@@ -64,9 +63,9 @@ def _passes(runner, root: int, a: int, b: int, c: int, x: int):
     runner.keep(L, [0, 2])  # the path root -> b: not the tree's deepest, its node moved one column
     after = runner.forward([x], [L + 2], np.ones((1, 1), np.bool_)).logits.float()[0]
     _restore(runner, base)
-    path = _chain(runner, [root, a, c], L).float()
+    path = _chain(runner, [root, a, c]).float()
     _restore(runner, base)
-    side = _chain(runner, [root, b, x], L).float()
+    side = _chain(runner, [root, b, x]).float()
     return rows, after, path, side
 
 
