@@ -205,6 +205,7 @@ def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], ma
     runs: list[dict] = []
     peak: dict[str, float] = {}
     events: dict[str, list] = {}  # policy -> each input's step events (the premise's correlations)
+    paths: dict[str, dict] = {}  # policy -> what reading trees path by path cost (recurrent models: paths.py)
     for n, (inp, prep) in enumerate(zip(inputs, prepared)):
         tries: dict[str, list[GenerationResult]] = {pol: [] for pol in policies}
         for r in range(rounds):
@@ -212,7 +213,9 @@ def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], ma
             for pol in policies[k:] + policies[:k]:  # rotate to cancel drift
                 if device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(device)
+                before = _path_counters(engine)
                 tries[pol].append(_decode(engine, prep, pol, max_new_tokens, sampling))
+                _add_path_cost(paths.setdefault(pol, {}), before, _path_counters(engine), tries[pol][-1])
                 peak[pol] = max(peak.get(pol, 0.0), _peak_memory_mb(device))
                 if progress is not None:
                     progress.update(1)
@@ -249,7 +252,39 @@ def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], ma
                                     policies)
     report["policies"] = {pol: _policy_summary(pol, runs, ar_tps, peak.get(pol), events.get(pol, ()))
                           for pol in policies}
+    for pol, cost in paths.items():
+        if any(cost[role][1] for role in ("target", "draft") if role in cost):  # `ar` reads no tree: no row
+            report["policies"][pol]["paths"] = _per_step(cost, engine)
     return report
+
+
+def _path_counters(engine: SpecEngine) -> dict[str, tuple[int, int]]:
+    """Each recurrent model's path counters (paths.py: chains read again, tokens read in rows) by role."""
+    return {role: (runner.paths.replays, runner.paths.row_tokens)
+            for role, runner in (("target", engine.target), ("draft", engine.draft))
+            if runner is not None and runner.paths is not None}
+
+
+def _add_path_cost(cost: dict, before: dict, after: dict, result: GenerationResult) -> None:
+    """Add one run's path work (after - before) and its decode steps to a policy's `cost`."""
+    if not after:
+        return
+    cost["steps"] = cost.get("steps", 0) + max(len(result.steps) - 1, 1)  # decode steps (step 0 is the prompt)
+    for role, (replays, rows) in after.items():
+        r0, t0 = before[role]
+        prev = cost.get(role, (0, 0))
+        cost[role] = (prev[0] + replays - r0, prev[1] + rows - t0)
+
+
+def _per_step(cost: dict, engine: SpecEngine) -> dict:
+    """A policy's path work per decode step, and a row's cache at the engine's last pass (MB), by role."""
+    out = {}
+    for role, runner in (("target", engine.target), ("draft", engine.draft)):
+        if role in cost:
+            replays, rows = cost[role]
+            out[role] = {"chains_read_again_per_step": replays / cost["steps"],
+                         "row_tokens_per_step": rows / cost["steps"], "row_cache_mb": runner.paths.row_bytes / 1e6}
+    return out
 
 
 def _policy_summary(pol: str, runs: list[dict], ar_tps: float, peak_mb: float | None, events) -> dict:
@@ -314,6 +349,13 @@ def format_table(report: dict) -> str:
     if profiles:
         lines += ["", "accepted path reaches depth l, given the tree does (l = 1, 2, ...):"]
         lines += [f"{name:{w}} " + " ".join(f"{r:.2f}" for r in rates) for name, rates in profiles]
+    read = [(n, p["paths"]) for n, p in report["policies"].items() if p.get("paths")]
+    if read:
+        lines += ["", "trees read path by path (recurrent layers), a step: tokens read in rows / chains read again / "
+                      "a row's cache (MB), target; draft:"]
+        lines += [f"{name:{w}} " + "; ".join(
+            f"{c['row_tokens_per_step']:.1f} / {c['chains_read_again_per_step']:.2f} / {c['row_cache_mb']:.2f}"
+            for c in cost.values()) for name, cost in read]
     lines += ["", "backends: " + "; ".join(
         f"{role} {b['cached']} (prompt {b['prompt']})" + "".join(f" - {n}" for n in b["notes"])
         for role, b in report.get("backends", {}).items())]

@@ -298,3 +298,22 @@ def test_the_app_refuses_a_recurrent_pair_in_one_line_and_keeps_serving(media):
     rows = [dict(zip(names, r)) for r in h.compare(media.image, None, media.image_prompt, 8, "sage", "tiny-random",
                                                    RunControl())]
     assert rows[-1]["summary"]["speculative"]["token_ids"] == rows[-1]["summary"]["ar"]["token_ids"]
+
+
+def test_the_bench_reports_what_reading_paths_costs(tmp_path):
+    """bench on a recurrent pair: every policy exact, and per step the tokens read in rows, the chains read again
+    and a row's cache, for both models (none for `ar`, which reads no tree)."""
+    from sage_engine import bench
+
+    pair = pair_of("qwen3.5")
+    image(3, 64).save(tmp_path / "a.png")
+    report = bench.run_bench(pair, [bench.BenchInput(str(tmp_path / "a.png"), "image", "describe it")],
+                             ["chain", "sage:threshold=paper"], max_new_tokens=12, warmup=0)
+    assert "paths" not in report["policies"]["ar"]
+    for policy in ("chain", "sage:threshold=paper"):
+        summary = report["policies"][policy]
+        assert summary["exact_match_vs_ar"] == 1.0
+        for role in ("target", "draft"):
+            cost = summary["paths"][role]
+            assert cost["row_tokens_per_step"] > 1 and cost["row_cache_mb"] > 0
+            assert 0 <= cost["chains_read_again_per_step"] <= 1
