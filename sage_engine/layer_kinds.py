@@ -27,10 +27,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 from transformers.cache_utils import DynamicLayer, get_layer_types_and_kwargs
 
+from .cache import compact_layers
 from .errors import ModelError
 
 
@@ -102,7 +104,7 @@ class WithSinks:
     def name(self) -> str:
         return self.inner.name
 
-    @property
+    @cached_property
     def windowed(self) -> bool:
         return self.inner.windowed
 
@@ -215,26 +217,34 @@ def kinds_of(model_or_config) -> list[Kind | Unsupported]:
 
 @dataclass(frozen=True)
 class LayerPlan:
-    """A model's layer kinds, what tree verification needs of them, and why it cannot be done where it cannot."""
+    """A model's layer kinds, what tree verification needs of them, and why it cannot be done where it cannot (its
+    answers are computed once: the runner asks them every pass)."""
 
     kinds: tuple[Kind | Unsupported, ...]
 
-    @property
+    @cached_property
     def by_name(self) -> dict[str, Kind]:
         """One kind per layer type name (transformers keys its per-type masks by it)."""
         return {k.name: k for k in self.kinds if not isinstance(k, Unsupported)}
 
-    @property
+    @cached_property
     def windowed(self) -> bool:
         """Does any layer see less than the whole past (a window, a chunk)? Then masks are built per kind."""
         return any(k.windowed for k in self.kinds)
 
-    @property
+    @cached_property
     def recurrent(self) -> bool:
         """Does any layer carry a state? Then trees are read path by path (paths.py), not under a tree mask."""
         return any(isinstance(k, Recurrent) for k in self.kinds)
 
-    @property
+    @cached_property
+    def kv_layer(self) -> int:
+        """The first layer with key/value columns (a hybrid model's first layers may hold only a state): the cache's
+        length is read off it."""
+        return next((i for i, k in enumerate(self.kinds) if not isinstance(k, Unsupported)
+                     and getattr(k, "has_keys", True)), 0)
+
+    @cached_property
     def mixed(self) -> bool:
         """Do the layers need different masks (the model then takes a mask per layer type)?"""
         return len(self.by_name) > 1
@@ -302,6 +312,15 @@ class Columns:
     def keep(self, start: int, cols: list[int]) -> None:
         """Columns start + cols kept, in order, the rest after `start` dropped (cache.compact's rule)."""
         self.seq = np.concatenate([self.seq[:start], self.seq[start + np.asarray(cols, np.int64)]])
+
+    def compact(self, plan: LayerPlan, layers: list, start: int, cols: list[int]) -> None:
+        """cache.compact for a windowed model's layers: each group by what it has dropped, its region counted over the
+        columns it holds; then the columns kept and rolled."""
+        for dropped in set(self.dropped.values()) | {0}:
+            group = [layer for layer, kind in zip(layers, plan.kinds) if self.dropped.get(kind.name, 0) == dropped]
+            compact_layers(group, start - dropped, cols)
+        self.keep(start, cols)
+        self.roll(plan, layers)
 
     def roll(self, plan: LayerPlan, layers: list, slack: int = 16) -> None:
         """Drop from each windowed type's layers the leading columns no query after the last column can see, once at

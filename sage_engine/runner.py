@@ -24,9 +24,9 @@ from .backends import choose
 from .backends.choose import sync
 from .backends.hf_forward import ModelForward
 from .backends.prompt_path import FusedPrompt
-from .cache import compact, compact_layers, copy_cache
+from .cache import compact, copy_cache
 from .families import Family, adapter_for
-from .layer_kinds import Columns, Unsupported, plan_for
+from .layer_kinds import Columns, plan_for
 from .passes import Pass, inference, rows_argmax
 from .paths import PathRegion
 from .pruning import VisualPruning, pruned_prefill_inputs
@@ -60,9 +60,6 @@ class ModelRunner:
         # where a layer sees less than the whole past (a window, a chunk): every cache column's sequence index, and
         # what each windowed layer type has dropped of them (layer_kinds.Columns). None where every layer sees all.
         self.columns: Columns | None = None
-        # the first layer with key/value columns (a hybrid model's first layers may hold a recurrent state instead)
-        self._kv_layer = next((i for i, k in enumerate(self.plan.kinds)
-                               if not isinstance(k, Unsupported) and getattr(k, "has_keys", True)), 0)
         # a model with recurrent layers: its uncommitted columns, each read along its own path (paths.py)
         self.paths = PathRegion() if self.plan.recurrent else None
         self.reference = ModelForward(model)  # forward(): what every other backend is checked against
@@ -106,11 +103,15 @@ class ModelRunner:
         A layer no forward has written holds no keys, or an empty 1D tensor."""
         if self.cache is None:
             return 0
-        if self.paths is not None and self.paths.committed:  # committed columns + the region read since
+        if self.paths is not None:  # committed columns + the region read since (paths.py)
             return self.paths.length
         if self.columns is not None:  # windowed layers may hold fewer: the cache's columns are counted here
             return self.columns.seq.shape[0]
-        keys = getattr(self.cache.layers[self._kv_layer], "keys", None) if self.cache.layers else None
+        return self._held_columns()
+
+    def _held_columns(self) -> int:
+        """The columns the cache's first key/value layer holds (its fused buffers' length while it views them)."""
+        keys = getattr(self.cache.layers[self.plan.kv_layer], "keys", None) if self.cache.layers else None
         buffers = self.backend.buffers
         n = None if buffers is None else buffers.length_of(keys)
         if n is not None:
@@ -127,12 +128,11 @@ class ModelRunner:
             t0 = time.perf_counter()
             self.cache, self.rope_delta = copy_cache(kept.cache), kept.rope_delta
             self.columns = None if kept.columns is None else kept.columns.copy()
-            self._start_paths()
+            if self.paths is not None:
+                self.paths.reset(self._held_columns())
             return Pass(kept.logits, (time.perf_counter() - t0) * 1e3)
         self._kept = None
         self.cache, self.columns = self._new_cache(), None
-        if self.paths is not None:
-            self.paths.reset(0)
         positions = self.family.positions
         positions.reset(self.model)  # never reuse a previous request's shift
         batch = {k: v.to(self.device) for k, v in inputs.items()}
@@ -157,21 +157,16 @@ class ModelRunner:
             ms = (time.perf_counter() - t0) * 1e3
         if pruning is None:
             self.rope_delta = positions.shift_after_prefill(self.model)
-        if self.plan.windowed and self.paths is None:
-            self.columns = Columns.prompt(self.plan, self.seq_len)
+        if self.paths is not None:  # the prompt is committed: read path by path from here
+            self.paths.reset(self._held_columns())
+        elif self.plan.windowed:  # the prompt's columns, each its own sequence index; what the windows drop of them
+            self.columns = Columns.prompt(self.plan, self._held_columns())
             self.columns.roll(self.plan, self.cache.layers)
-        self._start_paths()
         logits = self._logits(logits)
         if self.keep_prompt:
             columns = None if self.columns is None else self.columns.copy()
             self._kept = _KeptPrompt(inputs, pruning, copy_cache(self.cache), self.rope_delta, logits, columns)
         return Pass(logits, ms)
-
-    def _start_paths(self) -> None:
-        """A recurrent model's prompt is committed: the columns its cache holds."""
-        if self.paths is not None:
-            self.paths.reset(0)
-            self.paths.reset(self.seq_len)
 
     def _new_cache(self) -> DynamicCache:
         """An empty cache for a prompt: a copy of one made from the model's config once (making one reads the config's
@@ -267,14 +262,9 @@ class ModelRunner:
         Every pass carries its masks, a one-token step too: the model's own would follow its rolling cache."""
         q = allowed.shape[0]
         q_seq = np.asarray(positions, dtype=np.int64)
-        blocked = float(torch.finfo(self.dtype).min)
-
-        def additive(pattern: np.ndarray) -> torch.Tensor:
-            mask = torch.from_numpy(np.where(pattern, np.float32(0), np.float32(blocked))[None, None])
-            return mask.to(device=self.device, dtype=self.dtype)
-
         # [1, 1, q, held + q] per layer type: each type's layers hold their own columns
-        masks = {name: additive(m) for name, m in self.plan.masks(self.columns, q_seq, allowed).items()}
+        masks = {name: additive_mask(m, 0, self.dtype, self.device)
+                 for name, m in self.plan.masks(self.columns, q_seq, allowed).items()}
         mask = masks if self.plan.mixed else next(iter(masks.values()))
         self.columns.append(q_seq)
         ids_pos = torch.from_numpy(np.array(tokens + shifted, dtype=np.int64)).view(2, 1, q)
@@ -379,8 +369,6 @@ class ModelRunner:
             yield
         finally:
             self.cache, self.rope_delta, self._kept, self.columns = None, 0, None, None
-            if self.paths is not None:
-                self.paths.reset(0)
             self.check_ms = before + (time.perf_counter() - t0) * 1e3
 
     @inference
@@ -392,16 +380,10 @@ class ModelRunner:
         if self.paths is not None:  # the kept path read onto the committed cache (paths.py)
             self.cache = self.paths.keep(self.model, self.cache, start, cols, self.device)
             return
-        columns = self.columns
-        if columns is None:
+        if self.columns is not None:  # windowed layers: each group compacted over the columns it holds, then rolled
+            self.columns.compact(self.plan, self.cache.layers, start, cols)
+        else:
             compact(self.cache, start, cols, self.backend.buffers)
-            return
-        for dropped in set(columns.dropped.values()) | {0}:  # each group of layers by what it has dropped
-            layers = [layer for layer, kind in zip(self.cache.layers, self.plan.kinds)
-                      if columns.dropped.get(kind.name, 0) == dropped]
-            compact_layers(layers, start - dropped, cols)
-        columns.keep(start, cols)
-        columns.roll(self.plan, self.cache.layers)
 
     @inference
     def sync_cache(self) -> None:
