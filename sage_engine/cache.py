@@ -175,18 +175,40 @@ def compact_layers(layers: list, start: int, keep: list[int], moved: bool | None
         layer.values = layer.values[:, :, : start + m]
 
 
-def copy_cache(cache: DynamicCache) -> DynamicCache:
-    """An independent copy of `cache`: its key/value layers' tensors cloned, the rest shallow-copied (a deepcopy
-    would also copy the config and every attribute, several times slower for a small cache); a layer of another
-    kind (a recurrent state and its convolution window) deep-copied."""
+_STATES = ("conv_states", "recurrent_states")  # a recurrent layer's dicts of batch-first states, by state index
+
+
+def map_cache(cache: DynamicCache, fn) -> DynamicCache:
+    """A new cache whose every batch-first tensor (keys, values, a recurrent layer's convolution and recurrent states)
+    is fn(tensor), each layer's other dicts (flags kept per state index) copied, the rest shallow-copied: the new
+    cache's updates never touch `cache`'s. An empty tensor (a layer's placeholder) is shared: nothing writes into
+    one."""
     new = copy.copy(cache)
     new.layers = []
     for layer in cache.layers:
-        if type(layer) is not DynamicLayer:
-            new.layers.append(copy.deepcopy(layer))
-            continue
         twin = copy.copy(layer)
-        if layer.is_initialized:
-            twin.keys, twin.values = layer.keys.clone(), layer.values.clone()
+        for name, value in vars(layer).items():
+            if name in ("keys", "values") and isinstance(value, torch.Tensor) and value.numel():
+                setattr(twin, name, fn(value))
+            elif isinstance(value, dict):
+                setattr(twin, name, {i: fn(t) if name in _STATES and isinstance(t, torch.Tensor) else t
+                                     for i, t in value.items()})
         new.layers.append(twin)
     return new
+
+
+def copy_cache(cache: DynamicCache) -> DynamicCache:
+    """An independent copy of `cache`: its tensors cloned, the rest shallow-copied (a deepcopy would also copy the
+    config and every attribute, several times slower for a small cache)."""
+    return map_cache(cache, torch.Tensor.clone)
+
+
+def cache_bytes(cache: DynamicCache) -> int:
+    """Bytes of the batch-first tensors of `cache` (keys, values, convolution and recurrent states)."""
+    total = 0
+    for layer in cache.layers:
+        for name in ("keys", "values", *_STATES):
+            value = getattr(layer, name, None)
+            for t in value.values() if isinstance(value, dict) else (value,):
+                total += t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+    return total

@@ -26,51 +26,15 @@ all of it in each step's time, so `sage` prices trees on such a model by what th
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from .cache import cache_bytes, map_cache
 from .errors import ModelError
 
-_STATES = ("conv_states", "recurrent_states")  # a recurrent layer's per-layer dicts of batch-first tensors
 CARRY_MAX = 16  # the longest accepted path carried into the next pass's rows instead of read again at once
-
-
-def map_cache(cache, fn):
-    """A new cache whose every batch-first tensor (keys, values, convolution and recurrent states) is fn(tensor); the
-    layers' bookkeeping copied, so that the new one's updates never touch `cache`'s."""
-    new = copy.copy(cache)
-    new.layers = []
-    for layer in cache.layers:
-        twin = copy.copy(layer)
-        for name in ("keys", "values"):
-            t = getattr(layer, name, None)
-            if isinstance(t, torch.Tensor) and t.dim() == 4:
-                setattr(twin, name, fn(t))
-        for name in _STATES:
-            states = getattr(layer, name, None)
-            if isinstance(states, dict):
-                setattr(twin, name, {i: fn(t) if isinstance(t, torch.Tensor) else t for i, t in states.items()})
-        for name, value in vars(layer).items():  # flags kept per state index (has_previous_state, ...): own copies
-            if isinstance(value, dict) and name not in _STATES:
-                setattr(twin, name, dict(value))
-        new.layers.append(twin)
-    return new
-
-
-def cache_bytes(cache) -> int:
-    """Bytes of every batch-first tensor of `cache` (keys, values, convolution and recurrent states)."""
-    total = 0
-    for layer in cache.layers:
-        for name in ("keys", "values"):
-            t = getattr(layer, name, None)
-            total += t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
-        for name in _STATES:
-            for t in (getattr(layer, name, None) or {}).values():
-                total += t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
-    return total
 
 
 @dataclass
@@ -170,42 +134,34 @@ class PathRegion:
         if k0 < 0:
             raise ModelError("cannot drop committed columns of a recurrent model's cache")
         kept = list(range(k0)) + [k0 + c for c in cols]
-        for m, c in enumerate(kept):
-            if self.paths[c] != kept[:m]:
-                raise ModelError("the kept columns of a recurrent model's cache are not one path")
+        if not self._is_path(kept):
+            raise ModelError("the kept columns of a recurrent model's cache are not one path")
         row = None if self.rows is None else next(
             (b for b, path in enumerate(self.rows.paths) if path == kept and kept), None)
         if row is not None:  # the last pass read exactly this path: its cache is the committed one now
             cache = map_cache(self.rows.cache, lambda t: t[row : row + 1].clone())
             self.reset(self.committed + len(kept))
-        elif len(kept) > CARRY_MAX:
-            cache = self._chain(model, cache, [self.tokens[c] for c in kept], [self.positions[c] for c in kept], device)
-            self.replays += 1
-            self.reset(self.committed + len(kept))
-        else:  # carried: the next pass reads the path at the head of every row (one pass fewer than reading it now)
-            tokens, positions = [self.tokens[c] for c in kept], [self.positions[c] for c in kept]
-            self.reset(self.committed)
-            self.tokens, self.positions, self.paths = tokens, positions, [list(range(m)) for m in range(len(kept))]
-        return cache
+            return cache
+        # carried: the next pass reads the path at the head of every row (one pass fewer than reading it now)
+        tokens, positions = [self.tokens[c] for c in kept], [self.positions[c] for c in kept]
+        self.reset(self.committed)
+        self.tokens, self.positions, self.paths = tokens, positions, [list(range(m)) for m in range(len(kept))]
+        return self._commit_region(model, cache, len(kept), device) if len(kept) > CARRY_MAX else cache
 
     def commit(self, model, cache, tokens: list[int], positions: list[int], device) -> torch.Tensor:
         """Read `tokens` (always kept: a plain step's) onto the committed cache after a carried path (one pass for
         both): their logits [q, V]."""
-        for m, path in enumerate(self.paths):
-            if path != list(range(m)):
-                raise ModelError("a recurrent model's plain step came with uncommitted branches")
-        ids = torch.tensor([self.tokens + tokens], device=device)
-        pos = torch.tensor([self.positions + positions], device=device)
-        logits = model(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True).logits[0]
+        if not self._is_path(list(range(len(self.tokens)))):
+            raise ModelError("a recurrent model's plain step came with uncommitted branches")
+        logits = self._read(model, cache, self.tokens + tokens, self.positions + positions, device, len(tokens))
         self.reset(self.committed + len(self.tokens) + len(tokens))
-        return logits[-len(tokens):]
+        return logits
 
     def _commit_region(self, model, cache, n: int, device):
         """The first n region columns, seen by every later query, read onto the committed cache."""
-        for m in range(n):
-            if self.paths[m] != list(range(m)):
-                raise ModelError("columns every query sees are not one path in a recurrent model's region")
-        cache = self._chain(model, cache, self.tokens[:n], self.positions[:n], device)
+        if not self._is_path(list(range(n))):
+            raise ModelError("columns every query sees are not one path in a recurrent model's region")
+        self._read(model, cache, self.tokens[:n], self.positions[:n], device, 1)
         self.replays += 1
         self.tokens, self.positions = self.tokens[n:], self.positions[n:]
         self.paths = [[c - n for c in path[n:]] for path in self.paths[n:]]
@@ -213,12 +169,17 @@ class PathRegion:
         self.rows = None
         return cache
 
+    def _is_path(self, cols: list[int]) -> bool:
+        """Are region columns `cols` one path, each read after exactly the ones before it?"""
+        return all(self.paths[c] == cols[:m] for m, c in enumerate(cols))
+
     @staticmethod
-    def _chain(model, cache, tokens: list[int], positions: list[int], device):
+    def _read(model, cache, tokens: list[int], positions: list[int], device, last: int) -> torch.Tensor:
+        """`tokens` read as one chain onto `cache`: the logits after the last `last` of them.  # [last, V]"""
         ids = torch.tensor([tokens], device=device)
         pos = torch.tensor([positions], device=device)
-        model(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        return cache
+        return model(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True,
+                     logits_to_keep=last).logits[0]
 
     def _row_positions(self, row: list[int], width: int) -> list[int]:
         """The row's positions, a padded row's continuing one by one after its last."""

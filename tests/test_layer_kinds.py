@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from sage_engine import SpecEngine, layer_kinds, prepare_input
+from sage_engine import cache as cache_mod
 from sage_engine import engine as engine_mod
 from sage_engine import paths as paths_mod
 from sage_engine import runner as runner_mod
@@ -171,7 +172,7 @@ def test_a_recurrent_model_declared_attention_is_caught_by_the_check():
 
 def _keeps_the_first_rows_state(self, model, cache, start, cols, device):
     """A commit that keeps the state after the last pass's deepest path, whatever was accepted."""
-    cache = paths_mod.map_cache(self.rows.cache, lambda t: t[:1].clone()) if self.rows else cache
+    cache = cache_mod.map_cache(self.rows.cache, lambda t: t[:1].clone()) if self.rows else cache
     self.reset(self.committed + len(self.tokens))
     return cache
 
