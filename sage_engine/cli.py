@@ -253,9 +253,9 @@ def cmd_bench(args) -> int:
 def cmd_check_sampling(args) -> int:
     """Exit 0 when the p-value is at least 0.001, 1 below it (the policy's sampling is not the target's)."""
     from .engine import SpecEngine
+    from .families import is_tokenizer
     from .inputs import prepare_input
     from .media import load_image
-    from .models import is_tokenizer
     from .presets import ASSETS
     from .sampling_check import POWER, check_sampling
 

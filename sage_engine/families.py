@@ -222,6 +222,22 @@ def adapter_for(model_or_config) -> Family:
     return family
 
 
+def is_text_only(config) -> bool:
+    """A text-only LM: no vision_config, and a model type transformers does not list as image-text-to-text
+    (gemma3_text, llama and qwen3 are text-only; gemma3, llava and qwen3_vl are not)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    return (getattr(config, "vision_config", None) is None
+            and getattr(config, "model_type", None) not in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
+
+
+def is_tokenizer(processor) -> bool:
+    """Is this processor a bare tokenizer (a text-only model's), not a multimodal processor?"""
+    from transformers import PreTrainedTokenizerBase
+
+    return isinstance(processor, PreTrainedTokenizerBase)
+
+
 def vocab_rows(model: torch.nn.Module) -> int:
     """Logit rows of a model: its LM head's output rows (the padded vocabulary)."""
     head = model.get_output_embeddings()

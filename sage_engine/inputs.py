@@ -14,9 +14,9 @@ import torch
 from PIL import Image
 
 from .errors import InputError, first_line
-from .families import GENERIC, Family, adapter_for
+from .families import GENERIC, Family, adapter_for, is_tokenizer
 from .media import VideoClip, load_image, sample_video
-from .models import ModelPair, is_tokenizer
+from .models import ModelPair
 
 DEFAULT_NUM_FRAMES = 8
 MAX_PROMPT_CHARS = 8000

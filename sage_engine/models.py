@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import ModelError, first_line
-from .families import adapter_for
+from .families import adapter_for, is_text_only, is_tokenizer
 from .placement import DTYPES, place_pair
 from .presets import DEFAULT_DRAFT, DEFAULT_TARGET, PRESETS, require_hub
 
@@ -70,22 +70,6 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def is_text_only(config) -> bool:
-    """A text-only LM: no vision_config, and a model type transformers does not list as image-text-to-text
-    (gemma3_text, llama and qwen3 are text-only; gemma3, llava and qwen3_vl are not)."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
-
-    return (getattr(config, "vision_config", None) is None
-            and getattr(config, "model_type", None) not in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
-
-
-def is_tokenizer(processor) -> bool:
-    """Is this processor a bare tokenizer (a text-only model's), not a multimodal processor?"""
-    from transformers import PreTrainedTokenizerBase
-
-    return isinstance(processor, PreTrainedTokenizerBase)
-
-
 def _text_only(name: str) -> bool:
     """Is the checkpoint `name` a text-only LM? Read from its config alone (no weights)."""
     from transformers import AutoConfig
@@ -97,11 +81,12 @@ def _text_only(name: str) -> bool:
         raise ModelError(f"cannot load model {name!r}: {first_line(e)}") from None
 
 
-def _load_one(name: str, dtype: torch.dtype, device: str, attn: str, device_map=None):
-    """(model, processor) for one checkpoint: a VLM with its processor, or a text-only LM with its tokenizer."""
+def _load_one(name: str, dtype: torch.dtype, device: str, attn: str, device_map=None, text_only: bool | None = None):
+    """(model, processor) for one checkpoint: a VLM with its processor, or a text-only LM with its tokenizer
+    (`text_only`: where the caller has read its config already)."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
-    text_only = _text_only(name)
+    text_only = _text_only(name) if text_only is None else text_only
     try:
         loader, auto_model = (AutoTokenizer, AutoModelForCausalLM) if text_only else \
             (AutoProcessor, AutoModelForImageTextToText)
@@ -188,8 +173,10 @@ def load_pair(
     t_model, t_proc = _load_one(target, DTYPES[dtype], device, attn_implementation, target_device_map)
     d_model = d_proc = None
     if draft:
-        check_modalities(is_tokenizer(t_proc), _text_only(draft), target, draft)  # before the draft's weights load
-        d_model, d_proc = _load_one(draft, DTYPES[dtype], draft_device or device, attn_implementation)
+        draft_text_only = _text_only(draft)
+        check_modalities(is_tokenizer(t_proc), draft_text_only, target, draft)  # before the draft's weights load
+        d_model, d_proc = _load_one(draft, DTYPES[dtype], draft_device or device, attn_implementation,
+                                    text_only=draft_text_only)
         check_same_tokenizer(getattr(t_proc, "tokenizer", t_proc), getattr(d_proc, "tokenizer", d_proc))
         check_same_visual_tokens(t_model.config, d_model.config)
     settle_heap()

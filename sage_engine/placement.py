@@ -75,7 +75,7 @@ def meta_model(config, dtype: torch.dtype) -> torch.nn.Module:
     from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    from .models import is_text_only
+    from .families import is_text_only
 
     auto = AutoModelForCausalLM if is_text_only(config) else AutoModelForImageTextToText
     with init_empty_weights():
