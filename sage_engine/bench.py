@@ -205,7 +205,7 @@ def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], ma
     runs: list[dict] = []
     peak: dict[str, float] = {}
     events: dict[str, list] = {}  # policy -> each input's step events (the premise's correlations)
-    paths: dict[str, dict] = {}  # policy -> what reading trees path by path cost (recurrent models: paths.py)
+    paths = _PathWork(engine)  # what reading trees path by path cost each policy (recurrent models: paths.py)
     for n, (inp, prep) in enumerate(zip(inputs, prepared)):
         tries: dict[str, list[GenerationResult]] = {pol: [] for pol in policies}
         for r in range(rounds):
@@ -213,9 +213,7 @@ def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], ma
             for pol in policies[k:] + policies[:k]:  # rotate to cancel drift
                 if device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(device)
-                before = _path_counters(engine)
-                tries[pol].append(_decode(engine, prep, pol, max_new_tokens, sampling))
-                _add_path_cost(paths.setdefault(pol, {}), before, _path_counters(engine), tries[pol][-1])
+                tries[pol].append(paths.measure(pol, _decode, engine, prep, pol, max_new_tokens, sampling))
                 peak[pol] = max(peak.get(pol, 0.0), _peak_memory_mb(device))
                 if progress is not None:
                     progress.update(1)
@@ -252,39 +250,43 @@ def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], ma
                                     policies)
     report["policies"] = {pol: _policy_summary(pol, runs, ar_tps, peak.get(pol), events.get(pol, ()))
                           for pol in policies}
-    for pol, cost in paths.items():
-        if any(cost[role][1] for role in ("target", "draft") if role in cost):  # `ar` reads no tree: no row
-            report["policies"][pol]["paths"] = _per_step(cost, engine)
+    for pol, per_step in paths.per_step().items():
+        report["policies"][pol]["paths"] = per_step
     return report
 
 
-def _path_counters(engine: SpecEngine) -> dict[str, tuple[int, int]]:
-    """Each recurrent model's path counters (paths.py: chains read again, tokens read in rows) by role."""
-    return {role: (runner.paths.replays, runner.paths.row_tokens)
-            for role, runner in (("target", engine.target), ("draft", engine.draft))
-            if runner is not None and runner.paths is not None}
+class _PathWork:
+    """Each policy's path work on a model whose trees are read path by path (paths.py): chains read again and tokens
+    read in rows, by role, over its runs' decode steps."""
 
+    def __init__(self, engine: SpecEngine):
+        self.runners = {role: r for role, r in (("target", engine.target), ("draft", engine.draft))
+                        if r is not None and r.paths is not None}
+        self.work: dict[str, dict] = {}  # policy -> {"steps": n, role: [replays, row tokens]}
 
-def _add_path_cost(cost: dict, before: dict, after: dict, result: GenerationResult) -> None:
-    """Add one run's path work (after - before) and its decode steps to a policy's `cost`."""
-    if not after:
-        return
-    cost["steps"] = cost.get("steps", 0) + max(len(result.steps) - 1, 1)  # decode steps (step 0 is the prompt)
-    for role, (replays, rows) in after.items():
-        r0, t0 = before[role]
-        prev = cost.get(role, (0, 0))
-        cost[role] = (prev[0] + replays - r0, prev[1] + rows - t0)
+    def measure(self, policy: str, decode, *args) -> GenerationResult:
+        """decode(*args) (one run of `policy`), its path work added to the policy's."""
+        before = {role: (r.paths.replays, r.paths.row_tokens) for role, r in self.runners.items()}
+        result = decode(*args)
+        if self.runners:
+            work = self.work.setdefault(policy, {"steps": 0})
+            work["steps"] += max(len(result.steps) - 1, 1)  # decode steps (step 0 is the prompt)
+            for role, r in self.runners.items():
+                total = work.setdefault(role, [0, 0])
+                total[0] += r.paths.replays - before[role][0]
+                total[1] += r.paths.row_tokens - before[role][1]
+        return result
 
-
-def _per_step(cost: dict, engine: SpecEngine) -> dict:
-    """A policy's path work per decode step, and a row's cache at the engine's last pass (MB), by role."""
-    out = {}
-    for role, runner in (("target", engine.target), ("draft", engine.draft)):
-        if role in cost:
-            replays, rows = cost[role]
-            out[role] = {"chains_read_again_per_step": replays / cost["steps"],
-                         "row_tokens_per_step": rows / cost["steps"], "row_cache_mb": runner.paths.row_bytes / 1e6}
-    return out
+    def per_step(self) -> dict[str, dict]:
+        """{policy: {role: per step work, and a row's cache at the engine's last pass (MB)}} for the policies that
+        read rows (`ar` reads no tree)."""
+        out = {}
+        for policy, work in self.work.items():
+            if any(work[role][1] for role in self.runners):
+                out[policy] = {role: {"chains_read_again_per_step": work[role][0] / work["steps"],
+                                      "row_tokens_per_step": work[role][1] / work["steps"],
+                                      "row_cache_mb": r.paths.row_bytes / 1e6} for role, r in self.runners.items()}
+        return out
 
 
 def _policy_summary(pol: str, runs: list[dict], ar_tps: float, peak_mb: float | None, events) -> dict:
