@@ -38,6 +38,15 @@ Sources ("hub" = the model's page on the hub):
   [g3-27b]   hub copies of gemma-3-27b-it's config.json (btly/hewo; Abc7347/copytext27binstructgmn, an MLX 4-bit copy):
              the same ids, eos, 256 tokens per image and SigLIP 896 px / 14 vision config; hidden 5376, 62 layers; no
              text vocab_size (262208 rows, as [g3-4b])
+  [q35-9b]   hub KnowledgeXLab/ComActor-9B config.json, a Qwen3.5-9B fine-tune (Qwen3_5ForConditionalGeneration: image
+             token 248056, eos 248046, text eos 248044, hidden 4096, 32 layers, three linear_attention then one
+             full_attention); Qwen3.5-9B's model card (a copy): token embedding and LM output 248320 (padded)
+  [q35-0.8b] a project's notes on Qwen/Qwen3.5-0.8B/config.json (24 layers, hidden 1024, vocab 248320, tied head,
+             three linear_attention then one full_attention)
+  [q35-27b]  a test's copy of Qwen3.5-27B's config (image 248056, video 248057, vision_start 248053, vision_end 248054,
+             vocab 248320, hidden 5120, 64 layers, untied head)
+  [q35-moe]  a test mirroring Qwen3.5-35B-A3B's config.json (qwen3_5_moe: vocab 248320, hidden 2048, 40 layers);
+             hub trl-internal-testing/tiny-Qwen3_5MoeForConditionalGeneration-3.6 (vocab 248320, video 248057)
 """
 
 from __future__ import annotations
@@ -160,6 +169,18 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
     Preset("qwen3-8b/0.6b", "qwen3", "Qwen/Qwen3-8B", "Qwen/Qwen3-0.6B", 151936, 151936, None, None, False,
            "text-only Qwen3 pair: both configs vocab 151936, bos 151643, eos 151645 ([q3-8b], [q3-0.6b]; the 0.6B's "
            "from a copy); tokenizer length unverified"),
+    Preset("qwen3.5-9b/0.8b", "qwen3_5", "Qwen/Qwen3.5-9B", "Qwen/Qwen3.5-0.8B", 248320, 248320, None, 248056, True,
+           "one Qwen3.5 release, tokenizer and processor (gated delta rule in three of four layers: trees run as "
+           "paths); rows 248320 in both ([q35-9b], [q35-0.8b]), image token 248056 [q35-9b]; both read in copies "
+           "or notes, not the files themselves; the 0.8B's ids and the tokenizer length unverified (load_pair checks)"),
+    Preset("qwen3.5-27b/2b", "qwen3_5", "Qwen/Qwen3.5-27B", "Qwen/Qwen3.5-2B", 248320, None, None, 248056, True,
+           "one Qwen3.5 release: 27B rows 248320, image 248056, video 248057 [q35-27b]; the 2B config not read "
+           "(its rows, ids and the tokenizer length unverified; load_pair checks)", device="multi"),
+    Preset("qwen3.5-35b-a3b/0.8b", "qwen3_5_moe/qwen3_5", "Qwen/Qwen3.5-35B-A3B", "Qwen/Qwen3.5-0.8B", 248320, 248320,
+           None, 248056, True,
+           "an MoE target with a small dense draft of one Qwen3.5 release: rows 248320 in both ([q35-moe], "
+           "[q35-0.8b]), video token 248057 [q35-moe]; the MoE's image token and the tokenizer length unverified "
+           "(load_pair checks tokenizers and visual ids)", device="multi"),
 )}
 
 

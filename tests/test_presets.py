@@ -26,9 +26,9 @@ def test_every_preset_is_self_consistent():
             assert "unverified" in p.why_valid or p.local, p.name  # say so rather than guess
 
 
-def test_the_text_qwen3_vl_and_gemma_presets_cite_their_sources():
-    """The paper's pairs (Qwen3-VL MoE, Llama text), a dense Qwen3-VL, a Gemma 3 and a Qwen3 text pair: each why_valid
-    names a source listed at the top of presets.py, and a text pair takes neither images nor video."""
+def test_the_text_qwen3_vl_qwen3_5_and_gemma_presets_cite_their_sources():
+    """The paper's pairs (Qwen3-VL MoE, Llama text), a dense Qwen3-VL, Qwen3.5 (dense and MoE), Gemma 3, Qwen3 text:
+    each why_valid names a source listed at the top of presets.py, and a text pair takes neither images nor video."""
     import re
 
     import sage_engine.presets as presets
@@ -36,7 +36,8 @@ def test_the_text_qwen3_vl_and_gemma_presets_cite_their_sources():
     sources = set(re.findall(r"^  (\[[\w.-]+\])", presets.__doc__, re.M))
     new = {"qwen3-vl-235b-a22b/2b": "Qwen/Qwen3-VL-235B-A22B-Instruct", "qwen3-vl-32b/4b": "Qwen/Qwen3-VL-32B-Instruct",
            "gemma-3-27b/4b": "google/gemma-3-27b-it", "llama-3.1-8b/3.2-1b": "meta-llama/Llama-3.1-8B-Instruct",
-           "qwen3-8b/0.6b": "Qwen/Qwen3-8B"}
+           "qwen3-8b/0.6b": "Qwen/Qwen3-8B", "qwen3.5-9b/0.8b": "Qwen/Qwen3.5-9B", "qwen3.5-27b/2b": "Qwen/Qwen3.5-27B",
+           "qwen3.5-35b-a3b/0.8b": "Qwen/Qwen3.5-35B-A3B"}
     for name, target in new.items():
         p = PRESETS[name]
         cited = set(re.findall(r"\[[\w.-]+\]", p.why_valid))
@@ -45,6 +46,11 @@ def test_the_text_qwen3_vl_and_gemma_presets_cite_their_sources():
         assert PRESETS[name].image_token_id is None and not PRESETS[name].video
     assert PRESETS["llama-3.1-8b/3.2-1b"].target_vocab == PRESETS["llama-3.1-8b/3.2-1b"].draft_vocab == 128256
     assert PRESETS["qwen3-vl-235b-a22b/2b"].device == "multi"
+    from sage_engine.families import FAMILIES, QWEN3_5
+
+    for name in ("qwen3.5-9b/0.8b", "qwen3.5-27b/2b", "qwen3.5-35b-a3b/0.8b"):  # the recurrent family reads both sides
+        p = PRESETS[name]
+        assert all(FAMILIES[t] is QWEN3_5 for t in p.family.split("/")) and p.video and p.image_token_id == 248056
 
 
 def test_resolve_names_and_local_pairs(saved_qwen_pair):
