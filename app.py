@@ -37,7 +37,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="the preset loaded first and selected (env SAGE_PRESET; default: the first of --presets)")
     p.add_argument("--max-file-size", default=os.environ.get("SAGE_MAX_FILE_SIZE", "64mb"),
                    help="upload size cap, e.g. 64mb (env SAGE_MAX_FILE_SIZE)")
-    p.add_argument("--no-preload", action="store_true", help="load the model pair on the first run instead")
+    p.add_argument("--no-preload", action="store_true",
+                   help="load the model pair on the first run (default: in the background while the page is served)")
     p.add_argument("--threads", type=int, default=int(os.environ.get("SAGE_THREADS", 0)) or default_threads(),
                    help="torch CPU threads (env SAGE_THREADS; default: one per core but one, which the web "
                         "server keeps; README, 'The demo's speed')")
@@ -62,9 +63,10 @@ def main(argv=None) -> None:
         logging.getLogger("sage.app").info("compiling the engine's Numba code in the background")
     try:
         presets = served(args.presets.split(","))
-        # ZeroGPU: the pair must be on cuda before the first run (a lazy load would happen in the GPU worker)
-        demo = build_demo(presets, default_preset=args.preset, preload=zero_gpu() or not args.no_preload,
-                          cache_examples=args.cache_examples)
+        # ZeroGPU: the pair must be on cuda before launch (a lazy load would happen in the GPU worker); elsewhere the
+        # page is served at once and the pair loads behind it
+        preload = "now" if zero_gpu() else "off" if args.no_preload else "background"
+        demo = build_demo(presets, default_preset=args.preset, preload=preload, cache_examples=args.cache_examples)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
     logging.getLogger("sage.app").info("app built in %.1f s", time.perf_counter() - t0)

@@ -27,18 +27,24 @@ CSS = """
 """
 
 
+PRELOAD_MODES = ("off", "now", "background")
+
+
 def build_demo(presets: Mapping[str, Preset] | None = None, default_preset: str | None = None,
                pair_factory: PairFactory = load_preset, examples: list[Example] | None = None,
-               preload: bool = False, text_every: float = 0.25, plot_every: float = 1.0, queue_size: int = 32,
+               preload: str = "off", text_every: float = 0.25, plot_every: float = 1.0, queue_size: int = 32,
                pool_capacity: int = 1, cache_examples: str = "lazy") -> gr.Blocks:
     """The demo over `presets` (default: app.served.SERVED; the UI offers only these; the first is the default
     unless `default_preset` names another). `pair_factory(preset) -> ModelPair` loads a pair;
-    tests pass one that builds tiny models. `preload` loads the default pair and builds its engine now instead of
-    on first use; `text_every` / `plot_every`: minimum seconds between streamed text / figure updates (the first
-    token shows at once; all streamed updates together cost at most 4% of a race's wall time: app/pacing.py);
-    `pool_capacity` is how many pairs stay loaded at once. `cache_examples`: "lazy" (an example's first click
-    races it with the defaults and stores the result; later clicks show it, labelled as cached: app/examples.py)
-    or "off" (a click only fills the inputs)."""
+    tests pass one that builds tiny models. `preload`: "off" loads the default pair on first use, "now" before
+    returning (a ZeroGPU Space must place it before launch), "background" in a thread while the page is served (a
+    run meanwhile waits and says so); `text_every` / `plot_every`: minimum seconds between streamed text / figure
+    updates (the first token shows at once; all streamed updates together cost at most 4% of a race's wall time:
+    app/pacing.py); `pool_capacity` is how many pairs stay loaded at once. `cache_examples`: "lazy" (an example's
+    first click races it with the defaults and stores the result; later clicks show it, labelled as cached:
+    app/examples.py) or "off" (a click only fills the inputs)."""
+    if preload not in PRELOAD_MODES:
+        raise ValueError(f"preload must be one of {', '.join(PRELOAD_MODES)} (got {preload!r})")
     if cache_examples not in CACHE_MODES:
         raise ValueError(f"cache_examples must be one of {', '.join(CACHE_MODES)} (got {cache_examples!r})")
     presets = served() if presets is None else presets
@@ -51,7 +57,9 @@ def build_demo(presets: Mapping[str, Preset] | None = None, default_preset: str 
         wire(demo, ui, handlers)
     demo.queue(max_size=queue_size)
     calm_queue(demo)
-    if preload:
+    if preload == "background":
+        pool.load_in_background(preset.name)
+    elif preload == "now":
         try:
             loaded = pool.get(preset.name)
             loaded.engine()  # its runners check and time their layers now, not in the first visitor's run

@@ -150,8 +150,12 @@ class Handlers:
 
     def _compare(self, image, video, prompt, max_new_tokens, policy, preset=None, control: RunControl | None = None,
                  **knobs) -> Iterator[tuple]:
+        preset = preset or self.default_preset
+        waited = self.pool.loading_for(preset)
+        if waited is not None:  # the pair is loading behind the page: say why nothing moves yet (get() waits)
+            yield View(status=text.status_waiting(preset, waited)).row()
         try:
-            setup = self._setup(image, video, prompt, max_new_tokens, policy, preset or self.default_preset, knobs)
+            setup = self._setup(image, video, prompt, max_new_tokens, policy, preset, knobs)
             yield from self._race(setup, (control or RunControl()).switch)
         except SageError as e:  # the user's to fix: say what is wrong, in one line
             yield View(status=text.status_error(str(e))).row()
@@ -330,5 +334,15 @@ class Handlers:
         note = f"  \n{NOTES[name]}" if name in NOTES else ""
         if self.pool.is_loaded(name):
             return self.pool.get(name).describe() + note
+        waited = self.pool.loading_for(name)
+        if waited is not None:
+            return f"**{name}**: loading in the background ({waited:.0f} s so far); a run waits for it" + note
+        if name in self.pool.failed:
+            return f"**{name}**: failed to load ({self.pool.failed[name]})" + note
         missing = unavailable(self.pool.presets[name]) if name in self.pool.presets else "not configured"
         return f"**{name}**: " + (f"not available ({missing})" if missing else "loads on the first run") + note
+
+    def model_tick(self, preset: str | None) -> tuple:
+        """The page's timer: the model line again, and the timer stays on only while the pair is loading."""
+        name = preset or self.default_preset
+        return self.describe_model(name), gr.Timer(active=self.pool.loading_for(name) is not None)

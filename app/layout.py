@@ -14,6 +14,7 @@ from sage_engine.policies import SPECULATIVE_POLICIES
 
 from . import plots, replay, text
 from .components import UploadedImage
+from .policy_compare import TREES, TREES_PER_ROW
 from .race import RunControl
 from .served import Preset
 from .theme import TOKEN_COLORS
@@ -73,6 +74,7 @@ class Ui:
     """Every component an event reads or writes."""
 
     model_info: gr.Markdown
+    model_timer: gr.Timer  # refreshes model_info while the pair loads behind the page, then stops
     image: UploadedImage
     video: gr.Video
     prompt: gr.Textbox
@@ -232,9 +234,11 @@ def _compare() -> CompareUi:
                              elem_id="compare-tokens", show_label=False)
         point = gr.Slider(0, 100, 50, step=1, label="Trees at this point of each answer (% of its tokens)",
                           elem_id="compare-point")
-        with gr.Row():
-            trees = [gr.Plot(empty_tree("compare the policies first"), elem_id=f"compare-tree-{i}", show_label=False)
-                     for i in range(5)]
+        trees = []
+        for first in range(0, TREES, TREES_PER_ROW):  # rows of two: wide enough for a deep tree's labels
+            with gr.Row():
+                trees += [gr.Plot(empty_tree("compare the policies first"), elem_id=f"compare-tree-{i}",
+                                  show_label=False) for i in range(first, min(first + TREES_PER_ROW, TREES))]
         export = gr.DownloadButton("Download the comparison (JSON: every policy's step events and stats)", value=None,
                                    interactive=False, elem_id="compare-export", variant="secondary")
         summary = gr.JSON(elem_id="compare-summary", visible=False)
@@ -257,6 +261,7 @@ def build_layout(presets: Mapping[str, Preset], default_preset: str, cfg: SageCo
             inputs.update(_settings(presets, default_preset))
             knobs = _knobs(cfg)
             model_info = gr.Markdown(elem_id="model-info")
+            model_timer = gr.Timer(1.0)
         with gr.Column(scale=7, min_width=480):
             examples_row = gr.Row()  # filled by app/examples.py once every output exists
             outputs = _texts()
@@ -267,8 +272,8 @@ def build_layout(presets: Mapping[str, Preset], default_preset: str, cfg: SageCo
     with gr.Accordion("JSON summary (the last output of the `compare` API endpoint)", open=False):
         summary = gr.JSON(elem_id="summary")
     compare = _compare()
-    return Ui(model_info=model_info, examples_row=examples_row, knobs=knobs, run=run, stop=stop, status=status,
-              compare=compare,
+    return Ui(model_info=model_info, model_timer=model_timer, examples_row=examples_row, knobs=knobs, run=run,
+              stop=stop, status=status, compare=compare,
               export=export, run_state=gr.State(None), summary=summary, control=gr.State(RunControl()), **inputs,
               **outputs, **figures)
 

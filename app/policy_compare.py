@@ -136,11 +136,9 @@ def trees_at(lanes: list[PolicyLane], percent: float) -> list:
         if ev is None or ev.tree is None:
             out.append(empty_tree(f"{name}: no tree"))
             continue
-        fig = tree_figure(ev, ev.bonus_text or "")
-        fig.update_layout(title={"text": f"{name}, step {ev.step}: {len(ev.tree.tokens)} nodes, "
-                                         f"{len(ev.accepted_tokens)} accepted", "font": {"size": 12}},
-                          showlegend=False, annotations=[], height=420, margin={"b": 50},  # the legend: above
-                          xaxis_title_text="depth")
+        title = f"{name}, step {ev.step}: {len(ev.tree.tokens)} nodes, {len(ev.accepted_tokens)} accepted"
+        fig = tree_figure(ev, ev.bonus_text or "", width_px=TREE_WIDTH_PX, compact=True, title=title)
+        fig.update_layout(title_font_size=12, xaxis_title_text="depth")
         out.append(fig)
     return out
 
@@ -172,6 +170,8 @@ def verdict(lanes: list[PolicyLane]) -> str:
 
 
 TREES = len(COMPARED) - 1  # one tree plot per speculative policy
+TREES_PER_ROW = 2  # side by side; five in a row left each ~200 px, too narrow for a 64-node tree's labels
+TREE_WIDTH_PX = 520  # one of them on a ~1100-px page
 
 
 class PolicyComparison:

@@ -8,6 +8,7 @@ runs queue there (one run per device), so the pool only guards its own dict.
 from __future__ import annotations
 
 import gc
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -20,6 +21,7 @@ from .device import DeviceThread
 from .served import Preset, unavailable
 
 PairFactory = Callable[[Preset], ModelPair]
+log = logging.getLogger("sage.app")
 
 
 def load_preset(preset: Preset) -> ModelPair:
@@ -39,14 +41,17 @@ class Loaded:
     load_seconds: float
     device: DeviceThread  # the thread that built and uses these models
     engines: dict = field(default_factory=dict)  # VisualPruning | None -> SpecEngine
+    _building: threading.Lock = field(default_factory=threading.Lock, repr=False)  # one build per engine
 
     def engine(self, draft_pruning: VisualPruning | None = None) -> SpecEngine:
         """The engine for `draft_pruning`, built on the device thread the first time (its runners time and check
-        their layers there)."""
-        engine = self.engines.get(draft_pruning)
-        if engine is None or (engine.compiled is False and jit.activate()):  # built before the compile finished
-            engine = self.engines[draft_pruning] = self.device.call(SpecEngine, self.pair, draft_pruning=draft_pruning)
-        return engine
+        their layers there); a second caller meanwhile (the background preload and a run) waits for that build."""
+        with self._building:
+            engine = self.engines.get(draft_pruning)
+            if engine is None or (engine.compiled is False and jit.activate()):  # built before the compile finished
+                engine = self.engines[draft_pruning] = self.device.call(SpecEngine, self.pair,
+                                                                        draft_pruning=draft_pruning)
+            return engine
 
     def describe(self) -> str:
         d = self.pair.describe()
@@ -69,6 +74,8 @@ class PairPool:
         self.device = device or DeviceThread()  # where every pair is loaded and used
         self._loaded: dict[str, Loaded] = {}
         self._lock = threading.Lock()
+        self._loading: dict[str, float] = {}  # preset -> when its background load started (perf_counter)
+        self.failed: dict[str, str] = {}  # preset -> why its background load failed (one line)
 
     def get(self, name: str) -> Loaded:
         """The loaded pair for preset `name`; loads it if needed. Raises ModelError (one line)."""
@@ -86,3 +93,31 @@ class PairPool:
 
     def is_loaded(self, name: str) -> bool:
         return name in self._loaded
+
+    def load_in_background(self, name: str) -> threading.Thread:
+        """Load `name` and build its engine in a daemon thread, so the page is served meanwhile; a run that needs
+        the pair waits for it in `get` (the pool's lock), and `loading_for` tells the page how long it has taken."""
+        self._loading[name] = time.perf_counter()
+
+        def work():
+            try:
+                loaded = self.get(name)
+                loaded.engine()  # its runners check and time their layers now, not in the first visitor's run
+                log.info("loaded %s in %.1f s (in the background)", name, loaded.load_seconds)
+            except ModelError as e:  # the page keeps serving; the model line and a run say why
+                self.failed[name] = str(e)
+                log.warning("%s", e)
+            except Exception as e:  # a bug: keep the traceback in the log
+                self.failed[name] = f"internal error while loading ({type(e).__name__}); see the server log"
+                log.exception("background load of %s failed", name)
+            finally:
+                self._loading.pop(name, None)
+
+        thread = threading.Thread(target=work, name=f"sage-load-{name}", daemon=True)
+        thread.start()
+        return thread
+
+    def loading_for(self, name: str) -> float | None:
+        """Seconds since the background load of `name` started, or None when none is under way."""
+        started = self._loading.get(name)
+        return None if started is None else time.perf_counter() - started

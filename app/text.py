@@ -236,5 +236,10 @@ def no_step_slider(status: str) -> str:
     return f"{status} (The step slider is off for this cached run: its step data is missing; press **Run**.)"
 
 
+def status_waiting(preset: str, seconds: float) -> str:
+    return (f"Waiting: the model pair **{preset}** is still loading ({seconds:.0f} s so far); "
+            "this run starts as soon as it is ready.")
+
+
 def status_error(message: str) -> str:
     return f"**Cannot run:** {message}"  # gr.Markdown sanitises HTML itself

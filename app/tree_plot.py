@@ -1,7 +1,11 @@
 """The draft tree of one speculative step as a Plotly figure.
 
 Layout: depth on x (the root, i.e. the newest accepted token, at 0), siblings stacked on y
-in draft-rank order. Colours: accepted path (green), rejected (grey), the target's bonus
+in draft-rank order. Labels never overlap: every leaf gets its own row, tall enough for a line of text, and a
+label is cut (ending in "…") to the room its depth column has in a plot `width_px` wide: beside each node, or, in a
+tree too deep for that, staggered above and below; too deep even for that, the title says the tokens are on hover
+(`label_plan`).
+Colours: accepted path (green), rejected (grey), the target's bonus
 token (blue), the root (slate). Hover shows the draft probability and depth of a node and, when
 sampling, how the target tested it (p, q, the uniform u, accept or reject). Under the tree, the
 step told in words: the acceptance rule with this step's own numbers.
@@ -100,8 +104,12 @@ def rule_story(ev: StepEvent, bonus_text: str) -> str:
     return "<br>".join(lines)
 
 
-def tree_figure(ev: StepEvent, bonus_text: str = ""):
-    """The verified tree of step `ev` (a decode step of a policy with a draft)."""
+def tree_figure(ev: StepEvent, bonus_text: str = "", width_px: int | None = None, compact: bool = False,
+                title: str | None = None):
+    """The verified tree of step `ev` (a decode step of a policy with a draft), for a plot about `width_px` wide
+    (default: the race view's). `compact`: no legend and no story under the tree (the compare view's small multiples;
+    they pass their own `title`)."""
+    width_px = width_px or RACE_WIDTH_PX
     tv = ev.tree
     if tv is None:
         return empty_tree("no tree: this step drafted nothing")
@@ -136,24 +144,72 @@ def tree_figure(ev: StepEvent, bonus_text: str = ""):
         data.append(_nodes("target, bonus", BLUE, [depth[BONUS_NODE]], [y[BONUS_NODE]], [bonus_text],
                            [_hover(bonus_text, ev.bonus_token, depth[BONUS_NODE], None, None,
                                    "the target's own next token")], symbol="star", size=18))
-    title = (f"Step {ev.step}: {len(tv.tokens)} drafted nodes (D={ev.depth}, W={ev.width}), "
-             f"{len(accepted)} accepted + 1 bonus")
-    rows = len(set(y.values()))
-    story = rule_story(ev, bonus_text)
-    lines = story.count("<br>") + 1
-    note = dict(text=story, showarrow=False, x=0, y=0, xref="paper", yref="paper", yshift=-48, align="left",
-                xanchor="left", yanchor="top", font=dict(size=11, color="#334155"))
-    out = layout(title, max(380, min(900, 22 * rows + 130)) + 16 * lines, hovermode="closest", annotations=[note],
+    where, chars = label_plan(max(depth.values()), width_px)
+    for trace in data:
+        if trace.get("mode") == "markers+text":
+            _place_labels(trace, where, chars)
+    title = (title or f"Step {ev.step}: {len(tv.tokens)} drafted nodes (D={ev.depth}, W={ev.width}), "
+             f"{len(accepted)} accepted + 1 bonus") + ("; tokens on hover" if where == "hover" else "")
+    rows = round(max(y.values()) - min(y.values())) + 1  # the leaves: every node sits within a row of them
+    story = "" if compact else _wrap(rule_story(ev, bonus_text), int((width_px - 40) / 6.5))
+    lines = story.count("<br>") + 1 if story else 0
+    notes = [dict(text=story, showarrow=False, x=0, y=0, xref="paper", yref="paper", yshift=-48, align="left",
+                  xanchor="left", yanchor="top", font=dict(size=11, color="#334155"))] if story else []
+    bottom = 60 + 16 * lines
+    row_px = ROW_PX * (STAGGER_ROWS if where == "stagger" else 1)
+    out = layout(title, TOP_PX + bottom + max(row_px * rows, 240), hovermode="closest", annotations=notes,
+                 showlegend=not compact,
                  xaxis=dict(title=dict(text="depth (tokens ahead of the output)"), dtick=1, zeroline=False,
-                            range=[-0.4, max(depth.values()) + 1.2]),
-                 yaxis=dict(visible=False))
-    out["margin"] = {**out.get("margin", {}), "b": 60 + 16 * lines}
+                            range=[-X_PAD_LEFT, max(depth.values()) + X_PAD_RIGHT]),
+                 yaxis=dict(visible=False, range=[min(y.values()) - 0.5, max(y.values()) + 0.5]))
+    out["margin"] = {**out.get("margin", {}), "t": TOP_PX, "b": bottom}
     return figure(data, out)
 
 
+# Label geometry: a row per leaf, ROW_PX tall (a line of LABEL_PX text fits with room to spare); a depth column is
+# the plot's width over the x range, less the node's marker and a gap, at CHAR_PX per character (11-px text in a
+# proportional font averages ~6 px; wide glyphs such as "W" are ~9, so 7.5 keeps a cut label inside its column).
+LABEL_PX, ROW_PX, CHAR_PX, MARKER_PX = 11, 20, 7.5, 18
+STAGGER_ROWS = 2.4  # staggered labels sit above and below their nodes: rows that far apart keep them clear
+TOP_PX = 96  # the title and legend above the plot area
+X_PAD_LEFT, X_PAD_RIGHT = 0.4, 1.2  # x range beyond the root and the deepest node (its label needs the room)
+RACE_WIDTH_PX = 640  # the race view's tree plot (3/5 of a 1100-px row); the compare view passes its own
+
+
+def label_plan(max_depth: int, width_px: int) -> tuple[str, int]:
+    """Where the node labels go in a plot `width_px` wide showing depths 0..max_depth, and how many characters
+    each keeps, so that no two overlap (the plot's side margins and axis take ~40 px):
+    ("side", n) right of every node, when a depth column holds n >= 3 characters beside its marker;
+    ("stagger", n) centred above the nodes of even depths and below those of odd ones, so that labels on one side
+    are two columns apart (deep narrow trees: sage's chains); ("hover", 0) when even that is under 3 characters."""
+    column = (width_px - 40) / (max_depth + X_PAD_LEFT + X_PAD_RIGHT)
+    side = int((column - MARKER_PX) // CHAR_PX)
+    if side >= 3:
+        return "side", min(side, 10)
+    stagger = int((2 * column - 8) // CHAR_PX)
+    return ("stagger", min(stagger, 10)) if stagger >= 3 else ("hover", 0)
+
+
+def _place_labels(trace: dict, where: str, chars: int) -> None:
+    """Cut a node trace's labels to `chars` and put them where `label_plan` said (none: hover only)."""
+    if where == "hover":
+        trace.update(text=None, mode="markers")
+        return
+    trace["text"] = [token_label(t, chars) for t in trace["text"]]
+    if where == "stagger":
+        trace["textposition"] = ["top center" if round(x) % 2 == 0 else "bottom center" for x in trace["x"]]
+
+
+def _wrap(story: str, chars: int) -> str:
+    """The story's lines (joined by <br>) wrapped to `chars` characters (Plotly does not wrap annotations)."""
+    import textwrap
+
+    return "<br>".join(part for line in story.split("<br>") for part in textwrap.wrap(line, chars) or [""])
+
+
 def _nodes(name, color, xs, ys, texts, hovers, symbol="circle", size=13) -> dict:
-    return dict(type="scatter", x=xs, y=ys, mode="markers+text", name=name, text=[token_label(t, 8) for t in texts],
-                textposition="middle right", textfont=dict(size=11, color="#0f172a"), hovertext=hovers,
+    return dict(type="scatter", x=xs, y=ys, mode="markers+text", name=name, text=list(texts),
+                textposition="middle right", textfont=dict(size=LABEL_PX, color="#0f172a"), hovertext=hovers,
                 hoverinfo="text", marker=dict(color=color, size=size, symbol=symbol,
                                               line=dict(color="#0f172a", width=1)))
 

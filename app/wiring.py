@@ -63,3 +63,5 @@ def wire(demo: gr.Blocks, ui: Ui, h: Handlers) -> None:
         fn=None, js=DISMISS_STALE_VIDEO_ERROR, api_visibility="private", queue=False)
     ui.preset.change(h.describe_model, ui.preset, ui.model_info, api_visibility="private", queue=False)
     demo.load(h.describe_model, ui.preset, ui.model_info, api_visibility="private", queue=False)
+    ui.model_timer.tick(h.model_tick, ui.preset, [ui.model_info, ui.model_timer], api_visibility="private",
+                        queue=False, show_progress="hidden")

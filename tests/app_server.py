@@ -61,7 +61,7 @@ class Server:
 def launch() -> Server:
     table = presets()
     os.environ["GRADIO_EXAMPLES_CACHE"] = tempfile.mkdtemp(prefix="sage-examples-cache-")
-    demo = build_demo(presets=table, pair_factory=pair_factory, preload=True, pool_capacity=len(table),
+    demo = build_demo(presets=table, pair_factory=pair_factory, preload="now", pool_capacity=len(table),
                       cache_examples="lazy")
     _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **launch_options())
     return Server(url.rstrip("/"), demo, next(iter(table)), tuple(table))

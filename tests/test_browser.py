@@ -2,7 +2,8 @@
 
 Upload an image, run, both texts appear, the Plotly charts and the draft tree render, the step
 slider changes the tree, the race replay plays. Screenshots go to the test's tmp dir; with
-SAGE_DOCS_SCREENSHOT=1 the first screen after the run (1440 x 900) is saved to docs/screenshot.png for the README.
+SAGE_DOCS_SCREENSHOT=1 the first screen after the run (1440 x 900) is saved to docs/screenshot.png for the README,
+the compare view to docs/compare.png and the race view's 64-node eagle2 tree to docs/tree.png.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import pytest
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
-DOCS_SHOT = Path(__file__).resolve().parent.parent / "docs" / "screenshot.png"
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS_SHOT = DOCS / "screenshot.png"
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -52,6 +54,28 @@ def test_the_first_screen_shows_the_upload_the_prompt_run_and_the_examples(page)
         assert all(box["y"] + min(box["height"], 120) <= 900 for box in boxes.values()), boxes
     finally:
         page.set_viewport_size({"width": 1440, "height": 1100})
+
+
+LABEL_BOXES = """(sel) => Array.from(document.querySelectorAll(sel + ' g.textpoint text')).map(t => {
+    const r = t.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom, t.textContent]; })"""
+
+
+def label_overlaps(page, plot: str) -> tuple[int, list]:
+    """The node labels drawn in `#plot` (their count) and every pair of them whose boxes overlap (> 0.5 px)."""
+    boxes = page.evaluate(LABEL_BOXES, f"#{plot}")
+    clash = [(a[4], b[4]) for i, a in enumerate(boxes) for b in boxes[i + 1:]
+             if min(a[2], b[2]) - max(a[0], b[0]) > 0.5 and min(a[3], b[3]) - max(a[1], b[1]) > 0.5]
+    return len(boxes), clash
+
+
+def check_labels(page, plot: str) -> None:
+    """No two labels of the tree in `#plot` overlap, and every node has its label unless the title says the tokens
+    are on hover."""
+    count, clash = label_overlaps(page, plot)
+    title = page.locator(f"#{plot} .gtitle").text_content() or ""
+    nodes = page.locator(f"#{plot} .scatterlayer .point").count()
+    assert not clash, (plot, title, clash[:5])
+    assert count == nodes or (count == 0 and "tokens on hover" in title), (plot, title, count, nodes)
 
 
 def tree_title(page) -> str:
@@ -337,6 +361,10 @@ def test_compare_policies_on_an_example_scene_and_an_uploaded_photo(page, tmp_pa
         for plot in COMPARE_PLOTS:
             page.wait_for_selector(f"#{plot} .js-plotly-plot .main-svg")
         assert "Every policy wrote exactly the target's tokens" in page.inner_text("#compare-verdict")
+        for i in range(5):  # the 64-node eagle2 tree and the deep sage trees: every label readable
+            check_labels(page, f"compare-tree-{i}")
+        if image == example and os.environ.get("SAGE_DOCS_SCREENSHOT") == "1":
+            page.locator("#compare-policies").screenshot(path=str(DOCS / "compare.png"))
     title = page.locator("#compare-tree-4 .gtitle").text_content()  # the scrubber redraws the trees
     point = page.locator("#compare-point input[type=number]")
     point.fill("100" if "step 1:" in (title or "") else "0")
@@ -344,3 +372,35 @@ def test_compare_policies_on_an_example_scene_and_an_uploaded_photo(page, tmp_pa
     page.wait_for_function("([t]) => (document.querySelector('#compare-tree-4 .gtitle') || {}).textContent !== t",
                            arg=[title], timeout=20_000)
     assert not [e for e in page.errors if "no supported sources" not in e], page.errors
+
+
+@pytest.mark.parametrize("policy", ["sage", "eagle2"])
+def test_tree_labels_never_overlap_in_the_race_view(page, policy):
+    """On the example scene, every step's tree in the race view (sage's deep chains, eagle2's 64 nodes) draws its
+    token labels without two overlapping (tree_plot.label_plan cuts and places them)."""
+    example = Path(__file__).resolve().parent.parent / "assets" / "examples" / "shapes_1.png"
+    page.set_input_files("#image input[type=file]", str(example))
+    page.wait_for_selector("#image img")
+    page.fill("#prompt textarea", "Describe the image in detail.")
+    page.fill("#max-new-tokens input[type=number]", "64")
+    page.click("#policy input")
+    page.fill("#policy input", policy)
+    page.keyboard.press("Enter")
+    page.wait_for_function(f"document.querySelector('#policy input').value === '{policy}'")
+    page.click("#run")
+    page.wait_for_function("document.querySelector('#status').innerText.includes('Done') && "
+                           f"document.querySelector('#scoreboard').textContent.includes('Speculative ({policy})')",
+                           timeout=120_000)  # this run's end, not the last one's
+    page.wait_for_selector("#plot-tree .js-plotly-plot .main-svg")
+    steps = int(page.locator("#step input[type=number]").get_attribute("max") or 1)
+    box = page.locator("#step input[type=number]")
+    for step in range(1, steps + 1):
+        if not tree_title(page).startswith(f"Step {step}:"):
+            box.fill(str(step))
+            box.press("Enter")
+            page.wait_for_function(f"(document.querySelector('#plot-tree .gtitle') || {{}}).textContent"
+                                   f"?.startsWith('Step {step}:')", timeout=20_000)
+        check_labels(page, "plot-tree")
+    assert steps >= 2
+    if policy == "eagle2" and os.environ.get("SAGE_DOCS_SCREENSHOT") == "1":
+        page.locator("#plot-tree").screenshot(path=str(DOCS / "tree.png"))

@@ -1,0 +1,90 @@
+"""A newcomer's first start, timed: `python -m tools.first_start [--runs 3] [--port 7871]`.
+
+Each run starts `python app.py` as a fresh process with an empty Numba cache (a cold start: nothing compiled yet),
+then measures
+- page: seconds from the start until the server answers GET / (the page a visitor sees);
+- first race: seconds from the page until the first /compare run on the first example (its own image and prompt,
+  the default token budget and policy) has finished, counted from the page as a visitor who clicks at once would;
+and, beside them, the machine's speed: `ar` tokens/s of that same first race (so a time can be read against the
+machine it was taken on). Prints one Markdown row per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _wait_page(url: str, proc: subprocess.Popen, limit: float = 180.0) -> None:
+    t_end = time.monotonic() + limit
+    while time.monotonic() < t_end:
+        if proc.poll() is not None:
+            raise SystemExit(f"error: app.py exited with code {proc.returncode} before serving the page")
+        try:
+            with urllib.request.urlopen(url, timeout=1.0) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise SystemExit(f"error: no page at {url} within {limit:.0f} s")
+
+
+def one_start(port: int) -> dict:
+    """One cold start; returns its times (seconds) and the first race's `ar` tokens/s."""
+    from gradio_client import Client
+
+    cache = tempfile.mkdtemp(prefix="sage-cold-numba-")
+    env = {**os.environ, "NUMBA_CACHE_DIR": cache, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1",
+           "GRADIO_EXAMPLES_CACHE": tempfile.mkdtemp(prefix="sage-cold-examples-")}
+    url = f"http://127.0.0.1:{port}/"
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port)], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_page(url, proc)
+        page = time.monotonic() - t0
+        client = Client(url, verbose=False)
+        sys.path.insert(0, str(ROOT))
+        from app.media import load_examples
+
+        example = next(e for e in load_examples() if e.media == "image")
+        t1 = time.monotonic()
+        final = client.predict(image=_file(example.file), video=None, prompt=example.prompt, api_name="/compare")
+        race = time.monotonic() - t1
+        summary = final[-1]  # the JSON summary is the endpoint's last output
+        return {"page": page, "race": race, "ar_tps": summary["ar"]["stats"]["tokens_per_second"],
+                "identical": summary["identical"]}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _file(path: str):
+    from gradio_client import handle_file
+
+    return handle_file(path)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--port", type=int, default=7871)
+    args = p.parse_args(argv)
+    print("| run | page (s) | first race done, from the page (s) | `ar` tok/s in that race | lanes identical |")
+    print("|---|---|---|---|---|")
+    for i in range(args.runs):
+        r = one_start(args.port)
+        print(f"| {i + 1} | {r['page']:.1f} | {r['race']:.1f} | {r['ar_tps']:.0f} | {r['identical']} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
