@@ -388,9 +388,10 @@ def test_tree_labels_never_overlap_in_the_race_view(page, policy):
     page.keyboard.press("Enter")
     page.wait_for_function(f"document.querySelector('#policy input').value === '{policy}'")
     page.click("#run")
+    page.wait_for_function("!document.querySelector('#status').innerText.includes('Done')")  # this run began
     page.wait_for_function("document.querySelector('#status').innerText.includes('Done') && "
                            f"document.querySelector('#scoreboard').textContent.includes('Speculative ({policy})')",
-                           timeout=120_000)  # this run's end, not the last one's
+                           timeout=120_000)
     page.wait_for_selector("#plot-tree .js-plotly-plot .main-svg")
     steps = int(page.locator("#step input[type=number]").get_attribute("max") or 1)
     box = page.locator("#step input[type=number]")

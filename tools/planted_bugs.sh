@@ -29,3 +29,9 @@ plant "a verify mask that hides a grandparent (default builder)" sage_engine/rul
   "            allowed[i + 1, a + 1] = True
             a = parents[a]" "            allowed[i + 1, a + 1] = True
             a = parents[a] if a == i else -1" tests/test_rules.py
+plant "a ratio test 10% too lenient (accept when u*q < 1.1 p)" sage_engine/sampling.py \
+  "return u * q_x < p_x, u" "return u * q_x < 1.1 * p_x, u" \
+  "tests/test_sampling.py::test_the_first_two_tokens_follow_the_targets_distribution_for_every_policy"
+plant "a rejection that redraws from p, not from the residual max(0, p - q)" sage_engine/sampling.py \
+  "residual = np.maximum(p - q, 0.0)" "residual = p.copy()" \
+  "tests/test_sampling.py::test_the_first_two_tokens_follow_the_targets_distribution_for_every_policy"
