@@ -8,7 +8,8 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-pytest.register_assert_rewrite("app_server")  # its helpers' asserts (check_summary) explain a failure as a test's do
+# their helpers' asserts (check_summary, check_labels) explain a failure as a test's do
+pytest.register_assert_rewrite("app_server", "browser_checks")
 
 
 @pytest.fixture(scope="session", autouse=True)
