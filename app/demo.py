@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 
 import gradio as gr
-
-from sage_engine import ModelError
 
 from .examples import CACHE_MODES, add_examples
 from .handlers import Handlers
@@ -17,8 +14,6 @@ from .pool import PairFactory, PairPool, load_preset
 from .served import Preset, pick, served
 from .text import TITLE
 from .wiring import wire
-
-log = logging.getLogger("sage.app")
 
 CSS = """
 #spec-text .textfield { font-size: 14px; line-height: 1.9; }
@@ -60,12 +55,7 @@ def build_demo(presets: Mapping[str, Preset] | None = None, default_preset: str 
     if preload == "background":
         pool.load_in_background(preset.name)
     elif preload == "now":
-        try:
-            loaded = pool.get(preset.name)
-            loaded.engine()  # its runners check and time their layers now, not in the first visitor's run
-            log.info("loaded %s in %.1f s", preset.name, loaded.load_seconds)
-        except ModelError as e:  # the UI still starts and shows the reason on Run
-            log.warning("%s", e)
+        pool.preload(preset.name)
     return demo
 
 

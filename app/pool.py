@@ -94,22 +94,28 @@ class PairPool:
     def is_loaded(self, name: str) -> bool:
         return name in self._loaded
 
+    def preload(self, name: str) -> None:
+        """Load `name` and build its engine now, before any visitor's run (its runners check and time their layers
+        here); a failure is logged and kept in `failed` (the model line says it), never raised: the page serves on."""
+        try:
+            loaded = self.get(name)
+            loaded.engine()
+            log.info("loaded %s in %.1f s", name, loaded.load_seconds)
+        except ModelError as e:  # the model line and a run say why
+            self.failed[name] = str(e)
+            log.warning("%s", e)
+        except Exception as e:  # a bug: keep the traceback in the log
+            self.failed[name] = f"internal error while loading ({type(e).__name__}); see the server log"
+            log.exception("loading %s failed", name)
+
     def load_in_background(self, name: str) -> threading.Thread:
-        """Load `name` and build its engine in a daemon thread, so the page is served meanwhile; a run that needs
-        the pair waits for it in `get` (the pool's lock), and `loading_for` tells the page how long it has taken."""
+        """`preload` in a daemon thread, so the page is served meanwhile; a run that needs the pair waits for it in
+        `get` (the pool's lock), and `loading_for` tells the page how long it has taken."""
         self._loading[name] = time.perf_counter()
 
         def work():
             try:
-                loaded = self.get(name)
-                loaded.engine()  # its runners check and time their layers now, not in the first visitor's run
-                log.info("loaded %s in %.1f s (in the background)", name, loaded.load_seconds)
-            except ModelError as e:  # the page keeps serving; the model line and a run say why
-                self.failed[name] = str(e)
-                log.warning("%s", e)
-            except Exception as e:  # a bug: keep the traceback in the log
-                self.failed[name] = f"internal error while loading ({type(e).__name__}); see the server log"
-                log.exception("background load of %s failed", name)
+                self.preload(name)
             finally:
                 self._loading.pop(name, None)
 
