@@ -13,6 +13,8 @@ step told in words: the acceptance rule with this step's own numbers.
 
 from __future__ import annotations
 
+import textwrap
+
 from sage_engine import StepEvent
 
 from .theme import BLUE, GREEN, GREY, SLATE, figure, layout, token_label
@@ -104,68 +106,6 @@ def rule_story(ev: StepEvent, bonus_text: str) -> str:
     return "<br>".join(lines)
 
 
-def tree_figure(ev: StepEvent, bonus_text: str = "", width_px: int | None = None, compact: bool = False,
-                title: str | None = None):
-    """The verified tree of step `ev` (a decode step of a policy with a draft), for a plot about `width_px` wide
-    (default: the race view's). `compact`: no legend and no story under the tree (the compare view's small multiples;
-    they pass their own `title`)."""
-    width_px = width_px or RACE_WIDTH_PX
-    tv = ev.tree
-    if tv is None:
-        return empty_tree("no tree: this step drafted nothing")
-    accepted = list(ev.accepted_nodes)
-    acc, last = set(accepted), (accepted[-1] if accepted else -1)
-    has_bonus = ev.bonus_token is not None
-    y = _layout(tv.parents, last if has_bonus else None)
-    depth = {-1: 0, **{i: d for i, d in enumerate(tv.depths)}}
-    depth[BONUS_NODE] = depth[last] + 1
-
-    data = []
-    for on_path in (False, True):
-        xs, ys = [], []
-        for i, p in enumerate(tv.parents):
-            if (i in acc) == on_path:
-                xs += [depth[p], depth[i], None]
-                ys += [y[p], y[i], None]
-        data.append(dict(type="scatter", x=xs, y=ys, mode="lines", hoverinfo="skip", showlegend=False,
-                         line=dict(color=GREEN if on_path else "#94a3b8", width=3 if on_path else 1)))
-    if has_bonus:
-        data.append(dict(type="scatter", x=[depth[last], depth[BONUS_NODE]], y=[y[last], y[BONUS_NODE]],
-                         mode="lines", hoverinfo="skip", showlegend=False, line=dict(color=BLUE, width=3, dash="dot")))
-    data.append(_nodes("root (last accepted token)", SLATE, [0], [y[-1]], [tv.root_text],
-                       [_hover(tv.root_text, tv.root_token, 0, None, None, "root: already in the output")], size=16))
-    for name, color in (("accepted", GREEN), ("rejected", GREY)):
-        idx = [i for i in range(len(tv.tokens)) if (i in acc) == (name == "accepted")]
-        data.append(_nodes(f"draft, {name}", color, [depth[i] for i in idx], [y[i] for i in idx],
-                           [tv.texts[i] for i in idx],
-                           [_hover(tv.texts[i], tv.tokens[i], tv.depths[i], tv.probs[i], tv.cum_probs[i],
-                                   name + _test(tv, i)) for i in idx]))
-    if has_bonus:
-        data.append(_nodes("target, bonus", BLUE, [depth[BONUS_NODE]], [y[BONUS_NODE]], [bonus_text],
-                           [_hover(bonus_text, ev.bonus_token, depth[BONUS_NODE], None, None,
-                                   "the target's own next token")], symbol="star", size=18))
-    where, chars = label_plan(max(depth.values()), width_px)
-    for trace in data:
-        if trace.get("mode") == "markers+text":
-            _place_labels(trace, where, chars)
-    title = (title or f"Step {ev.step}: {len(tv.tokens)} drafted nodes (D={ev.depth}, W={ev.width}), "
-             f"{len(accepted)} accepted + 1 bonus") + ("; tokens on hover" if where == "hover" else "")
-    rows = round(max(y.values()) - min(y.values())) + 1  # the leaves: every node sits within a row of them
-    story = "" if compact else _wrap(rule_story(ev, bonus_text), int((width_px - 40) / 6.5))
-    lines = story.count("<br>") + 1 if story else 0
-    notes = [dict(text=story, showarrow=False, x=0, y=0, xref="paper", yref="paper", yshift=-48, align="left",
-                  xanchor="left", yanchor="top", font=dict(size=11, color="#334155"))] if story else []
-    bottom = 60 + 16 * lines
-    row_px = ROW_PX * (STAGGER_ROWS if where == "stagger" else 1)
-    out = layout(title, TOP_PX + bottom + max(row_px * rows, 240), hovermode="closest", annotations=notes,
-                 showlegend=not compact,
-                 xaxis=dict(title=dict(text="depth (tokens ahead of the output)"), dtick=1, zeroline=False,
-                            range=[-X_PAD_LEFT, max(depth.values()) + X_PAD_RIGHT]),
-                 yaxis=dict(visible=False, range=[min(y.values()) - 0.5, max(y.values()) + 0.5]))
-    out["margin"] = {**out.get("margin", {}), "t": TOP_PX, "b": bottom}
-    return figure(data, out)
-
-
 # Label geometry: a row per leaf, ROW_PX tall (a line of LABEL_PX text fits with room to spare); a depth column is
 # the plot's width over the x range, less the node's marker and a gap, at CHAR_PX per character (11-px text in a
 # proportional font averages ~6 px; wide glyphs such as "W" are ~9, so 7.5 keeps a cut label inside its column).
@@ -190,26 +130,80 @@ def label_plan(max_depth: int, width_px: int) -> tuple[str, int]:
     return ("stagger", min(stagger, 10)) if stagger >= 3 else ("hover", 0)
 
 
-def _place_labels(trace: dict, where: str, chars: int) -> None:
-    """Cut a node trace's labels to `chars` and put them where `label_plan` said (none: hover only)."""
-    if where == "hover":
-        trace.update(text=None, mode="markers")
-        return
-    trace["text"] = [token_label(t, chars) for t in trace["text"]]
-    if where == "stagger":
-        trace["textposition"] = ["top center" if round(x) % 2 == 0 else "bottom center" for x in trace["x"]]
+def tree_figure(ev: StepEvent, bonus_text: str = "", width_px: int = RACE_WIDTH_PX, compact: bool = False,
+                title: str | None = None):
+    """The verified tree of step `ev` (a decode step of a policy with a draft), for a plot about `width_px` wide
+    (default: the race view's). `compact`: no legend and no story under the tree (the compare view's small multiples;
+    they pass their own `title`)."""
+    tv = ev.tree
+    if tv is None:
+        return empty_tree("no tree: this step drafted nothing")
+    accepted = list(ev.accepted_nodes)
+    acc, last = set(accepted), (accepted[-1] if accepted else -1)
+    has_bonus = ev.bonus_token is not None
+    y = _layout(tv.parents, last if has_bonus else None)
+    depth = {-1: 0, **{i: d for i, d in enumerate(tv.depths)}}
+    depth[BONUS_NODE] = depth[last] + 1
+    deepest = max(depth.values())
+    labels = label_plan(deepest, width_px)
+
+    data = []
+    for on_path in (False, True):
+        xs, ys = [], []
+        for i, p in enumerate(tv.parents):
+            if (i in acc) == on_path:
+                xs += [depth[p], depth[i], None]
+                ys += [y[p], y[i], None]
+        data.append(dict(type="scatter", x=xs, y=ys, mode="lines", hoverinfo="skip", showlegend=False,
+                         line=dict(color=GREEN if on_path else "#94a3b8", width=3 if on_path else 1)))
+    if has_bonus:
+        data.append(dict(type="scatter", x=[depth[last], depth[BONUS_NODE]], y=[y[last], y[BONUS_NODE]],
+                         mode="lines", hoverinfo="skip", showlegend=False, line=dict(color=BLUE, width=3, dash="dot")))
+    data.append(_nodes("root (last accepted token)", SLATE, [0], [y[-1]], [tv.root_text],
+                       [_hover(tv.root_text, tv.root_token, 0, None, None, "root: already in the output")], labels,
+                       size=16))
+    for name, color in (("accepted", GREEN), ("rejected", GREY)):
+        idx = [i for i in range(len(tv.tokens)) if (i in acc) == (name == "accepted")]
+        data.append(_nodes(f"draft, {name}", color, [depth[i] for i in idx], [y[i] for i in idx],
+                           [tv.texts[i] for i in idx],
+                           [_hover(tv.texts[i], tv.tokens[i], tv.depths[i], tv.probs[i], tv.cum_probs[i],
+                                   name + _test(tv, i)) for i in idx], labels))
+    if has_bonus:
+        data.append(_nodes("target, bonus", BLUE, [depth[BONUS_NODE]], [y[BONUS_NODE]], [bonus_text],
+                           [_hover(bonus_text, ev.bonus_token, depth[BONUS_NODE], None, None,
+                                   "the target's own next token")], labels, symbol="star", size=18))
+    where = labels[0]
+    title = (title or f"Step {ev.step}: {len(tv.tokens)} drafted nodes (D={ev.depth}, W={ev.width}), "
+             f"{len(accepted)} accepted + 1 bonus") + ("; tokens on hover" if where == "hover" else "")
+    rows = round(max(y.values()) - min(y.values())) + 1  # the leaves: every node sits within a row of them
+    story = "" if compact else _wrap(rule_story(ev, bonus_text), int((width_px - 40) / 6.5))
+    lines = story.count("<br>") + 1 if story else 0
+    notes = [dict(text=story, showarrow=False, x=0, y=0, xref="paper", yref="paper", yshift=-48, align="left",
+                  xanchor="left", yanchor="top", font=dict(size=11, color="#334155"))] if story else []
+    bottom = 60 + 16 * lines
+    row_px = ROW_PX * (STAGGER_ROWS if where == "stagger" else 1)
+    out = layout(title, TOP_PX + bottom + max(row_px * rows, 240), hovermode="closest", annotations=notes,
+                 showlegend=not compact,
+                 xaxis=dict(title=dict(text="depth (tokens ahead of the output)"), dtick=1, zeroline=False,
+                            range=[-X_PAD_LEFT, deepest + X_PAD_RIGHT]),
+                 yaxis=dict(visible=False, range=[min(y.values()) - 0.5, max(y.values()) + 0.5]))
+    out["margin"] = {**out.get("margin", {}), "t": TOP_PX, "b": bottom}
+    return figure(data, out)
 
 
 def _wrap(story: str, chars: int) -> str:
     """The story's lines (joined by <br>) wrapped to `chars` characters (Plotly does not wrap annotations)."""
-    import textwrap
-
     return "<br>".join(part for line in story.split("<br>") for part in textwrap.wrap(line, chars) or [""])
 
 
-def _nodes(name, color, xs, ys, texts, hovers, symbol="circle", size=13) -> dict:
-    return dict(type="scatter", x=xs, y=ys, mode="markers+text", name=name, text=list(texts),
-                textposition="middle right", textfont=dict(size=LABEL_PX, color="#0f172a"), hovertext=hovers,
+def _nodes(name, color, xs, ys, texts, hovers, labels: tuple[str, int], symbol="circle", size=13) -> dict:
+    """A trace of nodes, their labels cut and placed as `labels` (label_plan) says: none where it says hover."""
+    where, chars = labels
+    text = None if where == "hover" else [token_label(t, chars) for t in texts]
+    position = ["top center" if round(x) % 2 == 0 else "bottom center" for x in xs] if where == "stagger" else \
+        "middle right"
+    return dict(type="scatter", x=xs, y=ys, mode="markers" if text is None else "markers+text", name=name, text=text,
+                textposition=position, textfont=dict(size=LABEL_PX, color="#0f172a"), hovertext=hovers,
                 hoverinfo="text", marker=dict(color=color, size=size, symbol=symbol,
                                               line=dict(color="#0f172a", width=1)))
 
