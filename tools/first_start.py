@@ -38,9 +38,10 @@ def _wait_page(url: str, proc: subprocess.Popen, limit: float = 180.0) -> None:
     raise SystemExit(f"error: no page at {url} within {limit:.0f} s")
 
 
-def one_start(port: int) -> dict:
-    """One cold start; returns its times (seconds) and the first race's `ar` tokens/s."""
-    from gradio_client import Client
+def one_start(port: int, example) -> dict:
+    """One cold start, its first race on `example` (app.media.Example); returns its times (seconds) and the first
+    race's `ar` tokens/s."""
+    from gradio_client import Client, handle_file
 
     cache = tempfile.mkdtemp(prefix="sage-cold-numba-")
     env = {**os.environ, "NUMBA_CACHE_DIR": cache, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1",
@@ -53,12 +54,8 @@ def one_start(port: int) -> dict:
         _wait_page(url, proc)
         page = time.monotonic() - t0
         client = Client(url, verbose=False)
-        sys.path.insert(0, str(ROOT))
-        from app.media import load_examples
-
-        example = next(e for e in load_examples() if e.media == "image")
         t1 = time.monotonic()
-        final = client.predict(image=_file(example.file), video=None, prompt=example.prompt, api_name="/compare")
+        final = client.predict(image=handle_file(example.file), video=None, prompt=example.prompt, api_name="/compare")
         race = time.monotonic() - t1
         summary = final[-1]  # the JSON summary is the endpoint's last output
         return {"page": page, "race": race, "ar_tps": summary["ar"]["stats"]["tokens_per_second"],
@@ -68,21 +65,18 @@ def one_start(port: int) -> dict:
         proc.wait(timeout=30)
 
 
-def _file(path: str):
-    from gradio_client import handle_file
-
-    return handle_file(path)
-
-
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--port", type=int, default=7871)
     args = p.parse_args(argv)
+    from app.media import load_examples  # run from the repository root: `python -m tools.first_start`
+
+    example = next(e for e in load_examples() if e.media == "image")
     print("| run | page (s) | first race done, from the page (s) | `ar` tok/s in that race | lanes identical |")
     print("|---|---|---|---|---|")
     for i in range(args.runs):
-        r = one_start(args.port)
+        r = one_start(args.port, example)
         print(f"| {i + 1} | {r['page']:.1f} | {r['race']:.1f} | {r['ar_tps']:.0f} | {r['identical']} |", flush=True)
 
 
