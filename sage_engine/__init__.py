@@ -8,7 +8,7 @@ Public entry points:
     make_policy("sage:d_max=8") or a policy object: SagePolicy(SageConfig(...)), or a subclass of your own
 """
 
-from .config import ChainConfig, Eagle2Config, SageConfig, StaticConfig
+from .config import ChainConfig, Eagle2Config, SageConfig, SpecVLMConfig, StaticConfig
 from .engine import SpecEngine
 from .errors import InputError, ModelError, SageError
 from .events import GenerationResult, RunStats, StepEvent
@@ -21,13 +21,14 @@ from .policies import (
     Eagle2Policy,
     Policy,
     SagePolicy,
+    SpecVLMPolicy,
     StaticTreePolicy,
     make_policy,
 )
 
 __all__ = [
-    "POLICY_NAMES", "ChainConfig", "Eagle2Config", "SageConfig", "StaticConfig", "SpecEngine",
+    "POLICY_NAMES", "ChainConfig", "Eagle2Config", "SageConfig", "SpecVLMConfig", "StaticConfig", "SpecEngine",
     "InputError", "ModelError", "SageError", "GenerationResult", "RunStats", "StepEvent",
     "PreparedInput", "prepare_input", "DEFAULT_DRAFT", "DEFAULT_TARGET", "ModelPair", "load_pair", "make_policy",
-    "Policy", "AutoregressivePolicy", "ChainPolicy", "StaticTreePolicy", "Eagle2Policy", "SagePolicy",
+    "Policy", "AutoregressivePolicy", "ChainPolicy", "StaticTreePolicy", "Eagle2Policy", "SpecVLMPolicy", "SagePolicy",
 ]

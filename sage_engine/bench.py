@@ -62,8 +62,8 @@ def needs_draft(spec: str) -> bool:
 
 @dataclass(frozen=True)
 class BenchInput:
-    path: str
-    media: str  # "image" | "video"
+    path: str  # the media file; for a text input, a name for it (benchmark file and row)
+    media: str  # "image" | "video" | "text"
     prompt: str
 
 
@@ -90,6 +90,12 @@ def find_inputs(folder: str, prompt: str | None = None) -> list[BenchInput]:
     if not found:
         raise InputError(f"no images or videos in {folder}")
     return found
+
+
+def prepare_bench_input(pair: ModelPair, inp: BenchInput) -> PreparedInput:
+    """The processor's inputs for one bench input (an image, a video, or a text prompt alone)."""
+    return prepare_input(pair, inp.prompt, images=[inp.path] if inp.media == "image" else [],
+                         video=inp.path if inp.media == "video" else None)
 
 
 def _peak_memory_mb(device: torch.device) -> float:
@@ -185,19 +191,22 @@ def _aggregate(runs: list[dict], ar_tps: float | None) -> dict:
 
 def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], max_new_tokens: int,
               warmup: int = 1, progress=None, draft_pruning: VisualPruning | None = None,
-              tree_forward: str = "auto", sampling: Sampling | None = None, rounds: int = 1) -> dict:
+              tree_forward: str = "auto", sampling: Sampling | None = None, rounds: int = 1,
+              engine: SpecEngine | None = None) -> dict:
     """Decode every input with every policy (ar first in the list is added if missing); returns the report.
 
     rounds: decode each input with every policy this many times, the policies back to back in rotating order each
     round; per input and policy the report keeps the run of median wall time (all rounds' times in
     `round_seconds`), so a stall of the shared machine during one run does not decide an input's speedup. An input's
     own speedup (`speedup_vs_ar` of its run) is the median over rounds of the speedup within each round, where the
-    policy and ar ran back to back (`paired_speedup`)."""
+    policy and ar ran back to back (`paired_speedup`).
+    engine: an engine of `pair` to run on (its own draft_pruning and backends; the two flags are then ignored), so
+    that many benches in a row (the experiments) check the models' layers once."""
     check_rounds(rounds)
     policies = ["ar"] + [p for p in policies if p != "ar"]
-    engine = SpecEngine(pair, draft_pruning=draft_pruning, tree_forward=tree_forward)
-    prepared = [prepare_input(pair, i.prompt, images=[i.path] if i.media == "image" else [],
-                              video=i.path if i.media == "video" else None) for i in inputs]
+    engine = engine or SpecEngine(pair, draft_pruning=draft_pruning, tree_forward=tree_forward)
+    draft_pruning = engine.draft_pruning
+    prepared = [prepare_bench_input(pair, i) for i in inputs]
     for prep in prepared[:warmup]:  # warm-up: allocator, kernels, caches
         for pol in policies:
             _decode(engine, prep, pol, min(16, max_new_tokens), sampling)

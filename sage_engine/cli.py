@@ -140,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     doctor.add_argument("--readme", default=None, help="also write the summary's first table into this README's "
                                                        "doctor block (the project's README shows a CPU run)")
+    from .experiments.cli import add_parser as add_experiment
+
+    add_experiment(sub, _model_args)
     return parser
 
 
@@ -315,8 +318,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     python_format, warnings.formatwarning = warnings.formatwarning, _one_line_warning  # for this command only
     try:
+        from .experiments.cli import cmd_experiment
+
         commands = {"generate": cmd_generate, "bench": cmd_bench, "check-sampling": cmd_check_sampling,
-                    "doctor": cmd_doctor}
+                    "doctor": cmd_doctor, "experiment": lambda a: cmd_experiment(a, argv)}
         return commands[args.command](args)
     except SageError as e:
         print(f"error: {e}", file=sys.stderr)

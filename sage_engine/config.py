@@ -60,6 +60,19 @@ class Eagle2Config:
     total_nodes: int = 64  # nodes kept after reranking all candidates (excluding the root)
 
 
+@dataclass(frozen=True)
+class SpecVLMConfig(Eagle2Config):
+    """SpecVLM as the SAGE paper runs it: an EAGLE-2 tree whose draft reads only part of the visual tokens."""
+
+    image_prune: float = 0.8  # fraction of the image tokens the draft does not read (the paper: 80%)
+    video_prune: float = 0.9  # fraction of the video tokens the draft does not read (the paper: 90%)
+
+    def __post_init__(self):
+        for v in (self.image_prune, self.video_prune):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < 1.0:
+                raise ValueError(f"specvlm knobs: pruning ratios must be in [0, 1) (got {v!r})")
+
+
 AlphaSource = Literal["prev_path", "prev_root", "current_root"]
 ALPHA_SOURCES: tuple[str, ...] = get_args(AlphaSource)
 Threshold = Literal["paper", "cost"]
@@ -159,7 +172,8 @@ def sage_problem(cfg: SageConfig) -> str | None:
 
 # Each policy's config dataclass (None: no knobs), by policy name; policies/ pairs them with the classes.
 POLICY_CONFIGS: dict[str, type | None] = {
-    "ar": None, "chain": ChainConfig, "static": StaticConfig, "eagle2": Eagle2Config, "sage": SageConfig,
+    "ar": None, "chain": ChainConfig, "static": StaticConfig, "eagle2": Eagle2Config, "specvlm": SpecVLMConfig,
+    "sage": SageConfig,
 }
 
 

@@ -50,9 +50,9 @@ class Draft(NamedTuple):
 class Drafter:
     """The draft model's side of a run: `start()`, then per drafted step `grow()`, after every step `settle()`."""
 
-    def __init__(self, runner: ModelRunner, pruning: VisualPruning | None = None):
+    def __init__(self, runner: ModelRunner):
         self.runner = runner
-        self.pruning = pruning  # draft-only visual-token pruning (the output does not depend on it)
+        self.pruning: VisualPruning | None = None  # this run's draft-only visual-token pruning (never the output's)
         self.pending: list[int] = []  # accepted tokens the draft has not read; the last is the next root
         self.plain_tail = 0  # how many of them plain steps emitted (the last ones): the probe's pairs
         self._prompt: dict[str, torch.Tensor] | None = None  # the prompt, until the draft has read it
@@ -66,10 +66,12 @@ class Drafter:
         self._paths: tuple[Policy, bool, DraftPath] | None = None  # the last run's policy, sampled?, path
 
     def start(self, prompt: dict[str, torch.Tensor], first: int, sampling: Sampling | None = None,
-              ends: Iterable[int] = ()) -> None:
-        """A new run: the draft will read `prompt` when a step first drafts; `first` (the target's first
-        token) is pending; `ends`: the tokens that end the run (its EOS tokens, none when it ignores EOS)."""
+              ends: Iterable[int] = (), pruning: VisualPruning | None = None) -> None:
+        """A new run: the draft will read `prompt` (with `pruning`, only part of its visual tokens) when a step first
+        drafts; `first` (the target's first token) is pending; `ends`: the tokens that end the run (its EOS tokens,
+        none when it ignores EOS)."""
         self._prompt, self.pending, self._region, self.plain_tail = prompt, [first], None, 0
+        self.pruning = pruning
         self.ends = frozenset(ends)
         self._end_ids = np.array(sorted(self.ends), np.int64)  # the same, for the compiled levels
         self.sampler = None if sampling is None or sampling.greedy else DraftSampler(sampling)

@@ -57,7 +57,8 @@ class SpecEngine:
 
     def __init__(self, pair: ModelPair, acceptance=None, draft_pruning: VisualPruning | None = None,
                  tree_forward: str = "auto", keep_prompt: bool = False):
-        """draft_pruning: feed the draft only part of the visual tokens (draft-only; output unchanged).
+        """draft_pruning: feed the draft only part of the visual tokens (draft-only; output unchanged), whatever the
+        policy (a policy's own, `Policy.draft_pruning`, applies where this is None).
         tree_forward: the backend both models' passes run on (backends/): "auto", the fastest of those that apply and
         pass their check against forward(); "forward", "layers", "fused", "numpy" or "numba" that one where it applies
         (a target is never offered "numpy" or "numba"; what each model got, and why, is in `backends()`).
@@ -74,7 +75,7 @@ class SpecEngine:
         if pair.draft is not None:
             self.draft = ModelRunner(pair.draft, vocab_limit=shared_vocab(pair.target, pair.draft),
                                      backend=tree_forward, row_invariant=False)
-        self.drafter = Drafter(self.draft, draft_pruning) if self.draft is not None else None
+        self.drafter = Drafter(self.draft) if self.draft is not None else None
         if self.drafter is not None:
             warm_verify_inputs()  # the compiled builder of a verify pass's inputs, loaded now, not in a first step
         words = (self.tokenizer.encode("A check of the layers.", add_special_tokens=False) * 8)[:8]
@@ -198,7 +199,8 @@ class SpecEngine:
         ids, index = out.extend([first])
         yield self.telemetry.event(0, policy, out, ids, index, t0, target_ms=prefill.ms)
         if drafting:
-            self.drafter.start(prepared.for_draft(), first, sampling, ends=eos)
+            self.drafter.start(prepared.for_draft(), first, sampling, ends=eos,
+                               pruning=self.pruning_for(policy, prepared))
         root, step = first, 0
         while not out.finished:
             step += 1
@@ -257,6 +259,14 @@ class SpecEngine:
         ids = [t for s in steps for t in s.new_token_ids]
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         return GenerationResult(name, text, ids, summarize(steps, ids, seconds), steps)
+
+    def pruning_for(self, policy: Policy, prepared: PreparedInput) -> VisualPruning | None:
+        """The visual-token pruning the draft reads `prepared` with under `policy`: the engine's, else the policy's;
+        None for a prompt without an image or a video, or where nothing would be left out."""
+        pruning = self.draft_pruning or policy.draft_pruning
+        if pruning is None or not (prepared.images or prepared.video is not None) or not pruning.active:
+            return None
+        return pruning
 
     def _check_ms(self) -> float:
         """Time the runners have spent checking their backends against forward() (backends/choose.py) so far."""

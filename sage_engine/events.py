@@ -34,6 +34,8 @@ class TreeView:
     target_p: list[float | None] = field(default_factory=list)
     draft_q: list[float | None] = field(default_factory=list)
     draw_u: list[float | None] = field(default_factory=list)
+    # each node's own next-token confidence alpha, where the policy reads it (Policy.node_alphas), else None
+    alphas: list[float | None] = field(default_factory=list)
 
 
 class Deferred(functools.partial):

@@ -37,6 +37,11 @@ class VisualPruning:
             if not 0.0 <= v < 1.0:
                 raise ValueError("pruning ratios must be in [0, 1)")
 
+    @property
+    def active(self) -> bool:
+        """Does it leave any visual token out? (0, 0) has the draft read the whole prompt, on the unpruned prefill."""
+        return self.image > 0 or self.video > 0
+
 
 class _Captured(Exception):
     """Raised by the pre-hook to stop the forward once the language model's inputs are known."""

@@ -47,6 +47,7 @@ class Telemetry:
             target_p=target_p,
             draft_q=draft_q,
             draw_u=draw_u,
+            alphas=[None if a is None else round(a, 5) for a in tree.alphas],
         )
 
     def event(self, step: int, policy: Policy, out: Transcript, ids: list[int], index: int, t0: float, *,

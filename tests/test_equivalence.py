@@ -25,6 +25,7 @@ POLICIES = {
     "chain": lambda: make_policy("chain"),
     "static": lambda: make_policy("static"),
     "eagle2": lambda: make_policy("eagle2"),
+    "specvlm": lambda: make_policy("specvlm"),  # eagle2's tree from a draft that reads part of the visual tokens
     "sage": lambda: make_policy("sage"),
     "sage-cost": lambda: make_policy("sage", SageConfig(threshold="cost")),
     "sage-current-root-small": lambda: make_policy("sage", SageConfig(alpha_source="current_root", n_max=12)),

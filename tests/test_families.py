@@ -1,6 +1,6 @@
 """THE equivalence test on three more families: Qwen2-VL, LLaVA-OneVision, SmolVLM2 (Idefics3).
 
-Every speculative policy (chain, static, eagle2, sage) must emit exactly the target's own greedy
+Every speculative policy (chain, static, eagle2, specvlm, sage) must emit exactly the target's own greedy
 token ids in fp32, with images and with video (all three families take video). Drafts: a noisy
 copy (partial agreement), an exact copy (everything accepted) and an independent smaller model
 (for LLaVA-OneVision with a padded embedding matrix, for SmolVLM with its own image-token layout
@@ -15,7 +15,7 @@ from sage_engine import SpecEngine, prepare_input
 from sage_engine.tiny_pairs import clip, image
 
 MAX_NEW = 24
-POLICIES = ("chain", "static", "eagle2", "sage")
+POLICIES = ("chain", "static", "eagle2", "specvlm", "sage")
 FAMILIES = {"qwen2-vl": qwen2vl_pair, "llava-onevision": llava_ov_pair, "smolvlm": smolvlm_pair}
 CASES = [  # (draft kind, media); seed 0 everywhere: each case is a different prompt/draft, not a new seed
     ("noisy", "image"), ("noisy", "video"), ("noisy", "text"), ("copy", "image"),

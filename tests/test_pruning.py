@@ -47,3 +47,26 @@ def test_pruned_draft_reads_fewer_tokens_and_output_is_unchanged(builder, media)
     r = ModelRunner(pair.draft)
     r.prefill(prep.target_inputs, VisualPruning())
     assert r.seq_len < prep.prompt_tokens
+
+
+def test_specvlm_prunes_its_own_draft_the_engine_setting_wins_and_text_reads_whole():
+    """`specvlm`'s draft reads 20% of an image's visual tokens (its own VisualPruning); an engine's draft_pruning
+    replaces it, (0, 0) reads the whole prompt, and a prompt without media is never pruned; the output is ar's."""
+    from sage_engine.policies import make_policy
+
+    pair = qwen25_pair("noisy", seed=1)
+    prep = prepare_input(pair, "describe", images=[image(1, 112)])
+    engine = SpecEngine(pair)
+    ar = engine.generate(prep, "ar", 24, ignore_eos=True).token_ids
+    policy = make_policy("specvlm")
+    assert engine.pruning_for(policy, prep) == VisualPruning(0.8, 0.9)
+    assert engine.generate(prep, policy, 24, ignore_eos=True).token_ids == ar
+    assert engine.draft.seq_len < engine.target.seq_len  # the draft's cache holds fewer prompt columns
+    assert engine.pruning_for(make_policy("specvlm:image_prune=0.5"), prep) == VisualPruning(0.5, 0.9)
+    assert engine.pruning_for(make_policy("eagle2"), prep) is None
+    engine.draft_pruning = VisualPruning(0.0, 0.0)
+    assert engine.pruning_for(policy, prep) is None  # the engine's setting wins, and (0, 0) prunes nothing
+    assert engine.generate(prep, policy, 24, ignore_eos=True).token_ids == ar
+    engine.draft_pruning = None
+    text = prepare_input(pair, "describe")
+    assert engine.pruning_for(policy, text) is None

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from ..config import POLICY_CONFIGS, parse_spec
 from .base import Policy
-from .baselines import AutoregressivePolicy, ChainPolicy, Eagle2Policy, StaticTreePolicy
+from .baselines import AutoregressivePolicy, ChainPolicy, Eagle2Policy, SpecVLMPolicy, StaticTreePolicy
 from .sage import SagePolicy
 
-_CLASSES = (AutoregressivePolicy, ChainPolicy, StaticTreePolicy, Eagle2Policy, SagePolicy)
+_CLASSES = (AutoregressivePolicy, ChainPolicy, StaticTreePolicy, Eagle2Policy, SpecVLMPolicy, SagePolicy)
 _POLICIES = {cls.name: (cls, POLICY_CONFIGS[cls.name]) for cls in _CLASSES}
 POLICY_NAMES: tuple[str, ...] = tuple(_POLICIES)  # the one list of the engine's policy names
 SPECULATIVE_POLICIES: tuple[str, ...] = tuple(n for n, (cls, _) in _POLICIES.items() if cls.uses_draft)
@@ -37,4 +37,4 @@ def make_policy(name: str, config=None) -> Policy:
 
 
 __all__ = ["POLICY_NAMES", "SPECULATIVE_POLICIES", "AutoregressivePolicy", "ChainPolicy", "Eagle2Policy", "Policy",
-           "SagePolicy", "StaticTreePolicy", "make_policy"]
+           "SagePolicy", "SpecVLMPolicy", "StaticTreePolicy", "make_policy"]

@@ -30,6 +30,9 @@ class Policy:
     samples_draft = False  # under sampling: the draft samples its tokens (ratio rule) instead of ranking them
     entropy_k = 10  # k of the normalised top-k entropy behind alpha (SAGE's k; reported for every policy)
     node_alphas = False  # does the policy read each drafted node's alpha (DraftTree.alphas)? the root's is always there
+    # the draft-only visual-token pruning this policy's draft reads its prompt with (pruning.VisualPruning), where the
+    # engine sets none of its own (SpecEngine(draft_pruning=...) wins: a pruning sweep prunes every policy alike)
+    draft_pruning = None
 
     @functools.cached_property
     def key(self) -> str:

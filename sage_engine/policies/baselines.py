@@ -1,13 +1,15 @@
 """The paper's baselines as policies: `ar` (the target alone), `chain` (classic speculative decoding), `static` (a
-fixed tree) and `eagle2` (EAGLE-2's dynamic tree). The engine runs one loop for all of them and SAGE."""
+fixed tree), `eagle2` (EAGLE-2's dynamic tree) and `specvlm` (that tree from a draft that reads part of the visual
+tokens). The engine runs one loop for all of them and SAGE."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from .. import rules
-from ..config import ChainConfig, Eagle2Config, StaticConfig
+from ..config import ChainConfig, Eagle2Config, SpecVLMConfig, StaticConfig
 from ..policy_io import CHAIN, COMPILED_STEP, PYTHON, DraftPath, LevelRule, StepRule, TreeShape
+from ..pruning import VisualPruning
 from .base import Policy, overridden
 
 
@@ -125,3 +127,18 @@ class Eagle2Policy(Policy):
     def finalize(self, tree):
         order = sorted(range(len(tree)), key=lambda i: (-tree.cum_probs[i], tree.depths[i], i))
         return tree.subtree(order[: self.cfg.total_nodes])
+
+
+class SpecVLMPolicy(Eagle2Policy):
+    """`specvlm`: SpecVLM as the SAGE paper runs it, an EAGLE-2 tree drafted by a draft that reads only part of the
+    visual tokens (80% of an image's and 90% of a video's left out; `draft_pruning`). The tree rule is EAGLE-2's;
+    the pruning changes what the draft costs and how often it agrees, never the output."""
+
+    name = "specvlm"
+
+    def __init__(self, cfg: SpecVLMConfig = SpecVLMConfig()):
+        super().__init__(cfg)
+
+    @property
+    def draft_pruning(self) -> VisualPruning:
+        return VisualPruning(image=self.cfg.image_prune, video=self.cfg.video_prune)
