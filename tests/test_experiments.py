@@ -162,7 +162,8 @@ def test_a_modelled_meter_judges_steps_by_its_prices_and_logs_the_clock():
 
 
 def test_the_machine_fit_recovers_a_known_price_line():
-    steps = [[1, 0, 0, 4.0]] * 5 + [[3, n, f, 5.0 + 0.2 * n + 0.7 * f] for n in (2, 5, 9, 14) for f in (1, 3, 6)]
+    plain = [[1, 0, 0, 3.0], [1, 0, 0, 5.0]] * 3
+    steps = plain + [[3, n, f, 5.0 + 0.2 * n + 0.7 * f] for n in (2, 5, 9, 14) for f in (1, 3, 6)]
     fitted = fit_machine(steps)
     assert fitted.plain == 4.0
     assert (round(fitted.base, 6), round(fitted.node, 6), round(fitted.level, 6)) == (5.0, 0.2, 0.7)

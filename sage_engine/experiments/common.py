@@ -138,6 +138,11 @@ class Context:
         chosen = self.args.policies.split(",") if self.args.policies else quick if self.quick else default
         return [p.strip() for p in chosen if p.strip()]
 
+    @property
+    def rounds(self) -> int:
+        """Rounds of every timed bench (bench --rounds: an input's speedup is its rounds' median); 1 with --quick."""
+        return 1 if self.quick else self.args.rounds
+
     def max_new_tokens(self, full: int, quick: int = 32) -> int:
         return self.args.max_new_tokens or (quick if self.quick else full)
 

@@ -90,10 +90,10 @@ def run(ctx: Context) -> Outcome:
         for b in bins:
             if b["n"]:
                 rows.append([name, b["alpha"], b["n"], fmt(b["top_rate"]), fmt(b["any_rate"])])
-        filled = [b for b in bins if b["n"] >= 20]
+        filled = [b for b in bins if b["n"] >= 10]
         rising = all(a["top_rate"] <= c["top_rate"] + 0.05 for a, c in zip(filled, filled[1:]))
-        trend = ("too few bins of 20+ trials to see a trend" if len(filled) < 3 else
-                 f"{'rising' if rising else 'not monotone'} over the {len(filled)} bins of 20+ trials")
+        trend = ("too few bins of 10+ trials to see a trend" if len(filled) < 3 else
+                 f"{'rising' if rising else 'not monotone'} over the {len(filled)} bins of 10+ trials")
         found.append(f"{name}: node alpha vs top choice accepted r = {fmt(corr)} over {len(pts)} trials "
                      f"({trend}), lag-1 autocorrelation of root "
                      f"alpha {fmt(pr['lag1'])}, previous root alpha vs accepted r = {fmt(pr['previous_root'])}, "

@@ -70,10 +70,13 @@ def heatmaps(path: Path, panels: list[tuple[str, list, list, list[list[float | N
         im = ax.imshow(shown, origin="lower", aspect="auto", cmap="viridis")
         ax.set_xticks(range(len(xs)), [str(x) for x in xs])
         ax.set_yticks(range(len(ys)), [str(y) for y in ys])
+        filled = [v for row in grid for v in row if v is not None]
+        middle = (min(filled) + max(filled)) / 2 if filled else 0.0
         for yi, row in enumerate(grid):
             for xi, v in enumerate(row):
-                if v is not None:
-                    ax.text(xi, yi, f"{v:.{digits}f}", ha="center", va="center", fontsize=7, color="white")
+                if v is not None:  # dark text on the bright half of viridis, white on the dark half
+                    ax.text(xi, yi, f"{v:.{digits}f}", ha="center", va="center", fontsize=7,
+                            color="black" if v > middle else "white")
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.set_title(sub, fontsize=9)

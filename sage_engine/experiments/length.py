@@ -44,7 +44,7 @@ def run(ctx: Context) -> Outcome:
     with ctx.progress(len(kept), "budgets") as bar:
         for b in kept:
             results[str(b)] = ctx.cell(str(b), lambda b=b: summary(run_bench(ctx.pair, inputs, policies, b, warmup=1,
-                                                                             engine=ctx.engine)))
+                                                                             rounds=ctx.rounds, engine=ctx.engine)))
             bar.update(1)
     rows = []
     gains = {}

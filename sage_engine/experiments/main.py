@@ -28,7 +28,7 @@ def run(ctx: Context) -> Outcome:
     if ctx.text_only:  # a text prompt has no visual token to prune: specvlm is eagle2 there
         policies = [p for p in policies if not p.startswith("specvlm")]
     tokens = ctx.max_new_tokens(96)
-    rounds = 1 if ctx.quick else ctx.args.rounds
+    rounds = ctx.rounds
     results = {}
     with ctx.progress(len(suites), "suites") as bar:
         for suite in suites:

@@ -106,11 +106,12 @@ class ModelledMeter(CostMeter):
 
 
 def fit_machine(steps: list[list[float]]) -> PriceModel:
-    """This machine's prices from measured steps [tokens, nodes, forwards, wall_ms]: a plain step's median time, and
-    a least-squares line of a drafted step's time on its nodes and draft forwards (each slope kept >= 0)."""
+    """This machine's prices from measured steps [tokens, nodes, forwards, wall_ms]: a plain step's mean time, and a
+    least-squares line of a drafted step's time on its nodes and draft forwards (each slope kept >= 0). Means, not
+    medians: a run's time is the sum of its steps, the occasional slow one included."""
     plain = [s[3] for s in steps if s[1] == 0 and s[2] == 0]
     drafted = np.array([s for s in steps if s[1] or s[2]], np.float64).reshape(-1, 4)
-    plain_ms = float(np.median(plain)) if plain else float("nan")
+    plain_ms = float(np.mean(plain)) if plain else float("nan")
     if len(drafted) < 3:
         return PriceModel("this machine (fitted)", plain_ms, plain_ms, 0.0, 0.0, source="too few drafted steps")
     x = np.column_stack([np.ones(len(drafted)), drafted[:, 1], drafted[:, 2]])

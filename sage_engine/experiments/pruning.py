@@ -35,7 +35,7 @@ def run(ctx: Context) -> Outcome:
                     engine.draft_pruning = VisualPruning(r, r)
                     try:
                         return summary(run_bench(ctx.pair, list(suite.inputs), policies, tokens, warmup=1,
-                                                 engine=engine))
+                                                 rounds=ctx.rounds, engine=engine))
                     finally:
                         engine.draft_pruning = None
                 results.setdefault(suite.name, {})[f"{r:g}"] = ctx.cell(f"{suite.name}@{r:g}", bench)

@@ -38,7 +38,8 @@ def run(ctx: Context) -> Outcome:
             spec = _spec(base, d, w, history)
             key = f"{suite.name}:{spec}"
             results[key] = ctx.cell(key, lambda suite=suite, spec=spec: summary(
-                run_bench(ctx.pair, list(suite.inputs), [spec], tokens, warmup=1, engine=ctx.engine)))
+                run_bench(ctx.pair, list(suite.inputs), [spec], tokens, warmup=1, rounds=ctx.rounds,
+                          engine=ctx.engine)))
             bar.update(1)
     grids, rows, found = {}, [], []
     for suite in suites:
