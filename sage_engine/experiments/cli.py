@@ -28,7 +28,8 @@ def add_parser(sub, model_args) -> None:
     p.add_argument("--limit", type=int, default=None, help="use only the first N rows of --data")
     p.add_argument("--policies", default=None, help="comma-separated policies instead of the experiment's own")
     p.add_argument("--seed", type=int, default=9001, help="tinyworld render seed of the fresh suites")
-    p.add_argument("--n", type=int, default=8, help="fresh tinyworld images (and clips) per suite")
+    p.add_argument("--n", type=int, default=None, help="fresh tinyworld images (and clips) per suite (default: the "
+                                                        "experiment's own, 6 to 20)")
     p.add_argument("--rounds", type=int, default=3, help="rounds of every input and policy in the timed benches "
                                                          "(bench --rounds; --quick: 1)")
     p.add_argument("--work-dir", default=None, help="where the suites are materialised (default: a temp folder)")

@@ -126,7 +126,7 @@ class Context:
         from ..suites import materialise
 
         work = Path(self.args.work_dir or Path(tempfile.gettempdir()) / "sage-experiments") / self.name
-        n = 2 if self.quick else (full_n or self.args.n)
+        n = 2 if self.quick else (self.args.n or full_n or 8)
         built = {s.name: s for s in materialise(work, self.args.seed, max(n, 2), quick=self.quick)}
         out = []
         for name in names:

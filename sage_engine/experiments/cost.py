@@ -54,9 +54,10 @@ def _shape(result) -> dict:
             "tau": result.stats.mean_accepted}
 
 
-def _decode_all(ctx: Context, preps, policies, tokens, meter: ModelledMeter) -> dict:
+def _decode_all(ctx: Context, preps, policies, tokens, meter: ModelledMeter, reference=None) -> dict:
     """Every policy on every input (rotating order, after a short warm-up), on `meter`: per policy its steps and the
-    shape of each run, and whether its tokens equal ar's (where ar ran)."""
+    shape of each run, and whether its tokens equal `ar`'s: those of this pass where `ar` is among `policies` (its
+    ids are kept, as out["ar"]["ids"]), else `reference` (the ids of an earlier pass's `ar`, per input)."""
     engine = ctx.engine
     engine.costs = meter
     for pol in policies:
@@ -71,9 +72,11 @@ def _decode_all(ctx: Context, preps, policies, tokens, meter: ModelledMeter) -> 
             out[pol]["steps"].append(_steps(meter.log, start))
             out[pol]["shapes"].append(_shape(res))
             ids[pol] = res.token_ids
+        truth = ids["ar"] if "ar" in ids else reference[n]
+        for pol in policies:
+            out[pol]["exact"] &= ids[pol] == truth
         if "ar" in ids:
-            for pol in policies:
-                out[pol]["exact"] &= ids[pol] == ids["ar"]
+            out["ar"].setdefault("ids", []).append(truth)
     return out
 
 
@@ -88,7 +91,7 @@ def _mean_shape(shapes: list[dict]) -> dict:
 def _regime(ctx: Context, price: PriceModel, measured: dict, preps, tokens) -> dict:
     """Each policy's modelled speedup against ar under `price`, and the shape the price-reading policies chose."""
     aware = [p for p in measured if reads_prices(p)]
-    rerun = _decode_all(ctx, preps, aware, tokens, ModelledMeter(price)) if aware else {}
+    rerun = _decode_all(ctx, preps, aware, tokens, ModelledMeter(price), measured["ar"]["ids"]) if aware else {}
     out = {}
     ar = 1.0 / price.plain
     for pol, m in measured.items():

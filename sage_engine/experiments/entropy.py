@@ -73,7 +73,7 @@ def _suite_cell(ctx: Context, suite, tokens: int) -> dict:
 
 
 def run(ctx: Context) -> Outcome:
-    suites = ctx.suites(SUITES, full_n=8)
+    suites = ctx.suites(SUITES, full_n=20)
     tokens = ctx.max_new_tokens(96)
     results = {}
     with ctx.progress(len(suites), "suites") as bar:
@@ -115,5 +115,5 @@ def draw(data: dict, path) -> None:
         series_any[name] = (xs, [b["any_rate"] for b in d["bins"] if b["n"] >= 5])
     lines(path, [("rate", "the draft's top choice accepted", series_top),
                  ("rate", "one of the node's children accepted", series_any)],
-          xlabel="alpha of the node's next-token distribution (bins of 5+ trials)",
+          xlabel="the node's alpha (bins of 5+ trials)",
           title="Entropy against acceptance: measured counts (static tree)")
