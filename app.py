@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import threading
 import time
+from collections.abc import Callable
 
 if os.environ.get("SPACES_ZERO_GPU"):  # a ZeroGPU Space: `spaces` goes first, before torch (see app/gpu.py)
     import spaces  # noqa: F401
@@ -49,28 +51,58 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+SERVED_WAIT_S = 60.0  # the longest the engine's imports wait for the page (a server that never comes up)
+
+
+def engine_setup(threads: int, served_page: threading.Event) -> Callable[[], None]:
+    """The process-wide engine settings, as a function that the pair pool queues on its device thread before any pair
+    loads (app/pool.py): torch's CPU threads, and on a first start Numba's compile moved to a background process. They
+    import torch, Numba and then the rest of the engine (transformers), which take seconds: done there, behind the
+    page, the page does not wait for them, and the pair's load time in the log is the load's alone. They start once
+    `served_page` is set: run beside Gradio's own start, they would slow it (one GIL between the two threads)."""
+
+    def setup() -> None:
+        log = logging.getLogger("sage.app")
+        served_page.wait(SERVED_WAIT_S)
+        t0 = time.perf_counter()
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        from sage_engine import jit
+
+        if jit.defer_compile():  # a first start: Numba compiles in the background, the first runs take plain Python
+            log.info("compiling the engine's Numba code in the background")
+        import sage_engine.engine  # noqa: F401 - the engine's remaining imports, timed here rather than in the load
+
+        log.info("imported torch and the engine in %.1f s", time.perf_counter() - t0)
+
+    return setup
+
+
 def main(argv=None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     args = parse_args(argv)
     t0 = time.perf_counter()
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
-    from sage_engine import jit
-
-    if jit.defer_compile():  # a first start: Numba compiles in the background, the first runs take plain Python
-        logging.getLogger("sage.app").info("compiling the engine's Numba code in the background")
     try:
         presets = served(args.presets.split(","))
         # ZeroGPU: the pair must be on cuda before launch (a lazy load would happen in the GPU worker); elsewhere the
         # page is served at once and the pair loads behind it
         preload = "now" if zero_gpu() else "off" if args.no_preload else "background"
-        demo = build_demo(presets, default_preset=args.preset, preload=preload, cache_examples=args.cache_examples)
+        served_page = threading.Event()
+        if preload == "now":  # the load, and so the engine's setup before it, runs before launch: it cannot wait
+            served_page.set()
+        demo = build_demo(presets, default_preset=args.preset, preload=preload, cache_examples=args.cache_examples,
+                          setup=engine_setup(args.threads, served_page))
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
     logging.getLogger("sage.app").info("app built in %.1f s", time.perf_counter() - t0)
-    demo.launch(server_name=args.host, server_port=args.port, **launch_options(args.max_file_size))
+    try:  # launch() returns once the server answers; block_thread() then serves until interrupted, as launch() would
+        demo.launch(server_name=args.host, server_port=args.port, prevent_thread_lock=True,
+                    **launch_options(args.max_file_size))
+    finally:
+        served_page.set()  # also on a failed launch: the device thread must not sit out SERVED_WAIT_S at exit
+    demo.block_thread()
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import gradio as gr
 
@@ -28,7 +28,8 @@ PRELOAD_MODES = ("off", "now", "background")
 def build_demo(presets: Mapping[str, Preset] | None = None, default_preset: str | None = None,
                pair_factory: PairFactory = load_preset, examples: list[Example] | None = None,
                preload: str = "off", text_every: float = 0.25, plot_every: float = 1.0, queue_size: int = 32,
-               pool_capacity: int = 1, cache_examples: str = "lazy") -> gr.Blocks:
+               pool_capacity: int = 1, cache_examples: str = "lazy",
+               setup: Callable[[], None] | None = None) -> gr.Blocks:
     """The demo over `presets` (default: app.served.SERVED; the UI offers only these; the first is the default
     unless `default_preset` names another). `pair_factory(preset) -> ModelPair` loads a pair;
     tests pass one that builds tiny models. `preload`: "off" loads the default pair on first use, "now" before
@@ -37,14 +38,15 @@ def build_demo(presets: Mapping[str, Preset] | None = None, default_preset: str 
     updates (the first token shows at once; all streamed updates together cost at most 4% of a race's wall time:
     app/pacing.py); `pool_capacity` is how many pairs stay loaded at once. `cache_examples`: "lazy" (an example's
     first click races it with the defaults and stores the result; later clicks show it, labelled as cached:
-    app/examples.py) or "off" (a click only fills the inputs)."""
+    app/examples.py) or "off" (a click only fills the inputs). `setup`: queued first on the device thread, so that
+    every pair load comes after it (PairPool's `setup`; app.py: torch's thread count and Numba's background compile)."""
     if preload not in PRELOAD_MODES:
         raise ValueError(f"preload must be one of {', '.join(PRELOAD_MODES)} (got {preload!r})")
     if cache_examples not in CACHE_MODES:
         raise ValueError(f"cache_examples must be one of {', '.join(CACHE_MODES)} (got {cache_examples!r})")
     presets = served() if presets is None else presets
     preset = pick(presets, default_preset)
-    pool = PairPool(presets, pair_factory, capacity=pool_capacity)
+    pool = PairPool(presets, pair_factory, capacity=pool_capacity, setup=setup)
     handlers = Handlers(pool, RunFiles(), preset.name, text_every=text_every, plot_every=plot_every)
     with gr.Blocks(title=TITLE, delete_cache=(3600, 3600)) as demo:
         ui = build_layout(presets, preset.name)

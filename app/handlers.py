@@ -13,17 +13,14 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import gradio as gr
 from gradio.components.plot import PlotData
 
-from sage_engine import InputError, PreparedInput, SageConfig, SageError, StepEvent, make_policy, prepare_input
+from sage_engine import InputError, SageConfig, SageError, StepEvent
 from sage_engine.config import parse_spec, spec_knobs
-from sage_engine.inputs import DEFAULT_NUM_FRAMES, video_frames_for
 from sage_engine.media import sample_video
-from sage_engine.policies import Policy
-from sage_engine.pruning import VisualPruning
-from sage_engine.sampling import Sampling
 
 from . import plots, replay, text
 from .gpu import on_gpu, zero_gpu
@@ -38,6 +35,12 @@ from .served import NOTES, unavailable
 from .theme import lane_title
 from .tree_plot import empty_tree, tree_figure
 from .view import View
+
+if TYPE_CHECKING:  # these import torch: the app imports them after its page is served (app/__init__.py)
+    from sage_engine import PreparedInput
+    from sage_engine.policies import Policy
+    from sage_engine.pruning import VisualPruning
+    from sage_engine.sampling import Sampling
 
 FIGURES = ("fig_alpha", "fig_accepted", "fig_tree", "fig_mapping", "fig_time")
 
@@ -56,6 +59,8 @@ INT_KNOBS = ("d_min", "d_max", "w_min", "w_max", "k", "n_max")
 
 def sampling_of(knobs: dict) -> Sampling:
     """Sampling from the panel's temperature, top-p and seed (popped from `knobs`); InputError in one line."""
+    from sage_engine.sampling import Sampling
+
     try:
         temperature, top_p = float(knobs.pop("temperature", 0.0)), float(knobs.pop("top_p", 1.0))
         seed = knobs.pop("seed", 0)
@@ -166,6 +171,10 @@ class Handlers:
             raise gr.Error(f"internal error ({type(e).__name__}): {e}", print_exception=False) from None
 
     def _setup(self, image, video, prompt, max_new_tokens, policy, preset, knobs) -> Setup:
+        self.pool.wait_setup()  # the engine's imports are the device thread's until then
+        from sage_engine.policies import make_policy
+        from sage_engine.pruning import VisualPruning
+
         if not (prompt or "").strip():
             raise InputError("the prompt is empty: type a question about the image or video")
         name, cfg = speculative_policy(policy, knobs)
@@ -186,6 +195,8 @@ class Handlers:
     def _prepare(pair, prompt: str, image: str | None, video: str | None) -> tuple:
         """The video's frames (None for an image) and the models' inputs (run on the device thread: the processor
         computes with torch)."""
+        from sage_engine.inputs import prepare_input, video_frames_for
+
         clip = sample_video(video, video_frames_for(pair.processor)) if video else None
         return clip, prepare_input(pair, prompt, images=[image] if image else [], video=clip)
 
@@ -319,6 +330,9 @@ class Handlers:
         if preview:
             gr.Info("Your browser cannot play this video's codec: the page shows a re-encoded preview (VP8); "
                     "the model reads your file.")
+        self.pool.wait_setup()  # the engine's imports are the device thread's until then
+        from sage_engine.inputs import DEFAULT_NUM_FRAMES, video_frames_for
+
         name = preset or self.default_preset
         n = video_frames_for(self.pool.get(name).pair.processor) if self.pool.is_loaded(name) else DEFAULT_NUM_FRAMES
         try:

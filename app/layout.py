@@ -9,8 +9,7 @@ from dataclasses import dataclass, fields
 import gradio as gr
 
 from sage_engine import SageConfig
-from sage_engine.config import ALPHA_SOURCES
-from sage_engine.policies import SPECULATIVE_POLICIES
+from sage_engine.config import ALPHA_SOURCES, SPECULATIVE_POLICIES  # config: the names without the policies (torch)
 
 from . import plots, replay, text
 from .components import UploadedImage

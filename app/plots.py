@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 from sage_engine import SageConfig
-from sage_engine.policies import SagePolicy
 
 from .record import Lane, RunRecord
 from .theme import AMBER, BLUE, GREEN, ORANGE, PALE, SLATE, VIOLET, figure, lane_title, layout
@@ -88,6 +87,8 @@ def accepted_figure(lane: Lane):
 
 def mapping_figure(lane: Lane, cfg: SageConfig):
     """SAGE's D(α) and W(α) (Eq. 10-11, rounded by the engine's own policy) with this run's points."""
+    from sage_engine.policies import SagePolicy  # here, not at the top: the policies import torch, after the page
+
     steps = [s for s in lane.decode_steps if s.alpha is not None]
     alphas = [i / 100 for i in range(101)]
     d_maxes = sorted({s.d_max for s in steps if s.d_max is not None} or {cfg.d_max})

@@ -13,14 +13,18 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import gradio as gr
 
-from sage_engine import PreparedInput, SageError, SpecEngine, StepEvent
+from sage_engine import SageError, StepEvent
 
 from .race import RACING, WARM_TOKENS, RunControl
 from .theme import figure
 from .tree_plot import empty_tree, tree_figure
+
+if TYPE_CHECKING:  # these import torch: the app imports them after its page is served (app/__init__.py)
+    from sage_engine import PreparedInput, SpecEngine
 
 COMPARED = ("ar", "chain", "static", "eagle2", "sage", "sage:threshold=paper:d_max=8")
 MAX_TOKENS = 128  # this mode's budget: six decodes of one input

@@ -13,23 +13,43 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from sage_engine import ModelError, ModelPair, SpecEngine, jit, load_pair
-from sage_engine.pruning import VisualPruning
+from sage_engine import ModelError
 
 from .device import DeviceThread
 from .served import Preset, unavailable
 
-PairFactory = Callable[[Preset], ModelPair]
+if TYPE_CHECKING:  # these import torch: the app imports them after its page is served (app/__init__.py)
+    from sage_engine import ModelPair, SpecEngine
+    from sage_engine.pruning import VisualPruning
+
+PairFactory = Callable[[Preset], "ModelPair"]
 log = logging.getLogger("sage.app")
 
 
 def load_preset(preset: Preset) -> ModelPair:
     """The default pair factory: `sage_engine.load_pair` with the preset's pair, dtype and device."""
+    from sage_engine.models import load_pair
+
     reason = unavailable(preset)
     if reason:
         raise ModelError(f"model pair {preset.name!r} is not available: {reason}")
     return load_pair(target=preset.target, draft=preset.draft, dtype=preset.dtype, device=preset.device)
+
+
+def _timed(factory: PairFactory, preset: Preset) -> tuple[ModelPair, float]:
+    """The factory's pair and its seconds, timed on the device thread: not the wait behind the work queued there
+    before it (app.py's `setup`, another visitor's run)."""
+    t0 = time.perf_counter()
+    pair = factory(preset)
+    return pair, time.perf_counter() - t0
+
+
+def _log_failure(done) -> None:
+    """A failed `setup` (a future's callback): its traceback goes to the log; a load after it says what else fails."""
+    if done.exception() is not None:
+        log.error("engine setup failed", exc_info=done.exception())
 
 
 @dataclass
@@ -46,6 +66,8 @@ class Loaded:
     def engine(self, draft_pruning: VisualPruning | None = None) -> SpecEngine:
         """The engine for `draft_pruning`, built on the device thread the first time (its runners time and check
         their layers there); a second caller meanwhile (the background preload and a run) waits for that build."""
+        from sage_engine import SpecEngine, jit
+
         with self._building:
             engine = self.engines.get(draft_pruning)
             if engine is None or (engine.compiled is False and jit.activate()):  # built before the compile finished
@@ -64,10 +86,14 @@ class Loaded:
 
 
 class PairPool:
-    """Preset name -> Loaded, at most `capacity` pairs in memory (the oldest is dropped first)."""
+    """Preset name -> Loaded, at most `capacity` pairs in memory (the oldest is dropped first).
+
+    `setup`, if given, is queued on the device thread at once, so that every pair load and engine build (all queued
+    there after it) comes after it: app.py passes the process-wide engine settings (torch's thread count, Numba's
+    background compile), which import torch and Numba, so that they load behind the page and not before it."""
 
     def __init__(self, presets: Mapping[str, Preset], factory: PairFactory = load_preset, capacity: int = 1,
-                 device: DeviceThread | None = None):
+                 device: DeviceThread | None = None, setup: Callable[[], None] | None = None):
         self.presets = presets
         self.factory = factory
         self.capacity = max(1, capacity)
@@ -76,6 +102,9 @@ class PairPool:
         self._lock = threading.Lock()
         self._loading: dict[str, float] = {}  # preset -> when its background load started (perf_counter)
         self.failed: dict[str, str] = {}  # preset -> why its background load failed (one line)
+        self._setup = None if setup is None else self.device.submit(setup)
+        if self._setup is not None:
+            self._setup.add_done_callback(_log_failure)
 
     def get(self, name: str) -> Loaded:
         """The loaded pair for preset `name`; loads it if needed. Raises ModelError (one line)."""
@@ -86,10 +115,16 @@ class PairPool:
                 while len(self._loaded) >= self.capacity:
                     self._loaded.pop(next(iter(self._loaded)))
                     gc.unfreeze()  # load_pair froze the heap (models.settle_heap): let its next collect free the pair
-                t0 = time.perf_counter()
-                pair = self.device.call(self.factory, self.presets[name])
-                self._loaded[name] = Loaded(self.presets[name], pair, time.perf_counter() - t0, self.device)
+                pair, seconds = self.device.call(_timed, self.factory, self.presets[name])
+                self._loaded[name] = Loaded(self.presets[name], pair, seconds, self.device)
             return self._loaded[name]
+
+    def wait_setup(self) -> None:
+        """Return once `setup` has run (at once without one). A handler calls it before importing the engine's heavy
+        modules itself, so that two threads never import them at once: two imports entering one package at different
+        modules can deadlock on Python's module locks."""
+        if self._setup is not None:
+            self._setup.exception()  # waits; a failure was logged by _log_failure
 
     def is_loaded(self, name: str) -> bool:
         return name in self._loaded
@@ -99,8 +134,10 @@ class PairPool:
         here); a failure is logged and kept in `failed` (the model line says it), never raised: the page serves on."""
         try:
             loaded = self.get(name)
+            t0 = time.perf_counter()
             loaded.engine()
-            log.info("loaded %s in %.1f s", name, loaded.load_seconds)
+            log.info("loaded %s in %.1f s, its engine built in %.1f s", name, loaded.load_seconds,
+                     time.perf_counter() - t0)
         except ModelError as e:  # the model line and a run say why
             self.failed[name] = str(e)
             log.warning("%s", e)

@@ -19,13 +19,17 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_for
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from sage_engine import PreparedInput, SpecEngine, StepEvent
-from sage_engine.policies import Policy, make_policy
-from sage_engine.sampling import Sampling
+from sage_engine import StepEvent
 
 from .device import DeviceThread
 from .record import ACCEPTED, BONUS, FIRST, Lane, RunRecord
+
+if TYPE_CHECKING:  # these import torch: the app imports them after its page is served (app/__init__.py)
+    from sage_engine import PreparedInput, SpecEngine
+    from sage_engine.policies import Policy
+    from sage_engine.sampling import Sampling
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,8 @@ class Race:
 
     def __init__(self, engine: SpecEngine, prepared: PreparedInput, spec_policy: Policy, max_new_tokens: int,
                  device: DeviceThread, stop: threading.Event | None = None, sampling: Sampling | None = None):
+        from sage_engine.policies import make_policy
+
         self.engine, self.prepared, self.max_new_tokens = engine, prepared, max_new_tokens
         self.sampling = sampling  # both lanes sample with it (the same seed: the same text)
         self.lanes = (("ar", make_policy("ar")), ("spec", spec_policy))

@@ -6,29 +6,40 @@ Public entry points:
     SpecEngine(pair).stream(prepared, policy)    -> iterator of StepEvent
     SpecEngine(pair).generate(prepared, policy)  -> GenerationResult
     make_policy("sage:d_max=8") or a policy object: SagePolicy(SageConfig(...)), or a subclass of your own
+
+`from sage_engine import SpecEngine` imports the submodule that defines the name when it is first asked for (PEP 562
+`__getattr__`), not with the package: importing a light module such as `sage_engine.config` or `sage_engine.errors`
+then does not import torch, transformers or Numba, which lets the demo serve its page before they load (app/).
 """
 
-from .config import ChainConfig, Eagle2Config, SageConfig, SpecVLMConfig, StaticConfig
-from .engine import SpecEngine
-from .errors import InputError, ModelError, SageError
-from .events import GenerationResult, RunStats, StepEvent
-from .inputs import PreparedInput, prepare_input
-from .models import DEFAULT_DRAFT, DEFAULT_TARGET, ModelPair, load_pair
-from .policies import (
-    POLICY_NAMES,
-    AutoregressivePolicy,
-    ChainPolicy,
-    Eagle2Policy,
-    Policy,
-    SagePolicy,
-    SpecVLMPolicy,
-    StaticTreePolicy,
-    make_policy,
-)
+from __future__ import annotations
 
-__all__ = [
-    "POLICY_NAMES", "ChainConfig", "Eagle2Config", "SageConfig", "SpecVLMConfig", "StaticConfig", "SpecEngine",
-    "InputError", "ModelError", "SageError", "GenerationResult", "RunStats", "StepEvent",
-    "PreparedInput", "prepare_input", "DEFAULT_DRAFT", "DEFAULT_TARGET", "ModelPair", "load_pair", "make_policy",
-    "Policy", "AutoregressivePolicy", "ChainPolicy", "StaticTreePolicy", "Eagle2Policy", "SpecVLMPolicy", "SagePolicy",
-]
+import importlib
+
+# submodule -> the public names it defines
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "config": ("ChainConfig", "Eagle2Config", "SageConfig", "SpecVLMConfig", "StaticConfig"),
+    "engine": ("SpecEngine",),
+    "errors": ("InputError", "ModelError", "SageError"),
+    "events": ("GenerationResult", "RunStats", "StepEvent"),
+    "inputs": ("PreparedInput", "prepare_input"),
+    "models": ("DEFAULT_DRAFT", "DEFAULT_TARGET", "ModelPair", "load_pair"),
+    "policies": ("POLICY_NAMES", "AutoregressivePolicy", "ChainPolicy", "Eagle2Policy", "Policy", "SagePolicy",
+                 "SpecVLMPolicy", "StaticTreePolicy", "make_policy"),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = list(_MODULE_OF)
+
+
+def __getattr__(name: str):
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later look-ups find it without calling this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -176,6 +176,11 @@ POLICY_CONFIGS: dict[str, type | None] = {
     "sage": SageConfig,
 }
 
+# The policies that draft: every one but `ar`, in POLICY_CONFIGS' order. Here, beside the names, so that the demo
+# can list them without importing the policies (and with them torch and Numba); policies/ derives the same tuple
+# from its classes' `uses_draft`, and tests/test_app_background_load.py checks that the two agree.
+SPECULATIVE_POLICIES: tuple[str, ...] = tuple(name for name in POLICY_CONFIGS if name != "ar")
+
 
 def parse_spec(spec: str):
     """'sage:n_max=32:theta_scale=0.2' -> ('sage', SageConfig(n_max=32, theta_scale=0.2)): a policy with some

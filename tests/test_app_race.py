@@ -86,7 +86,7 @@ def test_all_model_work_runs_on_one_device_thread(monkeypatch, media):
     team, and a second team slows decoding (app/device.py). A queued race whose visitor left never starts."""
     import threading
 
-    import app.handlers as handlers_module
+    import sage_engine.inputs as inputs_module
     from app.device import DeviceThread
     from app.handlers import Handlers
     from app.media import RunFiles
@@ -101,7 +101,8 @@ def test_all_model_work_runs_on_one_device_thread(monkeypatch, media):
             return fn(*args, **kwargs)
         return wrapped
 
-    monkeypatch.setattr(handlers_module, "prepare_input", spy("prepare", handlers_module.prepare_input))
+    # app.handlers imports prepare_input when it runs (after the page is served): spied on where it is defined
+    monkeypatch.setattr(inputs_module, "prepare_input", spy("prepare", inputs_module.prepare_input))
     monkeypatch.setattr(SpecEngine, "__init__", spy("engine", SpecEngine.__init__))
     monkeypatch.setattr(SpecEngine, "stream", spy("decode", SpecEngine.stream))
     table = app_server.presets()
