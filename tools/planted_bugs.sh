@@ -35,3 +35,6 @@ plant "a ratio test 10% too lenient (accept when u*q < 1.1 p)" sage_engine/sampl
 plant "a rejection that redraws from p, not from the residual max(0, p - q)" sage_engine/sampling.py \
   "residual = np.maximum(p - q, 0.0)" "residual = p.copy()" \
   "tests/test_sampling.py::test_the_first_two_tokens_follow_the_targets_distribution_for_every_policy"
+plant "a price model that forgets what a verified node costs" sage_engine/experiments/prices.py \
+  "return self.base + self.node * nodes" "return self.base" \
+  "tests/test_experiments.py::test_the_cost_model_reproduces_this_machine_and_labels_what_it_models"
