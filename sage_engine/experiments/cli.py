@@ -32,7 +32,8 @@ def add_parser(sub, model_args) -> None:
                                                         "experiment's own, 6 to 20)")
     p.add_argument("--rounds", type=int, default=3, help="rounds of every input and policy in the timed benches "
                                                          "(bench --rounds; --quick: 1)")
-    p.add_argument("--work-dir", default=None, help="where the suites are materialised (default: a temp folder)")
+    p.add_argument("--work-dir", default=None, help="where the suites are materialised and kept (default: a "
+                                                    "temporary folder of the run's own, removed at its end)")
     p.add_argument("--benchmarks", default="BENCHMARKS.md", help="report: the Markdown file to write the "
                                                                  "experiments' sections into")
     model_args(p)
@@ -63,7 +64,10 @@ def run_one(name: str, args: argparse.Namespace, argv: list[str]) -> dict:
     if ctx.resumed:
         print(f"{name}: resuming, {ctx.resumed} cells already done", file=sys.stderr)
     t0 = time.perf_counter()
-    outcome = experiment(name).run(ctx)
+    try:
+        outcome = experiment(name).run(ctx)
+    finally:
+        ctx.close()
     seconds = time.perf_counter() - t0
     from ..report import machine_meta
 

@@ -57,9 +57,12 @@ class Context:
         self.out = Path(args.out)
         self.out.mkdir(parents=True, exist_ok=True)
         self._pair = self._engine = None
+        self._work: tempfile.TemporaryDirectory | None = None  # where the suites are written, unless --work-dir
         self.settings = {"experiment": name, "quick": self.quick, "data": args.data, "policies": args.policies,
                          "max_new_tokens": args.max_new_tokens, "seed": args.seed, "n": args.n,
-                         "models": [args.preset, args.target, args.draft], "rounds": args.rounds}
+                         "models": [args.preset, args.target, args.draft], "rounds": args.rounds,
+                         "draft_prune": None if args.draft_prune is None else [args.draft_prune.image,
+                                                                               args.draft_prune.video]}
         self._cells_path = self.out / f"{name}.cells.json"
         self.cells: dict[str, object] = {}
         self.resumed = 0
@@ -71,6 +74,12 @@ class Context:
             else:
                 print(f"{name}: the cells in {self._cells_path} were made with other settings; starting afresh",
                       file=sys.stderr)
+
+    def close(self) -> None:
+        """Remove the suites this run wrote into a temporary folder."""
+        if self._work is not None:
+            self._work.cleanup()
+            self._work = None
 
     # ------------------------------------------------------------------ work
     def cell(self, key: str, fn: Callable[[], object]):
@@ -103,7 +112,8 @@ class Context:
         if self._engine is None:
             from ..engine import SpecEngine
 
-            self._engine = SpecEngine(self.pair, tree_forward=self.args.tree_forward)
+            self._engine = SpecEngine(self.pair, draft_pruning=self.args.draft_prune,
+                                      tree_forward=self.args.tree_forward)
         return self._engine
 
     @property
@@ -123,9 +133,14 @@ class Context:
             bf = read_benchmark(self.args.data, self.args.format, limit, self.args.media_root)
             items = tuple(BenchInput(i.path or f"{bf.name}#{i.id}", i.media, i.prompt) for i in bf.items)
             return [Suite(bf.name, items)]
+        need(not self.text_only, "a text-only pair needs --data (a GSM8K or HumanEval file)")
         from ..suites import materialise
 
-        work = Path(self.args.work_dir or Path(tempfile.gettempdir()) / "sage-experiments") / self.name
+        if self.args.work_dir:
+            work = Path(self.args.work_dir) / self.name
+        else:  # this run's own folder (two runs at once must not rewrite each other's), removed by `close`
+            self._work = self._work or tempfile.TemporaryDirectory(prefix=f"sage-{self.name}-")
+            work = Path(self._work.name)
         n = 2 if self.quick else (self.args.n or full_n or 8)
         built = {s.name: s for s in materialise(work, self.args.seed, max(n, 2), quick=self.quick)}
         out = []

@@ -10,7 +10,7 @@ every policy back to back in rotating order, speeds as ratios to `ar` measured i
 from __future__ import annotations
 
 from ..bench import run_bench
-from .common import Context, Outcome, ar_rate, check_exact, fmt, need, summary
+from .common import Context, Outcome, ar_rate, check_exact, fmt, summary
 
 NAME = "main"
 PAPER_SAGE = "sage:threshold=paper:d_max=8"
@@ -22,7 +22,6 @@ CLAIM = ("SAGE accepts longer paths and runs faster than SD-Chain, SD-Tree and S
 
 
 def run(ctx: Context) -> Outcome:
-    need(not ctx.text_only or bool(ctx.args.data), "a text-only pair needs --data (a GSM8K or HumanEval file)")
     suites = ctx.suites(SUITES, full_n=8)
     policies = ctx.policies(POLICIES, QUICK)
     if ctx.text_only:  # a text prompt has no visual token to prune: specvlm is eagle2 there

@@ -32,12 +32,12 @@ def run(ctx: Context) -> Outcome:
         for suite in suites:
             for r in ratios:
                 def bench(suite=suite, r=r):
-                    engine.draft_pruning = VisualPruning(r, r)
+                    held, engine.draft_pruning = engine.draft_pruning, VisualPruning(r, r)
                     try:
                         return summary(run_bench(ctx.pair, list(suite.inputs), policies, tokens, warmup=1,
                                                  rounds=ctx.rounds, engine=engine))
                     finally:
-                        engine.draft_pruning = None
+                        engine.draft_pruning = held
                 results.setdefault(suite.name, {})[f"{r:g}"] = ctx.cell(f"{suite.name}@{r:g}", bench)
                 bar.update(1)
     rows, best = [], []
