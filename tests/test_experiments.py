@@ -175,3 +175,18 @@ def test_the_gpu_regime_reads_a_gpu_doctor_report_where_there_is_one(tmp_path):
     (tmp_path / "gpu.json").write_text(json.dumps(report))
     regime = gpu_regime(2.0, str(tmp_path / "*.json"))
     assert regime.name == "GPU (doctor report)" and abs(regime.verify(64) - 2.2) < 1e-9
+
+
+def test_main_runs_on_a_saved_moe_pair(tmp_path):
+    """RQ2's other kind of model: `main --target DIR --draft DIR` on a tiny random Qwen3-VL-MoE pair, every run equal
+    to `ar` (such a pair drafts nothing worth it: the point is the exactness and the table, not the speed)."""
+    from sage_engine.tiny_kinds import kind_pair
+
+    pair = kind_pair("qwen3-vl-moe", "noisy", seed=0)
+    for role, model in (("target", pair.target), ("draft", pair.draft)):
+        model.save_pretrained(tmp_path / role)
+        pair.processor.save_pretrained(tmp_path / role)
+    out = tmp_path / "out"
+    assert run(out, "main", "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft")) == 0
+    record = json.loads((out / "main.json").read_text())
+    assert record["finding"].endswith("every run equal to `ar`") and len(record["data"]["suites"]) == 3
