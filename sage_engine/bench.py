@@ -199,20 +199,16 @@ def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], ma
     round; per input and policy the report keeps the run of median wall time (all rounds' times in
     `round_seconds`), so a stall of the shared machine during one run does not decide an input's speedup. An input's
     own speedup (`speedup_vs_ar` of its run) is the median over rounds of the speedup within each round, where the
-    policy and ar ran back to back (`paired_speedup`).
-    engine: an engine of `pair` to run on (its own draft_pruning and backends; the two flags are then ignored), so
-    that many benches in a row (the experiments) check the models' layers once."""
+    policy and ar ran back to back (`paired_speedup`). engine: an engine of `pair` to run on (its own draft_pruning
+    and backends, the two flags then unused), so that many benches in a row check the models' layers once."""
     check_rounds(rounds)
     policies = ["ar"] + [p for p in policies if p != "ar"]
     engine = engine or SpecEngine(pair, draft_pruning=draft_pruning, tree_forward=tree_forward)
-    draft_pruning = engine.draft_pruning
     prepared = [prepare_bench_input(pair, i) for i in inputs]
     for prep in prepared[:warmup]:  # warm-up: allocator, kernels, caches
         for pol in policies:
             _decode(engine, prep, pol, min(16, max_new_tokens), sampling)
-    device = engine.target.device
-    runs: list[dict] = []
-    peak: dict[str, float] = {}
+    device, runs, peak = engine.target.device, [], {}
     events: dict[str, list] = {}  # policy -> each input's step events (the premise's correlations)
     paths = _PathWork(engine)  # what reading trees path by path cost each policy (recurrent models: paths.py)
     for n, (inp, prep) in enumerate(zip(inputs, prepared)):
@@ -242,8 +238,8 @@ def run_bench(pair: ModelPair, inputs: list[BenchInput], policies: list[str], ma
         "models": pair.describe(),
         "max_new_tokens": max_new_tokens,
         "sampling": None if sampling is None else dataclasses.asdict(sampling),
-        "draft_pruning": (None if draft_pruning is None
-                          else {"image": draft_pruning.image, "video": draft_pruning.video}),
+        "draft_pruning": (None if engine.draft_pruning is None
+                          else {"image": engine.draft_pruning.image, "video": engine.draft_pruning.video}),
         "tree_forward": {"target": engine.target.tree_forward,
                          "draft": None if engine.draft is None else engine.draft.tree_forward},
         "prompt_path": {"target": engine.target.prompt_path,
