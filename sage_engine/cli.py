@@ -12,37 +12,16 @@ import sys
 import time
 import warnings
 
-from .engine import TREE_FORWARDS
 from .errors import SageError, first_line
 from .events import summarize
-from .models import DEFAULT_DRAFT, DEFAULT_TARGET
-from .placement import DTYPES
 from .policies import POLICY_NAMES
+from .run_flags import load_from_flags, model_args, pair_names
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, status 2, no usage dump
         print(f"error: {message}", file=sys.stderr)
         raise SystemExit(2)
-
-
-def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default=None, help="a named model pair (sage_engine/presets.py), e.g. tinyworld")
-    p.add_argument("--target", default=None, help="target model directory or hub id (default: the embedded pair)")
-    p.add_argument("--draft", default=None, help="draft model directory or hub id; none: no draft")
-    p.add_argument("--dtype", default=None, choices=list(DTYPES), help="default: the preset's, else float32")
-    p.add_argument("--device", default=None,
-                   help="cpu | cuda | cuda:N | auto | multi (target over GPUs, draft on its own); default cpu")
-    p.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"], help="attention implementation")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--tree-forward", default="auto", choices=TREE_FORWARDS,
-                   help="the backend both models' passes run on: auto = the fastest that applies and passes its "
-                        "check against forward(); forward = forward(); layers = the model's own decoder layers in "
-                        "turn (bit-identical); fused = its layers as fewer torch products; numpy, numba = the "
-                        "draft's layers in NumPy or compiled (a target gets fused). Reports name what ran and why")
-    p.add_argument("--draft-prune", default="off", type=_pruning,
-                   help="draft-only visual-token pruning: off | paper (80%% image, 90%% video) | IMAGE,VIDEO ratios")
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -71,20 +50,6 @@ def _check_policy(spec: str) -> None:
         raise SageError(str(e)) from None
 
 
-def _pruning(value: str):
-    from .pruning import VisualPruning
-
-    if value == "off":
-        return None
-    if value == "paper":
-        return VisualPruning()
-    try:
-        image, video = (float(v) for v in value.split(","))
-        return VisualPruning(image, video)
-    except ValueError:
-        raise argparse.ArgumentTypeError("use off, paper, or two ratios in [0, 1) like 0.8,0.9") from None
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m sage_engine", description="SAGE speculative decoding for VLMs")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -103,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--warmup", type=int, default=0,
                      help="decode the input this many times first, untimed and not shown: a fresh process's first "
                           "run is slower (~5-10%% on the embedded pair), and the engine's cost meter starts empty")
-    _model_args(gen)
+    model_args(gen)
     _sampling_args(gen)
 
     bench = sub.add_parser("bench", help="every policy on every image/video of a folder")
@@ -117,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--rounds", type=int, default=1,
                        help="decode every input with every policy this many times; keep each one's median-time run")
     bench.add_argument("--out", required=True, help="report JSON file")
-    _model_args(bench)
+    model_args(bench)
     _sampling_args(bench)
 
     check = sub.add_parser("check-sampling", help="is a policy's sampling lossless? the first two tokens' "
@@ -128,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--image", default=None, help="default: the first image example (assets/examples); none "
                                                      "for a text-only pair")
     check.add_argument("--json", action="store_true", help="print one JSON object")
-    _model_args(check)
+    model_args(check)
     _sampling_args(check)
     check.set_defaults(temperature=1.0)
 
@@ -142,37 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                        "doctor block (the project's README shows a CPU run)")
     from .experiments.cli import add_parser as add_experiment
 
-    add_experiment(sub, _model_args)
+    add_experiment(sub)
     return parser
-
-
-def _names(args) -> tuple[str, str | None, str, str]:
-    """(target, draft or None, dtype, device) from the flags and the preset; `--draft none` (or '') means no draft."""
-    target, draft, dtype, device = DEFAULT_TARGET, DEFAULT_DRAFT, "float32", "cpu"
-    if args.preset:
-        from .presets import resolve
-
-        p = resolve(args.preset)
-        target, draft, dtype, device = p.target, p.draft, p.dtype, p.device
-    target = args.target or target
-    draft = draft if args.draft is None else args.draft
-    if draft in ("", "none") or getattr(args, "policy", None) == "ar":
-        draft = None
-    return target, draft, args.dtype or dtype, args.device or device
-
-
-def _load(args):
-    import torch
-    from transformers.utils import logging as hf_logging
-
-    from .models import load_pair
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    target, draft, dtype, device = _names(args)
-    return load_pair(target, draft, dtype=dtype, device=device, attn_implementation=args.attn)
 
 
 def cmd_generate(args) -> int:
@@ -190,7 +126,7 @@ def cmd_generate(args) -> int:
     if args.warmup < 0:
         raise SageError(f"--warmup must be at least 0 (got {args.warmup})")
     images = [load_image(p) for p in args.image]  # bad files fail before the models load
-    pair = _load(args)
+    pair = load_from_flags(args)
     prepared = prepare_input(pair, args.prompt, images=images, video=args.video, num_frames=args.frames)
     engine = SpecEngine(pair, draft_pruning=args.draft_prune, tree_forward=args.tree_forward,
                         keep_prompt=args.num_samples > 1)  # the samples share one prefilled prompt
@@ -237,11 +173,11 @@ def cmd_bench(args) -> int:
     sampling = _sampling(args)
     if not sampling.greedy and (hf := [p for p in policies if is_hf_spec(p)]):
         raise SageError(f"{hf[0]!r} runs greedy only; drop it or --temperature")
-    if _names(args)[1] is None and (drafting := [p for p in policies if needs_draft(p)]):
+    if pair_names(args)[1] is None and (drafting := [p for p in policies if needs_draft(p)]):
         raise SageError(f"policy {drafting[0]!r} needs a draft model; this run has none (--draft {args.draft!r})")
     check_rounds(args.rounds)
     inputs = find_inputs(args.inputs, args.prompt)[: args.limit]
-    pair = _load(args)
+    pair = load_from_flags(args)
     n_pol = len(set(policies) | {"ar"})
     with tqdm(total=len(inputs) * n_pol * args.rounds, desc="bench", unit="run", file=sys.stderr) as bar:
         report = run_bench(pair, inputs, policies, args.max_new_tokens, args.warmup, bar, args.draft_prune,
@@ -269,7 +205,7 @@ def cmd_check_sampling(args) -> int:
     if args.samples < 1:
         raise SageError(f"--samples must be at least 1 (got {args.samples})")
     image = load_image(args.image or str(ASSETS / "examples" / "shapes_1.png"))
-    pair = _load(args)
+    pair = load_from_flags(args)
     engine = SpecEngine(pair, tree_forward=args.tree_forward)
     images = [] if args.image is None and is_tokenizer(pair.processor) else [image]  # a text-only pair: the prompt
     result = check_sampling(engine, prepare_input(pair, args.prompt, images=images), args.policy, sampling,

@@ -22,11 +22,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shlex
 import sys
 import tempfile
-from datetime import datetime, timezone
 from pathlib import Path
 
 from .report_markdown import (  # noqa: F401  (the writer's public names, importable from here as before)
@@ -46,6 +44,7 @@ from .report_markdown import (  # noqa: F401  (the writer's public names, import
     worst_input,
     write_markdown,
 )
+from .run_flags import load_from_flags, machine_meta, model_args
 from .suites import DEFAULT_N, DEFAULT_SEED, QUICK_TINYWORLD, REAL, Suite, materialise, package_version
 
 QUICK_POLICIES = ("ar", "chain", "sage")  # --quick: the reference, the classic baseline, the default SAGE
@@ -64,28 +63,7 @@ def default_policies() -> list[str]:
     return list(dict.fromkeys(n.strip() for n in names if n.strip()))
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def machine_meta(command: str) -> dict:
-    import torch
-    import transformers
-
-    return {"command": command, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "cpu": _cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
-            "torch": torch.__version__, "transformers": transformers.__version__}
-
-
 def build_parser() -> argparse.ArgumentParser:
-    from .cli import _model_args
-
     p = argparse.ArgumentParser(prog="python -m sage_engine.report", description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="markdown file to write, e.g. BENCHMARKS.md")
     p.add_argument("--from-json", action="store_true", help="measure nothing: write OUT, the figures and the README's "
@@ -110,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sampled-policies", default="",
                    help="comma-separated policies decoded only at the temperatures above 0 (settings that greedy "
                         "decoding ignores, e.g. sage:draw=sample)")
-    _model_args(p)  # the bench's model flags: --threads, --dtype, --device, --preset, --max-new-tokens, ...
+    model_args(p)  # the bench's model flags: --threads, --dtype, --device, --preset, --max-new-tokens, ...
     p.set_defaults(max_new_tokens=96)
     return p
 
@@ -135,12 +113,11 @@ def run_suites(args: argparse.Namespace, suites: list[Suite], policies: list[str
     from tqdm import tqdm
 
     from .bench import find_inputs, run_bench
-    from .cli import _load
     from .hf_reference import is_hf_spec
     from .sampling import Sampling
 
     temps = [t for t in temperatures(args.temperatures) if t > 0]
-    pair = _load(args)
+    pair = load_from_flags(args)
     reports = {}
     runs = [(suite, suite.name, None, policies) for suite in suites]
     extra = [p.strip() for p in args.sampled_policies.split(",") if p.strip()]

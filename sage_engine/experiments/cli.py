@@ -10,11 +10,12 @@ import time
 from pathlib import Path
 
 from ..errors import SageError
+from ..run_flags import load_from_flags, machine_meta, model_args
 from . import NAMES, experiment
 
 
-def add_parser(sub, model_args) -> None:
-    """The `experiment` subcommand on the CLI's subparsers (`model_args`: the CLI's model flags)."""
+def add_parser(sub) -> None:
+    """The `experiment` subcommand on the CLI's subparsers, with the CLI's model flags."""
     p = sub.add_parser("experiment", help="one of the paper's experiments on this pair: " + ", ".join(NAMES)
                        + "; report: gather their Markdown into BENCHMARKS.md")
     p.add_argument("name", choices=[*NAMES, "all", "report"])
@@ -50,17 +51,19 @@ def cmd_experiment(args: argparse.Namespace, argv: list[str] | None = None) -> i
     names = NAMES if args.name == "all" else (args.name,)
     if args.data and not Path(args.data).is_file():
         raise SageError(f"--data is not a file: {args.data}")
+    pair = load_from_flags(args) if len(names) > 1 else None  # `all`: one load, an engine per experiment
     for name in names:
-        run_one(name, args, argv)
+        run_one(name, args, argv, pair)
     return 0
 
 
-def run_one(name: str, args: argparse.Namespace, argv: list[str]) -> dict:
-    """Run experiment `name` and write its outputs; returns what NAME.json holds."""
+def run_one(name: str, args: argparse.Namespace, argv: list[str], pair=None) -> dict:
+    """Run experiment `name` (on `pair`, else the pair the flags name) and write its outputs; returns what NAME.json
+    holds."""
     from .common import Context
     from .markdown import markdown
 
-    ctx = Context(name, args, argv)
+    ctx = Context(name, args, argv, pair)
     if ctx.resumed:
         print(f"{name}: resuming, {ctx.resumed} cells already done", file=sys.stderr)
     t0 = time.perf_counter()
@@ -69,8 +72,6 @@ def run_one(name: str, args: argparse.Namespace, argv: list[str]) -> dict:
     finally:
         ctx.close()
     seconds = time.perf_counter() - t0
-    from ..report import machine_meta
-
     meta = machine_meta("python -m sage_engine " + shlex.join(argv))
     record = {"name": name, "title": outcome.title, "claim": outcome.claim, "finding": outcome.finding,
               "columns": outcome.columns, "rows": outcome.rows, "notes": outcome.notes, "data": outcome.data,

@@ -51,12 +51,14 @@ class Suite:
 class Context:
     """One experiment's settings, pair, engine and cells."""
 
-    def __init__(self, name: str, args: argparse.Namespace, argv: list[str]):
+    def __init__(self, name: str, args: argparse.Namespace, argv: list[str], pair=None):
+        """pair: an already loaded pair of the flags' models (`experiment all` loads it once), else loaded when
+        first asked for."""
         self.name, self.args, self.argv = name, args, argv
         self.quick = bool(args.quick)
         self.out = Path(args.out)
         self.out.mkdir(parents=True, exist_ok=True)
-        self._pair = self._engine = None
+        self._pair, self._engine = pair, None
         self._work: tempfile.TemporaryDirectory | None = None  # where the suites are written, unless --work-dir
         self.settings = {"experiment": name, "quick": self.quick, "data": args.data, "policies": args.policies,
                          "max_new_tokens": args.max_new_tokens, "seed": args.seed, "n": args.n,
@@ -101,9 +103,9 @@ class Context:
     @property
     def pair(self):
         if self._pair is None:
-            from ..cli import _load
+            from ..run_flags import load_from_flags
 
-            self._pair = _load(self.args)
+            self._pair = load_from_flags(self.args)
         return self._pair
 
     @property
@@ -150,8 +152,11 @@ class Context:
         return out
 
     def policies(self, default: tuple[str, ...], quick: tuple[str, ...]) -> list[str]:
+        """--policies, else the experiment's own (`quick` with --quick). On a text-only pair `specvlm` is left out:
+        a text prompt has no visual token to prune, so it would run `eagle2` a second time."""
         chosen = self.args.policies.split(",") if self.args.policies else quick if self.quick else default
-        return [p.strip() for p in chosen if p.strip()]
+        names = [p.strip() for p in chosen if p.strip()]
+        return [p for p in names if not p.startswith("specvlm")] if self.text_only else names
 
     @property
     def rounds(self) -> int:
@@ -165,14 +170,16 @@ class Context:
 def summary(report: dict) -> dict:
     """The figures an experiment keeps of a bench report: per policy tau, tokens/s, speedup, exactness, tree size,
     and per input each policy's speedup (its worst input)."""
+    from ..report_markdown import worst_input
+
     pols = {}
     for pol, agg in report["policies"].items():
-        runs = [r for r in report["runs"] if r["policy"] == pol]
-        worst = min(runs, key=lambda r: r["speedup_vs_ar"] or 0.0) if runs else None
+        worst = worst_input(report, pol)  # (speedup, input, tokens); None for ar
         pols[pol] = {"tau": agg.get("mean_accepted"), "tokens_per_second": agg.get("tokens_per_second"),
                      "speedup": agg.get("speedup_vs_ar"), "exact": agg.get("exact_match_vs_ar"),
-                     "tree_nodes": agg.get("tree_nodes_mean"), "new_tokens": sum(r["new_tokens"] for r in runs),
-                     "worst": None if worst is None else [worst["input"], worst["speedup_vs_ar"]]}
+                     "tree_nodes": agg.get("tree_nodes_mean"),
+                     "new_tokens": sum(r["new_tokens"] for r in report["runs"] if r["policy"] == pol),
+                     "worst": None if worst is None else [worst[1], worst[0]]}
     return {"policies": pols, "inputs": report["inputs"], "max_new_tokens": report["max_new_tokens"]}
 
 

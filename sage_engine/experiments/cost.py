@@ -44,13 +44,14 @@ def _steps(log, start: int) -> list[list[float]]:
     return [[t.tokens, t.nodes, t.draft_forwards, t.wall_ms] for t in log[start:]]
 
 
-def _shape(result) -> dict:
-    """What a run's drafted steps chose: mean depth, root width, nodes; and the share of steps drafted."""
+def _shape(result, steps: list[list[float]]) -> dict:
+    """What a run's drafted steps chose: mean depth, root width, nodes (from its logged steps, one per decode step:
+    no tree view is made); and the share of steps drafted."""
     decode = [e for e in result.steps if e.kind == "decode"]
     drafted = [e for e in decode if e.draft_forwards > 0]
     mean = (lambda xs: statistics.fmean(xs) if xs else 0.0)
     return {"depth": mean([e.depth for e in drafted]), "width": mean([e.width for e in drafted]),
-            "nodes": mean([len(e.tree.tokens) for e in drafted]), "drafted": len(drafted) / max(1, len(decode)),
+            "nodes": mean([s[1] for s in steps if s[2] > 0]), "drafted": len(drafted) / max(1, len(decode)),
             "tau": result.stats.mean_accepted}
 
 
@@ -69,8 +70,9 @@ def _decode_all(ctx: Context, preps, policies, tokens, meter: ModelledMeter, ref
         for pol in policies[k:] + policies[:k]:
             start = len(meter.log)
             res = engine.generate(prep, pol, max_new_tokens=tokens)
-            out[pol]["steps"].append(_steps(meter.log, start))
-            out[pol]["shapes"].append(_shape(res))
+            steps = _steps(meter.log, start)
+            out[pol]["steps"].append(steps)
+            out[pol]["shapes"].append(_shape(res, steps))
             ids[pol] = res.token_ids
         truth = ids["ar"] if "ar" in ids else reference[n]
         for pol in policies:

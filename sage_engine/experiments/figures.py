@@ -6,21 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
-
-    plt.rcParams.update({"figure.dpi": 110, "font.size": 9, "axes.spines.top": False, "axes.spines.right": False})
-    return plt
-
-
-def _save(plt, fig, path: Path) -> None:
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+from ..report_figures import _pyplot, _save  # BENCHMARKS.md's own: the same style, Agg, files only
 
 
 def grouped_bars(path: Path, groups: list[str], values: dict[str, list[float]], ylabel: str, title: str,

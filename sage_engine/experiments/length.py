@@ -34,8 +34,6 @@ def _reach(ctx: Context, suites, largest: int) -> int:
 def run(ctx: Context) -> Outcome:
     suites = ctx.suites(SUITES, full_n=6)
     policies = ctx.policies(POLICIES, QUICK)
-    if ctx.text_only:
-        policies = [p for p in policies if not p.startswith("specvlm")]
     budgets = QUICK_BUDGETS if ctx.quick else BUDGETS
     reach = _reach(ctx, suites, budgets[-1])
     kept = [b for b in budgets if b <= reach] + [b for b in budgets if b > reach][:1]  # one budget past the longest

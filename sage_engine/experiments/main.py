@@ -24,8 +24,6 @@ CLAIM = ("SAGE accepts longer paths and runs faster than SD-Chain, SD-Tree and S
 def run(ctx: Context) -> Outcome:
     suites = ctx.suites(SUITES, full_n=8)
     policies = ctx.policies(POLICIES, QUICK)
-    if ctx.text_only:  # a text prompt has no visual token to prune: specvlm is eagle2 there
-        policies = [p for p in policies if not p.startswith("specvlm")]
     tokens = ctx.max_new_tokens(96)
     rounds = ctx.rounds
     results = {}
