@@ -1,6 +1,7 @@
 """The shipped pair (assets/models) as a user gets it: on its fast backends, drafting deep with the default policy,
 following a policy subclass's own rules; nothing falls back in silence. The policy's decisions are made on a fixed
-model of the machine's costs (`FixedCosts`), so that they do not depend on how busy this machine is."""
+model of the machine's costs (`SHIPPED_CPU`, read by a `ModelledMeter`), so that they do not depend on how busy this
+machine is."""
 
 from __future__ import annotations
 
@@ -9,22 +10,17 @@ from pathlib import Path
 import pytest
 
 from sage_engine import SageConfig, SagePolicy, SpecEngine, load_pair, prepare_input
-from sage_engine.costs import CostMeter
+from sage_engine.experiments.prices import ModelledMeter, PriceModel
 from sage_engine.policies import make_policy
 from sage_engine.rules import numba
-from sage_engine.windows import StepTiming
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(not (ROOT / "assets" / "models").is_dir(), reason="no shipped pair in assets/models")
 
 
-class FixedCosts(CostMeter):
-    """A meter fed this 2-core CPU's costs on the shipped pair, roughly, instead of the clock: a plain step 4.5 ms,
-    each verified node 0.1 ms more, each draft forward 0.3 ms."""
-
-    def timing(self, measured: StepTiming) -> StepTiming:
-        verify, draft = 4.5 + 0.1 * measured.nodes, 0.3 * measured.draft_forwards
-        return measured._replace(wall_ms=verify + draft, verify_ms=verify, draft_ms=draft)
+# this 2-core CPU's costs on the shipped pair, roughly, instead of the clock: a plain step 4.5 ms, each verified node
+# 0.1 ms more, each draft forward 0.3 ms
+SHIPPED_CPU = PriceModel("the shipped pair on 2 CPU cores", plain=4.5, base=4.5, node=0.1, level=0.3)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +43,7 @@ def test_the_shipped_pair_runs_on_its_fast_backends(shipped):
 
 def test_default_sage_drafts_most_steps_and_deep_on_a_shipped_example(shipped):
     engine, prep = shipped
-    engine.costs = FixedCosts()
+    engine.costs = ModelledMeter(SHIPPED_CPU)
     ar = engine.generate(prep, "ar", max_new_tokens=96, ignore_eos=True)
     res = engine.generate(prep, "sage", max_new_tokens=96, ignore_eos=True)
     assert res.token_ids == ar.token_ids
@@ -89,7 +85,7 @@ def test_a_subclass_gets_the_trees_its_own_rules_ask_for_and_the_targets_tokens(
 def test_a_run_after_another_of_its_policy_starts_priced(shipped):
     """The documented choice (costs.py): the meter is the engine's, so prices carry over from run to run."""
     engine, prep = shipped
-    engine.costs = FixedCosts()
+    engine.costs = ModelledMeter(SHIPPED_CPU)
     first = engine.generate(prep, make_policy("sage"), max_new_tokens=96, ignore_eos=True)
     assert sum(s.node_price is not None for s in first.steps) >= 2  # priced once its steps were measured
     second = engine.generate(prep, make_policy("sage"), max_new_tokens=32, ignore_eos=True)
