@@ -1,8 +1,15 @@
 """`python -m sage_engine.warmup`: compile (or load from the disk cache) every compiled function of the engine with the
 argument types it is called with, then mark the cache complete (jit.py). What `jit.defer_compile` runs in the
-background on a server's first start; run it by hand to compile ahead of a first start."""
+background on a server's first start; run it by hand to compile ahead of a first start.
+
+One compile per cache at a time: a warmup holds an exclusive lock on the cache's `compiling` file while it runs, and
+a second one started meanwhile (a server restarted before its first compile finished: the first goes on as an orphan)
+exits at once instead of compiling the same functions again beside it. The lock is the kernel's (flock): it ends
+with the process that holds it, however that process ends."""
 
 from __future__ import annotations
+
+import fcntl
 
 from . import cache, draft_compiled, jit, tree
 from .backends import numba_layers
@@ -15,6 +22,18 @@ def warm_all() -> None:
     jit.mark_ready()
 
 
+def warm_once() -> bool:
+    """`warm_all()` unless another warmup holds this cache's lock; False if one did (nothing was done)."""
+    jit.cache_dir().mkdir(parents=True, exist_ok=True)
+    with open(jit.cache_dir() / "compiling", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        warm_all()
+        return True
+
+
 if __name__ == "__main__":
     if jit.numba is not None:
-        warm_all()
+        warm_once()

@@ -7,12 +7,17 @@ then measures
   the default token budget and policy) has finished, counted from the page as a visitor who clicks at once would;
 and, beside them, the machine's speed: `ar` tokens/s of that same first race (so a time can be read against the
 machine it was taken on). Prints one Markdown row per run.
+
+Each run ends its whole process group: app.py's background Numba compile (sage_engine.warmup) too, which would
+otherwise go on compiling beside the next run's start and slow it. On a slower machine: `python -m
+tools.slow_machine --nice 10 --ar -- python -m tools.first_start`.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -49,7 +54,7 @@ def one_start(port: int, example) -> dict:
     url = f"http://127.0.0.1:{port}/"
     t0 = time.monotonic()
     proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port)], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         _wait_page(url, proc)
         page = time.monotonic() - t0
@@ -61,7 +66,7 @@ def one_start(port: int, example) -> dict:
         return {"page": page, "race": race, "ar_tps": summary["ar"]["stats"]["tokens_per_second"],
                 "identical": summary["identical"]}
     finally:
-        proc.terminate()
+        os.killpg(proc.pid, signal.SIGTERM)  # the app and its background compile
         proc.wait(timeout=30)
 
 
