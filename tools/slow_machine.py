@@ -3,12 +3,15 @@
 A 2-core machine of the same kind can be several times slower than another (a shared host, an older CPU, a CPU Space
 beside other tenants). To measure on such a machine without having one, this starts one neighbour per usable core: a
 shell loop that never sleeps, pinned to that core, at niceness N (default 0). Linux's scheduler then shares each core
-between the neighbour and the command's threads, so the command runs on cores that behave as if they were slower
-(about half speed at N=0; a larger N leaves the command more). The neighbours end with the command.
+between the neighbour and the command's threads: at N=0 each core gives each of them half its time, so one thread of
+the command runs at about half speed (a larger N leaves the command more). Work that spreads over both cores with
+OpenMP (torch with two threads) loses more than half: its threads wait for each other at every parallel region, and
+one of them is often off its core. The neighbours end with the command.
 
-`--ar` first measures the slowed machine's speed the way the project quotes it everywhere: `ar` tokens/s of the
-bench on the shipped pair, printed on one line (`slow machine: ar N tok/s`), so a figure taken under the load can be
-read against the machine it was taken on. The command's exit code is returned.
+`--ar` first measures the slowed machine's speed the way the project quotes it everywhere, `ar` tokens/s of the bench
+on the shipped pair, with the bench's two threads and with one (the app's decoding thread count on 2 cores, and
+each test worker's), printed on one line, so a figure taken under the load can be read against the machine it was
+taken on. The command's exit code is returned.
 """
 
 from __future__ import annotations
@@ -49,11 +52,13 @@ def neighbours(nice: int = 0):
             p.wait()
 
 
-def ar_tokens_per_second() -> float:
-    """`ar` tokens/s of the bench on the shipped pair (the project's machine-speed figure)."""
+def ar_tokens_per_second(threads: int | None = None) -> float:
+    """`ar` tokens/s of the bench on the shipped pair (the project's machine-speed figure), with the bench's default
+    threads or `threads`."""
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "bench.json"
-        subprocess.run([sys.executable, *BENCH, "--out", str(out)], cwd=ROOT, check=True,
+        more = [] if threads is None else ["--threads", str(threads)]
+        subprocess.run([sys.executable, *BENCH, *more, "--out", str(out)], cwd=ROOT, check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         report = json.loads(out.read_text())
     return report["policies"]["ar"]["tokens_per_second"]
@@ -70,7 +75,8 @@ def main(argv=None) -> int:
     with neighbours(args.nice) as n:
         print(f"slow machine: {n} busy neighbours at nice {args.nice}", file=sys.stderr, flush=True)
         if args.ar:
-            print(f"slow machine: ar {ar_tokens_per_second():.0f} tok/s", flush=True)
+            print(f"slow machine: ar {ar_tokens_per_second():.0f} tok/s (one thread: {ar_tokens_per_second(1):.0f})",
+                  flush=True)
         return subprocess.run(cmd).returncode if cmd else 0
 
 
