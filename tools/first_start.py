@@ -12,7 +12,7 @@ machine it was taken on). Prints one Markdown row per run.
 
 Each run ends its whole process group: app.py's background Numba compile (sage_engine.warmup) too, which would
 otherwise go on compiling beside the next run's start and slow it. On a slower machine: `python -m
-tools.slow_machine --nice 10 --ar -- python -m tools.first_start`.
+tools.slow_machine --ar -- python -m tools.first_start`.
 """
 
 from __future__ import annotations

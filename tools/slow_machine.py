@@ -32,7 +32,8 @@ BENCH = ["-m", "sage_engine", "bench", "--inputs", "assets/examples", "--policie
 
 @contextmanager
 def neighbours(nice: int = 0):
-    """One busy process per usable core, pinned to it at niceness `nice`, for the duration of the block."""
+    """One busy process per usable core, pinned to it at niceness `nice`, for the duration of the block (which gets
+    the list of them)."""
     procs = []
 
     def pin(cpu: int):
@@ -44,7 +45,7 @@ def neighbours(nice: int = 0):
     try:
         for cpu in sorted(os.sched_getaffinity(0)):
             procs.append(subprocess.Popen(["sh", "-c", "while :; do :; done"], preexec_fn=pin(cpu)))
-        yield len(procs)
+        yield procs
     finally:
         for p in procs:
             p.kill()
@@ -72,8 +73,8 @@ def main(argv=None) -> int:
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
     args = p.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    with neighbours(args.nice) as n:
-        print(f"slow machine: {n} busy neighbours at nice {args.nice}", file=sys.stderr, flush=True)
+    with neighbours(args.nice) as procs:
+        print(f"slow machine: {len(procs)} busy neighbours at nice {args.nice}", file=sys.stderr, flush=True)
         if args.ar:
             print(f"slow machine: ar {ar_tokens_per_second():.0f} tok/s (one thread: {ar_tokens_per_second(1):.0f})",
                   flush=True)

@@ -1,0 +1,31 @@
+"""tools/slow_machine.py: one busy neighbour per usable core, pinned to it, for as long as the command runs; the
+command's exit code comes back (fast: no bench, the `--ar` measure is not run here)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from tools.slow_machine import main, neighbours  # the repository root is on sys.path (conftest.py)
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_one_pinned_neighbour_per_core_while_the_block_runs():
+    cores = sorted(os.sched_getaffinity(0))
+    with neighbours(nice=19) as procs:
+        assert len(procs) == len(cores)
+        assert [os.sched_getaffinity(p.pid) for p in procs] == [{c} for c in cores]
+        assert all(os.getpriority(os.PRIO_PROCESS, p.pid) == 19 and _running(p.pid) for p in procs)
+    assert not any(_running(p.pid) for p in procs)
+
+
+def test_the_command_runs_under_the_load_and_its_exit_code_comes_back():
+    assert main(["--nice", "19", "--", sys.executable, "-c", "import sys; sys.exit(3)"]) == 3
+    assert main(["--nice", "19"]) == 0
