@@ -20,7 +20,7 @@ from gradio.components.plot import PlotData
 
 from sage_engine import InputError, SageConfig, SageError, StepEvent
 from sage_engine.config import parse_spec, spec_knobs
-from sage_engine.media import sample_video
+from sage_engine.media import DEFAULT_NUM_FRAMES, sample_video, video_frames_for
 
 from . import plots, replay, text
 from .gpu import on_gpu, zero_gpu
@@ -195,7 +195,7 @@ class Handlers:
     def _prepare(pair, prompt: str, image: str | None, video: str | None) -> tuple:
         """The video's frames (None for an image) and the models' inputs (run on the device thread: the processor
         computes with torch)."""
-        from sage_engine.inputs import prepare_input, video_frames_for
+        from sage_engine.inputs import prepare_input
 
         clip = sample_video(video, video_frames_for(pair.processor)) if video else None
         return clip, prepare_input(pair, prompt, images=[image] if image else [], video=clip)
@@ -330,9 +330,6 @@ class Handlers:
         if preview:
             gr.Info("Your browser cannot play this video's codec: the page shows a re-encoded preview (VP8); "
                     "the model reads your file.")
-        self.pool.wait_setup()  # the engine's imports are the device thread's until then
-        from sage_engine.inputs import DEFAULT_NUM_FRAMES, video_frames_for
-
         name = preset or self.default_preset
         n = video_frames_for(self.pool.get(name).pair.processor) if self.pool.is_loaded(name) else DEFAULT_NUM_FRAMES
         try:

@@ -15,10 +15,9 @@ from PIL import Image
 
 from .errors import InputError, first_line
 from .families import GENERIC, Family, adapter_for, is_tokenizer
-from .media import VideoClip, load_image, sample_video
+from .media import VideoClip, load_image, sample_video, video_frames_for
 from .models import ModelPair
 
-DEFAULT_NUM_FRAMES = 8
 MAX_PROMPT_CHARS = 8000
 
 
@@ -38,13 +37,6 @@ class PreparedInput:
 
     def for_draft(self) -> dict[str, torch.Tensor]:
         return self.target_inputs if self.draft_inputs is None else self.draft_inputs
-
-
-def video_frames_for(processor) -> int:
-    """How many frames to sample for this processor (its own setting when it has one)."""
-    vp = getattr(processor, "video_processor", None)
-    n = getattr(vp, "num_frames", None)
-    return int(n) if isinstance(n, int) and n > 0 else DEFAULT_NUM_FRAMES
 
 
 def _messages(prompt: str, n_images: int, has_video: bool) -> list[dict]:

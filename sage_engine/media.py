@@ -22,6 +22,15 @@ MAX_IMAGE_PIXELS = 40_000_000  # decompression-bomb guard (PIL checks it too)
 MAX_VIDEO_BYTES = 200 * 1024 * 1024
 MAX_VIDEO_FRAMES = 20_000  # a longer video (as declared, or as counted) is refused / read only this far
 MAX_VIDEO_PIXELS = 4096 * 4096  # per frame; a larger declared or decoded frame size is refused
+DEFAULT_NUM_FRAMES = 8  # frames sampled from a video when the processor names no number of its own
+
+
+def video_frames_for(processor) -> int:
+    """How many frames to sample for this processor (its own setting when it has one). Here, with no torch, so
+    that the page can show a video's frames before the engine is imported."""
+    vp = getattr(processor, "video_processor", None)
+    n = getattr(vp, "num_frames", None)
+    return int(n) if isinstance(n, int) and n > 0 else DEFAULT_NUM_FRAMES
 
 
 @dataclass

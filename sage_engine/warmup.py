@@ -24,8 +24,9 @@ def warm_all() -> None:
 
 def warm_once() -> bool:
     """`warm_all()` unless another warmup holds this cache's lock; False if one did (nothing was done)."""
-    jit.cache_dir().mkdir(parents=True, exist_ok=True)
-    with open(jit.cache_dir() / "compiling", "w") as lock:
+    folder = jit.cache_dir()  # hashes the compiled modules' sources: once
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "compiling", "w") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
