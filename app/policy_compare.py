@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import gradio as gr
 
 from sage_engine import SageError, StepEvent
+from sage_engine.config import PAPER_SAGE as PAPER
 
 from .race import RACING, WARM_TOKENS, RunControl
 from .theme import figure
@@ -26,9 +27,8 @@ from .tree_plot import empty_tree, tree_figure
 if TYPE_CHECKING:  # these import torch: the app imports them after its page is served (app/__init__.py)
     from sage_engine import PreparedInput, SpecEngine
 
-COMPARED = ("ar", "chain", "static", "eagle2", "sage", "sage:threshold=paper:d_max=8")
+COMPARED = ("ar", "chain", "static", "eagle2", "sage", PAPER)
 MAX_TOKENS = 128  # this mode's budget: six decodes of one input
-PAPER = "sage:threshold=paper:d_max=8"
 
 
 @dataclass

@@ -61,11 +61,29 @@ class Eagle2Config:
 
 
 @dataclass(frozen=True)
+class VisualPruning:
+    """Fractions of visual tokens the draft does NOT read (`--draft-prune`, and `specvlm`'s defaults)."""
+
+    image: float = 0.8  # paper: 80% of image tokens pruned
+    video: float = 0.9  # paper: 90% of video tokens pruned
+
+    def __post_init__(self):
+        for v in (self.image, self.video):
+            if not 0.0 <= v < 1.0:
+                raise ValueError("pruning ratios must be in [0, 1)")
+
+    @property
+    def active(self) -> bool:
+        """Does it leave any visual token out? (0, 0) has the draft read the whole prompt, on the unpruned prefill."""
+        return self.image > 0 or self.video > 0
+
+
+@dataclass(frozen=True)
 class SpecVLMConfig(Eagle2Config):
     """SpecVLM as the SAGE paper runs it: an EAGLE-2 tree whose draft reads only part of the visual tokens."""
 
-    image_prune: float = 0.8  # fraction of the image tokens the draft does not read (the paper: 80%)
-    video_prune: float = 0.9  # fraction of the video tokens the draft does not read (the paper: 90%)
+    image_prune: float = VisualPruning.image  # fraction of the image tokens the draft does not read (the paper: 80%)
+    video_prune: float = VisualPruning.video  # fraction of the video tokens the draft does not read (the paper: 90%)
 
     def __post_init__(self):
         for v in (self.image_prune, self.video_prune):
@@ -180,6 +198,10 @@ POLICY_CONFIGS: dict[str, type | None] = {
 # can list them without importing the policies (and with them torch and Numba); policies/ derives the same tuple
 # from its classes' `uses_draft`, and tests/test_app_background_load.py checks that the two agree.
 SPECULATIVE_POLICIES: tuple[str, ...] = tuple(name for name in POLICY_CONFIGS if name != "ar")
+
+# SAGE as the paper publishes it (its node thresholds, D_max 8), as a policy spec: what the experiments, the
+# compare view and the doctor set beside the project's own `sage`
+PAPER_SAGE = "sage:threshold=paper:d_max=8"
 
 
 def parse_spec(spec: str):

@@ -18,29 +18,10 @@ deterministic, cheap).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from .config import VisualPruning  # defined with the other settings, where no torch is imported
 from .families import Family, adapter_for
-
-
-@dataclass(frozen=True)
-class VisualPruning:
-    """Fractions of visual tokens the draft does NOT read."""
-
-    image: float = 0.8  # paper: 80% of image tokens pruned
-    video: float = 0.9  # paper: 90% of video tokens pruned
-
-    def __post_init__(self):
-        for v in (self.image, self.video):
-            if not 0.0 <= v < 1.0:
-                raise ValueError("pruning ratios must be in [0, 1)")
-
-    @property
-    def active(self) -> bool:
-        """Does it leave any visual token out? (0, 0) has the draft read the whole prompt, on the unpruned prefill."""
-        return self.image > 0 or self.video > 0
 
 
 class _Captured(Exception):

@@ -14,11 +14,12 @@ import warnings
 import torch
 
 from sage_engine import SpecEngine, prepare_input
+from sage_engine.config import PAPER_SAGE
 from sage_engine.models import ModelPair
 from sage_engine.tiny_kinds import _qwen3_ids, kind_pair, qwen3_processor
 from sage_engine.tiny_pairs import image, sharpen
 
-POLICIES = ("ar", "chain", "sage", "sage:threshold=paper:d_max=8")
+POLICIES = ("ar", "chain", "sage", PAPER_SAGE)
 TYPES = ["linear_attention"] * 3 + ["full_attention"]
 
 

@@ -10,12 +10,13 @@ import time
 
 import torch
 
+from ..config import PAPER_SAGE
 from ..engine import SpecEngine
 from ..hf_reference import run_hf
 from ..inputs import PreparedInput
 from .cases import Case, scratch_pass, spread, to_device
 
-POLICIES = ("chain", "static", "eagle2", "sage", "sage:threshold=paper:d_max=8")
+POLICIES = ("chain", "static", "eagle2", "sage", PAPER_SAGE)
 
 
 def parted_at(ids: list[int], reference: list[int]) -> int | None:

@@ -20,11 +20,10 @@ import statistics
 from ..bench import prepare_bench_input
 from ..policies import SagePolicy, make_policy
 from .common import MODELLED, Context, Outcome, fmt
+from .main import POLICIES  # the same policies as the main comparison
 from .prices import ModelledMeter, PriceModel, fit_machine, gpu_regime, measured_rate, priced_rate, relative
 
 NAME = "cost"
-PAPER_SAGE = "sage:threshold=paper:d_max=8"
-POLICIES = ("ar", "chain", "static", "eagle2", "specvlm", "sage", PAPER_SAGE)
 QUICK = ("ar", "chain", "eagle2", "sage")
 SUITES = ("tinyworld-images", "real")
 LEVELS = (0.02, 0.05, 0.13, 0.3, 0.6)  # a draft forward, in target forwards

@@ -10,12 +10,12 @@ budget really produced.
 from __future__ import annotations
 
 from ..bench import run_bench
+from ..config import PAPER_SAGE
 from .common import Context, Outcome, ar_rate, check_exact, fmt, summary
 
 NAME = "length"
 BUDGETS = (8, 16, 32, 64, 128, 256, 512)
 QUICK_BUDGETS = (8, 32)
-PAPER_SAGE = "sage:threshold=paper:d_max=8"
 POLICIES = ("ar", "specvlm", "sage", PAPER_SAGE)
 QUICK = ("ar", "specvlm", "sage")
 SUITES = ("tinyworld-images", "tinyworld-clips")

@@ -10,10 +10,10 @@ every policy back to back in rotating order, speeds as ratios to `ar` measured i
 from __future__ import annotations
 
 from ..bench import run_bench
+from ..config import PAPER_SAGE
 from .common import Context, Outcome, ar_rate, check_exact, fmt, summary
 
 NAME = "main"
-PAPER_SAGE = "sage:threshold=paper:d_max=8"
 POLICIES = ("ar", "chain", "static", "eagle2", "specvlm", "sage", PAPER_SAGE)
 QUICK = ("ar", "chain", "specvlm", "sage")
 SUITES = ("tinyworld-images", "tinyworld-clips", "real")
