@@ -63,7 +63,7 @@ def run_one(name: str, args: argparse.Namespace, argv: list[str], pair=None) -> 
     from .common import Context
     from .markdown import markdown
 
-    ctx = Context(name, args, argv, pair)
+    ctx = Context(name, args, pair)
     if ctx.resumed:
         print(f"{name}: resuming, {ctx.resumed} cells already done", file=sys.stderr)
     t0 = time.perf_counter()

@@ -51,10 +51,10 @@ class Suite:
 class Context:
     """One experiment's settings, pair, engine and cells."""
 
-    def __init__(self, name: str, args: argparse.Namespace, argv: list[str], pair=None):
+    def __init__(self, name: str, args: argparse.Namespace, pair=None):
         """pair: an already loaded pair of the flags' models (`experiment all` loads it once), else loaded when
         first asked for."""
-        self.name, self.args, self.argv = name, args, argv
+        self.name, self.args = name, args
         self.quick = bool(args.quick)
         self.out = Path(args.out)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -156,7 +156,18 @@ class Context:
         a text prompt has no visual token to prune, so it would run `eagle2` a second time."""
         chosen = self.args.policies.split(",") if self.args.policies else quick if self.quick else default
         names = [p.strip() for p in chosen if p.strip()]
-        return [p for p in names if not p.startswith("specvlm")] if self.text_only else names
+        return [p for p in names if self._reads_the_prompt_whole(p)] if self.text_only else names
+
+    @staticmethod
+    def _reads_the_prompt_whole(spec: str) -> bool:
+        """Does the policy's draft read the whole prompt (no visual pruning of its own)? An unknown name is kept, for
+        the bench to refuse in one line."""
+        from ..policies import make_policy
+
+        try:
+            return make_policy(spec).draft_pruning is None
+        except ValueError:
+            return True
 
     @property
     def rounds(self) -> int:
@@ -178,7 +189,7 @@ def summary(report: dict) -> dict:
         pols[pol] = {"tau": agg.get("mean_accepted"), "tokens_per_second": agg.get("tokens_per_second"),
                      "speedup": agg.get("speedup_vs_ar"), "exact": agg.get("exact_match_vs_ar"),
                      "tree_nodes": agg.get("tree_nodes_mean"),
-                     "new_tokens": sum(r["new_tokens"] for r in report["runs"] if r["policy"] == pol),
+                     "new_tokens": agg.get("new_tokens"),
                      "worst": None if worst is None else [worst[1], worst[0]]}
     return {"policies": pols, "inputs": report["inputs"], "max_new_tokens": report["max_new_tokens"]}
 

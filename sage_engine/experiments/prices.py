@@ -90,10 +90,10 @@ def gpu_regime(plain_ms: float, doctor_glob: str = "docs/doctor/*.json") -> Pric
 class ModelledMeter(CostMeter):
     """The cost meter judging steps by `price` (None: by the clock), every measured timing kept in `log`."""
 
-    def __init__(self, price: PriceModel | None, log: list | None = None):
+    def __init__(self, price: PriceModel | None):
         super().__init__()
         self.price = price
-        self.log: list[StepTiming] = [] if log is None else log
+        self.log: list[StepTiming] = []
 
     def timing(self, measured: StepTiming) -> StepTiming:
         self.log.append(measured)
