@@ -141,9 +141,7 @@ def trees_at(lanes: list[PolicyLane], percent: float) -> list:
             out.append(empty_tree(f"{name}: no tree"))
             continue
         title = f"{name}, step {ev.step}: {len(ev.tree.tokens)} nodes, {len(ev.accepted_tokens)} accepted"
-        fig = tree_figure(ev, ev.bonus_text or "", width_px=TREE_WIDTH_PX, compact=True, title=title)
-        fig.update_layout(title_font_size=12, xaxis_title_text="depth")
-        out.append(fig)
+        out.append(tree_figure(ev, ev.bonus_text or "", width_px=TREE_WIDTH_PX, compact=True, title=title))
     return out
 
 

@@ -34,6 +34,9 @@ def token_label(text: str, limit: int = 10) -> str:
     return out if len(out) <= limit else out[: limit - 1] + "…"
 
 
+TOP_PX = 96  # the plots' top margin: the title and the legend above the plot area
+
+
 def layout(title: str, height: int = 340, **extra) -> dict:
     """The common Plotly layout (a small white theme; plotly's named templates weigh ~8 KB per figure)."""
     axis = dict(gridcolor="#e5e7eb", zerolinecolor="#cbd5e1", linecolor="#cbd5e1", automargin=True)
@@ -42,7 +45,7 @@ def layout(title: str, height: int = 340, **extra) -> dict:
                    font=dict(size=14)), height=height,
         paper_bgcolor="white", plot_bgcolor="white", font=dict(family="Inter, system-ui, sans-serif", size=12,
                                                                color="#0f172a"),
-        margin=dict(l=10, r=10, t=96, b=40), hovermode="x unified",
+        margin=dict(l=10, r=10, t=TOP_PX, b=40), hovermode="x unified",
         legend=dict(orientation="h", y=1.0, yanchor="bottom", x=0, font=dict(size=11)),
         xaxis=dict(axis), yaxis=dict(axis),
         template=dict(layout=dict()),  # no named template: this layout is the whole theme

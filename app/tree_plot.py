@@ -17,7 +17,7 @@ import textwrap
 
 from sage_engine import StepEvent
 
-from .theme import BLUE, GREEN, GREY, SLATE, figure, layout, token_label
+from .theme import BLUE, GREEN, GREY, SLATE, TOP_PX, figure, layout, token_label
 
 BONUS_NODE = -2  # the bonus token is drawn as an extra child of the last accepted node
 
@@ -111,7 +111,8 @@ def rule_story(ev: StepEvent, bonus_text: str) -> str:
 # proportional font averages ~6 px; wide glyphs such as "W" are ~9, so 7.5 keeps a cut label inside its column).
 LABEL_PX, ROW_PX, CHAR_PX, MARKER_PX = 11, 20, 7.5, 18
 STAGGER_ROWS = 2.4  # staggered labels sit above and below their nodes: rows that far apart keep them clear
-TOP_PX = 96  # the title and legend above the plot area
+SIDE_PX = 40  # what the plot's side margins and axis take of its width
+STORY_CHAR_PX = 6.5  # the story's 11-px text, per character on average
 X_PAD_LEFT, X_PAD_RIGHT = 0.4, 1.2  # x range beyond the root and the deepest node (its label needs the room)
 RACE_WIDTH_PX = 640  # the race view's tree plot (3/5 of a 1100-px row); the compare view passes its own
 
@@ -122,7 +123,7 @@ def label_plan(max_depth: int, width_px: int) -> tuple[str, int]:
     ("side", n) right of every node, when a depth column holds n >= 3 characters beside its marker;
     ("stagger", n) centred above the nodes of even depths and below those of odd ones, so that labels on one side
     are two columns apart (deep narrow trees: sage's chains); ("hover", 0) when even that is under 3 characters."""
-    column = (width_px - 40) / (max_depth + X_PAD_LEFT + X_PAD_RIGHT)
+    column = (width_px - SIDE_PX) / (max_depth + X_PAD_LEFT + X_PAD_RIGHT)
     side = int((column - MARKER_PX) // CHAR_PX)
     if side >= 3:
         return "side", min(side, 10)
@@ -133,8 +134,8 @@ def label_plan(max_depth: int, width_px: int) -> tuple[str, int]:
 def tree_figure(ev: StepEvent, bonus_text: str = "", width_px: int = RACE_WIDTH_PX, compact: bool = False,
                 title: str | None = None):
     """The verified tree of step `ev` (a decode step of a policy with a draft), for a plot about `width_px` wide
-    (default: the race view's). `compact`: no legend and no story under the tree (the compare view's small multiples;
-    they pass their own `title`)."""
+    (default: the race view's). `compact`: no legend, no story under the tree, a smaller title and a shorter axis
+    title (the compare view's small multiples; they pass their own `title`)."""
     tv = ev.tree
     if tv is None:
         return empty_tree("no tree: this step drafted nothing")
@@ -176,7 +177,7 @@ def tree_figure(ev: StepEvent, bonus_text: str = "", width_px: int = RACE_WIDTH_
     title = (title or f"Step {ev.step}: {len(tv.tokens)} drafted nodes (D={ev.depth}, W={ev.width}), "
              f"{len(accepted)} accepted + 1 bonus") + ("; tokens on hover" if where == "hover" else "")
     rows = round(max(y.values()) - min(y.values())) + 1  # the leaves: every node sits within a row of them
-    story = "" if compact else _wrap(rule_story(ev, bonus_text), int((width_px - 40) / 6.5))
+    story = "" if compact else _wrap(rule_story(ev, bonus_text), int((width_px - SIDE_PX) / STORY_CHAR_PX))
     lines = story.count("<br>") + 1 if story else 0
     notes = [dict(text=story, showarrow=False, x=0, y=0, xref="paper", yref="paper", yshift=-48, align="left",
                   xanchor="left", yanchor="top", font=dict(size=11, color="#334155"))] if story else []
@@ -184,10 +185,13 @@ def tree_figure(ev: StepEvent, bonus_text: str = "", width_px: int = RACE_WIDTH_
     row_px = ROW_PX * (STAGGER_ROWS if where == "stagger" else 1)
     out = layout(title, TOP_PX + bottom + max(row_px * rows, 240), hovermode="closest", annotations=notes,
                  showlegend=not compact,
-                 xaxis=dict(title=dict(text="depth (tokens ahead of the output)"), dtick=1, zeroline=False,
+                 xaxis=dict(title=dict(text="depth" if compact else "depth (tokens ahead of the output)"), dtick=1,
+                            zeroline=False,
                             range=[-X_PAD_LEFT, deepest + X_PAD_RIGHT]),
                  yaxis=dict(visible=False, range=[min(y.values()) - 0.5, max(y.values()) + 0.5]))
-    out["margin"] = {**out.get("margin", {}), "t": TOP_PX, "b": bottom}
+    out["margin"] = {**out["margin"], "b": bottom}
+    if compact:  # the compare view's small multiples: a smaller title
+        out["title"]["font"] = {**out["title"]["font"], "size": 12}
     return figure(data, out)
 
 
