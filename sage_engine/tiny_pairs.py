@@ -201,6 +201,17 @@ def llama_text_pair(draft_kind: str = "noisy", seed: int = 0, sigma: float = 0.1
     return ModelPair(target, draft, tok, None, "tiny-llama-text", f"tiny-llama-text-{draft_kind}")
 
 
+def save_pair(pair: ModelPair, root) -> tuple[str, str]:
+    """Save `pair` like real checkpoints (safetensors and the processor) in `root`/target and `root`/draft, for the
+    loaders and the CLI's --target/--draft; returns the two folders."""
+    folders = []
+    for role, model in (("target", pair.target), ("draft", pair.draft)):
+        model.save_pretrained(f"{root}/{role}")
+        pair.processor.save_pretrained(f"{root}/{role}")
+        folders.append(f"{root}/{role}")
+    return folders[0], folders[1]
+
+
 def sharp_pair(family: str, kind: str) -> ModelPair:
     """The pair the equivalence tests and `sage doctor` check every policy on: tiny Qwen2.5-VL ("qwen2.5-vl") or LLaVA
     ("llava"), its draft a close noisy copy ("noisy") or an exact one ("copy"), their heads sharpened so that SAGE

@@ -28,14 +28,9 @@ def one_math_thread():
 @pytest.fixture(scope="session")
 def saved_qwen_pair(tmp_path_factory):
     """A tiny Qwen2.5-VL target/draft pair saved like a real checkpoint (safetensors + processor)."""
-    from sage_engine.tiny_pairs import qwen25_pair
+    from sage_engine.tiny_pairs import qwen25_pair, save_pair
 
-    pair = qwen25_pair("noisy", seed=3)
-    root = tmp_path_factory.mktemp("tiny_qwen")
-    for name, model in (("target", pair.target), ("draft", pair.draft)):
-        model.save_pretrained(root / name)
-        pair.processor.save_pretrained(root / name)
-    return str(root / "target"), str(root / "draft")
+    return save_pair(qwen25_pair("noisy", seed=3), tmp_path_factory.mktemp("tiny_qwen"))
 
 
 # ---------------------------------------------------------------- the launched demo (the test_app_*.py files)

@@ -151,9 +151,10 @@ def test_bad_upload_shows_message_and_keeps_the_page(page, tmp_path_factory):
     page.wait_for_function("document.querySelector('#status').innerText.includes('Done')", timeout=120_000)
 
 
+EXAMPLE_IMAGE = Path(__file__).resolve().parent.parent / "assets" / "examples" / "shapes_1.png"
 # A run long enough to press Stop in: with this seeded random pair, this image and this prompt, the model
 # emits no EOS for 512 tokens (checked: 512 tokens, finish "length").
-LONG_IMAGE = Path(__file__).resolve().parent.parent / "assets" / "examples" / "shapes_1.png"
+LONG_IMAGE = EXAMPLE_IMAGE
 LONG_PROMPT = "a red circle and a blue square"
 
 
@@ -325,9 +326,8 @@ def test_compare_policies_on_an_example_scene_and_an_uploaded_photo(page, tmp_pa
 
     photo = tmp_path_factory.mktemp("photo") / "astronaut.png"
     Image.fromarray(data.astronaut()).resize((256, 256)).save(photo)
-    example = Path(__file__).resolve().parent.parent / "assets" / "examples" / "shapes_1.png"
     page.click("#compare-policies .label-wrap")
-    for image, prompt in ((example, "Describe the image in detail."), (photo, "What is in this picture?")):
+    for image, prompt in ((EXAMPLE_IMAGE, "Describe the image in detail."), (photo, "What is in this picture?")):
         page.set_input_files("#image input[type=file]", str(image))
         page.wait_for_selector("#image img")
         page.fill("#prompt textarea", prompt)
@@ -342,7 +342,7 @@ def test_compare_policies_on_an_example_scene_and_an_uploaded_photo(page, tmp_pa
         assert "Every policy wrote exactly the target's tokens" in page.inner_text("#compare-verdict")
         for i in range(5):  # the 64-node eagle2 tree and the deep sage trees: every label readable
             check_labels(page, f"compare-tree-{i}")
-        if image == example and os.environ.get("SAGE_DOCS_SCREENSHOT") == "1":
+        if image == EXAMPLE_IMAGE and os.environ.get("SAGE_DOCS_SCREENSHOT") == "1":
             page.locator("#compare-policies").screenshot(path=str(DOCS / "compare.png"))
     title = page.locator("#compare-tree-4 .gtitle").text_content()  # the scrubber redraws the trees
     point = page.locator("#compare-point input[type=number]")
@@ -357,8 +357,7 @@ def test_compare_policies_on_an_example_scene_and_an_uploaded_photo(page, tmp_pa
 def test_tree_labels_never_overlap_in_the_race_view(page, policy):
     """On the example scene, every step's tree in the race view (sage's deep chains, eagle2's 64 nodes) draws its
     token labels without two overlapping (tree_plot.label_plan cuts and places them)."""
-    example = Path(__file__).resolve().parent.parent / "assets" / "examples" / "shapes_1.png"
-    page.set_input_files("#image input[type=file]", str(example))
+    page.set_input_files("#image input[type=file]", str(EXAMPLE_IMAGE))
     page.wait_for_selector("#image img")
     page.fill("#prompt textarea", "Describe the image in detail.")
     page.fill("#max-new-tokens input[type=number]", "64")
@@ -366,11 +365,8 @@ def test_tree_labels_never_overlap_in_the_race_view(page, policy):
     page.fill("#policy input", policy)
     page.keyboard.press("Enter")
     page.wait_for_function(f"document.querySelector('#policy input').value === '{policy}'")
-    page.click("#run")
-    page.wait_for_function("!document.querySelector('#status').innerText.includes('Done')")  # this run began
-    page.wait_for_function("document.querySelector('#status').innerText.includes('Done') && "
-                           f"document.querySelector('#scoreboard').textContent.includes('Speculative ({policy})')",
-                           timeout=120_000)
+    run_to_the_end(page)
+    page.wait_for_function(f"document.querySelector('#scoreboard').textContent.includes('Speculative ({policy})')")
     page.wait_for_selector("#plot-tree .js-plotly-plot .main-svg")
     steps = int(page.locator("#step input[type=number]").get_attribute("max") or 1)
     box = page.locator("#step input[type=number]")

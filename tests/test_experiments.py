@@ -110,16 +110,9 @@ def test_main_reads_a_benchmark_file_of_each_visual_format(fixtures, tmp_path, n
 
 @pytest.fixture(scope="module")
 def text_dirs(tmp_path_factory):
-    from sage_engine.tiny_pairs import llama_text_pair
+    from sage_engine.tiny_pairs import llama_text_pair, save_pair
 
-    pair = llama_text_pair("noisy", seed=3, sigma=0.05, sharpness=8.0)
-    root = tmp_path_factory.mktemp("text_pair")
-    dirs = []
-    for role, model in (("target", pair.target), ("draft", pair.draft)):
-        model.save_pretrained(root / role)
-        pair.processor.save_pretrained(root / role)
-        dirs.append(str(root / role))
-    return dirs
+    return save_pair(llama_text_pair("noisy", seed=3, sigma=0.05, sharpness=8.0), tmp_path_factory.mktemp("text_pair"))
 
 
 @pytest.mark.parametrize("name", ["gsm8k", "humaneval"])
@@ -181,12 +174,10 @@ def test_main_runs_on_a_saved_moe_pair(tmp_path):
     """RQ2's other kind of model: `main --target DIR --draft DIR` on a tiny random Qwen3-VL-MoE pair, every run equal
     to `ar` (such a pair drafts nothing worth it: the point is the exactness and the table, not the speed)."""
     from sage_engine.tiny_kinds import kind_pair
+    from sage_engine.tiny_pairs import save_pair
 
-    pair = kind_pair("qwen3-vl-moe", "noisy", seed=0)
-    for role, model in (("target", pair.target), ("draft", pair.draft)):
-        model.save_pretrained(tmp_path / role)
-        pair.processor.save_pretrained(tmp_path / role)
+    target, draft = save_pair(kind_pair("qwen3-vl-moe", "noisy", seed=0), tmp_path)
     out = tmp_path / "out"
-    assert run(out, "main", "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft")) == 0
+    assert run(out, "main", "--target", target, "--draft", draft) == 0
     record = json.loads((out / "main.json").read_text())
     assert record["finding"].endswith("every run equal to `ar`") and len(record["data"]["suites"]) == 3

@@ -12,10 +12,11 @@ import torch
 from tiny_families import llava_ov_pair, qwen2vl_pair, smolvlm_pair
 
 from sage_engine import SpecEngine, prepare_input
+from sage_engine.config import SPECULATIVE_POLICIES
 from sage_engine.tiny_pairs import clip, image
 
 MAX_NEW = 24
-POLICIES = ("chain", "static", "eagle2", "specvlm", "sage")
+POLICIES = SPECULATIVE_POLICIES  # every drafting policy, each checked against ar
 FAMILIES = {"qwen2-vl": qwen2vl_pair, "llava-onevision": llava_ov_pair, "smolvlm": smolvlm_pair}
 CASES = [  # (draft kind, media); seed 0 everywhere: each case is a different prompt/draft, not a new seed
     ("noisy", "image"), ("noisy", "video"), ("noisy", "text"), ("copy", "image"),

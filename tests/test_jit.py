@@ -60,19 +60,15 @@ def test_the_background_compile_completes_the_cache(tmp_path):
     assert len(marks) == 1 and any(marks[0].parent.rglob("*.nbi"))
 
 
-def test_a_second_warmup_leaves_the_compile_to_the_first(tmp_path):
+def test_a_second_warmup_leaves_the_compile_to_the_first(tmp_path, monkeypatch):
     """A warmup started while another holds the cache's lock (a server restarted before its first compile finished)
     exits at once without compiling or marking the cache: the first one finishes the job."""
     import fcntl
 
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
-    folder = subprocess.run([sys.executable, "-c", "from sage_engine import jit; print(jit.cache_dir())"], cwd=ROOT,
-                            env=env, check=True, capture_output=True, text=True).stdout.strip()
-    os.makedirs(folder, exist_ok=True)
-    lock = open(os.path.join(folder, "compiling"), "w")
-    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the first warmup, still compiling
-    try:
-        subprocess.run([sys.executable, "-m", "sage_engine.warmup"], cwd=ROOT, env=env, check=True, timeout=120)
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    folder = jit.cache_dir()  # the warmup's folder: it reads the same variable
+    folder.mkdir(parents=True)
+    with open(folder / "compiling", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the first warmup, still compiling
+        subprocess.run([sys.executable, "-m", "sage_engine.warmup"], cwd=ROOT, check=True, timeout=120)
         assert not list(tmp_path.glob("numba-*/ready")) and not list(tmp_path.rglob("*.nbi"))
-    finally:
-        lock.close()

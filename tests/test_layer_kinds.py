@@ -30,7 +30,7 @@ from sage_engine.errors import ModelError
 from sage_engine.families import adapter_for
 from sage_engine.sampling import Sampling
 from sage_engine.tiny_kinds import WINDOW, kind_pair
-from sage_engine.tiny_pairs import clip, image, llama_text_pair
+from sage_engine.tiny_pairs import clip, image, llama_text_pair, save_pair
 from sage_engine.tree_check import tree_refusal
 
 MAX_NEW = 40
@@ -217,14 +217,11 @@ def test_a_broken_path_rule_gives_other_tokens(name, broken, monkeypatch):
 def test_cli_on_a_saved_recurrent_pair(name, tmp_path):
     """`generate --target DIR --draft DIR`: a saved Qwen3.5 pair decodes, `sage` token for token as `ar`; a saved
     Mamba-1 pair makes a drafting policy exit 2 with one `error:` line, and `ar` decodes."""
-    pair = pair_of(name)
-    for role, model in (("t", pair.target), ("d", pair.draft)):
-        model.save_pretrained(tmp_path / role)
-        pair.processor.save_pretrained(tmp_path / role)
+    target, draft = save_pair(pair_of(name), tmp_path)
 
     def run(policy):
         return subprocess.run([sys.executable, "-m", "sage_engine", "generate", "--prompt", "the green triangle",
-                               "--target", str(tmp_path / "t"), "--draft", str(tmp_path / "d"), "--policy", policy,
+                               "--target", target, "--draft", draft, "--policy", policy,
                                "--max-new-tokens", "24", "--json"], cwd=ROOT, capture_output=True, text=True,
                               timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
 
