@@ -33,6 +33,14 @@ def saved_qwen_pair(tmp_path_factory):
     return save_pair(qwen25_pair("noisy", seed=3), tmp_path_factory.mktemp("tiny_qwen"))
 
 
+@pytest.fixture(scope="session")
+def bench_files(tmp_path_factory):
+    """benchfiles.write_fixtures: a three-row file of each benchmark format, rendered from tinyworld."""
+    from sage_engine.benchfiles import write_fixtures
+
+    return write_fixtures(tmp_path_factory.mktemp("bench_files"))
+
+
 # ---------------------------------------------------------------- the launched demo (the test_app_*.py files)
 
 

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from sage_engine.benchfiles import write_fixtures
 from sage_engine.cli import main
 from sage_engine.experiments import NAMES
 from sage_engine.experiments.prices import ModelledMeter, PriceModel, fit_machine, gpu_regime
@@ -94,16 +93,11 @@ def test_an_interrupted_run_resumes_to_the_same_figures(tmp_path, capsys):
     assert json.loads((tmp_path / "entropy.json").read_text())["resumed_cells"] == 0
 
 
-@pytest.fixture(scope="module")
-def fixtures(tmp_path_factory):
-    return write_fixtures(tmp_path_factory.mktemp("bench_files"))
-
-
 @pytest.mark.parametrize("name", ["textvqa", "gqa", "mvbench", "vdc"])
-def test_main_reads_a_benchmark_file_of_each_visual_format(fixtures, tmp_path, name):
-    assert run(tmp_path, "main", "--data", str(fixtures[name])) == 0
+def test_main_reads_a_benchmark_file_of_each_visual_format(bench_files, tmp_path, name):
+    assert run(tmp_path, "main", "--data", str(bench_files[name])) == 0
     record = json.loads((tmp_path / "main.json").read_text())
-    suite = fixtures[name].stem
+    suite = bench_files[name].stem
     assert list(record["data"]["suites"]) == [suite] and record["data"]["suites"][suite]["inputs"] == 2
     assert record["finding"].endswith("every run equal to `ar`")
 
@@ -116,9 +110,9 @@ def text_dirs(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", ["gsm8k", "humaneval"])
-def test_main_reads_gsm8k_and_humaneval_for_a_text_pair(fixtures, text_dirs, tmp_path, name):
+def test_main_reads_gsm8k_and_humaneval_for_a_text_pair(bench_files, text_dirs, tmp_path, name):
     target, draft = text_dirs
-    assert run(tmp_path, "main", "--data", str(fixtures[name]), "--target", target, "--draft", draft) == 0
+    assert run(tmp_path, "main", "--data", str(bench_files[name]), "--target", target, "--draft", draft) == 0
     record = json.loads((tmp_path / "main.json").read_text())
     assert "specvlm" not in record["data"]["policies"]  # a text prompt has no visual token to prune
     assert record["finding"].endswith("every run equal to `ar`")
