@@ -21,10 +21,9 @@ SERVED: tuple[str, ...] = (DEFAULT_PRESET,)  # what `python app.py` offers unles
 
 # What a visitor should know about a pair, shown beside it (the model info line): one sentence per preset.
 NOTES: Mapping[str, str] = MappingProxyType({
-    "tinyworld": "This pair was trained from scratch on tinyworld, a synthetic world of coloured shapes (6 colours, "
-                 "6 shapes, 2 sizes, 3x3 positions) and short clips in which one thing happens; given any other "
-                 "picture, such as a photo, it answers in that shapes-world language, and both lanes still agree "
-                 "token for token.",
+    "tinyworld": "A small pair trained here on scenes of coloured shapes; in any other picture or clip it sees 3 x 3 "
+                 "regions and says only what it can see there: colours, light and dark, and what changes, never "
+                 "objects.",
 })
 
 

@@ -65,7 +65,7 @@ A history controller also moves the maximum depth D_max when recent steps accept
 Every drafted step costs more than a plain one: the draft's forwards, and a target pass over several
 tokens, which on a CPU costs more than a pass over one. The draft also has to read the prompt once (its
 *prefill*) before its first guess. A short answer has few steps to earn that back; on a picture the draft
-has not learnt (the embedded pair knows only its shapes world), its guesses are mostly rejected. So by
+has not learnt, its guesses are mostly rejected. So by
 default `sage` prices every node and draft level with this machine's measured costs and how often the
 draft has recently been right, and when drafted steps keep losing to plain ones it decodes **plain steps**
 (no draft, shown as steps without a tree) and retries the draft now and then: the draft first reads the

@@ -15,7 +15,7 @@ from PIL import Image
 
 from .errors import InputError, first_line
 from .families import GENERIC, Family, adapter_for, is_tokenizer
-from .media import VideoClip, load_image, sample_video, video_frames_for
+from .media import VideoClip, load_image, on_canvas, sample_video, square_canvas, video_frames_for
 from .models import ModelPair
 
 MAX_PROMPT_CHARS = 8000
@@ -122,6 +122,9 @@ def prepare_input(
     clip = video
     if isinstance(video, str):
         clip = sample_video(video, num_frames or video_frames_for(pair.processor))
+    side = square_canvas(pair.target)
+    if side is not None:   # a pair that reads every picture on one square canvas (the embedded tinyworld pair)
+        pil, clip = on_canvas(pil, clip, side)
     target_inputs = process(pair.processor, prompt, pil, clip, adapter_for(pair.target))
     draft_inputs = None
     if pair.draft is not None and pair.draft_processor is not None:

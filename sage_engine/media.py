@@ -57,6 +57,36 @@ class VideoClip:
         }
 
 
+def squeeze_to_square(rgb: np.ndarray, side: int) -> np.ndarray:
+    """An RGB uint8 picture (H, W, 3) squeezed to side x side, aspect ratio not kept (area averaging when
+    shrinking): what a model that reads every picture on one square canvas sees (`square_canvas`), each part of
+    the picture in the same place of the canvas."""
+    import cv2
+
+    rgb = np.ascontiguousarray(rgb[..., :3])
+    if rgb.shape[:2] == (side, side):
+        return rgb
+    shrink = rgb.shape[0] >= side and rgb.shape[1] >= side
+    return cv2.resize(rgb, (side, side), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)
+
+
+def square_canvas(model) -> int | None:
+    """The side of the square canvas a model reads every picture and frame on (its config's `square_canvas`, which
+    the embedded tinyworld pair sets), or None: pictures go to its processor as they are."""
+    side = getattr(getattr(model, "config", None), "square_canvas", None)
+    return int(side) if isinstance(side, int) and side > 0 else None
+
+
+def on_canvas(images: list[Image.Image], clip: VideoClip | None, side: int) -> tuple[list[Image.Image],
+                                                                                    VideoClip | None]:
+    """Images and a clip's frames squeezed to a side x side canvas (squeeze_to_square)."""
+    images = [Image.fromarray(squeeze_to_square(np.asarray(im), side)) for im in images]
+    if clip is not None:
+        frames = [squeeze_to_square(f, side) for f in clip.frames]
+        clip = VideoClip(frames, clip.total_num_frames, clip.fps, clip.duration, clip.frames_indices, side, side)
+    return images, clip
+
+
 def _check_file(path: str, limit: int, what: str) -> None:
     if not path or not os.path.isfile(path):
         raise InputError(f"{what} file not found: {path}")

@@ -7,6 +7,9 @@ files and a prompts.jsonl of {"file", "prompt"}, and returns them as `Suite`s in
   training or evaluation run uses), split by media; quick keeps the first QUICK_TINYWORLD of each.
 - real: photos and videos copied from the files that installed packages ship (never downloaded), with the
   questions a visitor types. `REAL` lists each one with its package and licence; quick keeps those marked.
+  None of them is in the pair's training (tinyworld/pictures.py holds them out).
+- pictures: pictures and clips from outside the shapes world that the pair never saw (tinyworld/pictures.py's
+  held-out split, a seed of its own), with the questions a visitor asks of them, short ones included.
 """
 
 from __future__ import annotations
@@ -122,9 +125,41 @@ def materialise_tinyworld(root: Path, seed: int, n: int, keep: int | None = None
     return folders[0], folders[1]
 
 
+PICTURE_PROMPTS = ("Describe the image in detail.", "What is in this picture?", "What colours are in this picture?",
+                   "What is this?", "Describe this image.", "Where is the brightest part?", "What do you see?",
+                   "Is the picture light or dark?")
+CLIP_PROMPTS = ("Describe the video in detail.", "What happens in the video?", "What do you see in the video?")
+
+
+def materialise_pictures(folder: Path, seed: int, n: int) -> None:
+    """n held-out pictures (PNG, as drawn, before the pair's canvas) and n held-out clips (MP4, 168 px) of `seed`,
+    the prompts cycling through PICTURE_PROMPTS and CLIP_PROMPTS."""
+    import random
+
+    import cv2
+
+    from .tinyworld.evaluate import PICTURE_SEED_OFFSET
+    from .tinyworld.pictures import sample_clip_frames, sample_picture
+    from .tinyworld.world import write_mp4
+
+    _fresh_dir(folder)
+    rng = random.Random(PICTURE_SEED_OFFSET + 1_000 + seed)
+    rows = []
+    for i in range(n):
+        img = sample_picture(rng, "held_out", big=True)
+        cv2.imwrite(str(folder / f"picture_{i:02d}.png"), cv2.cvtColor(img, cv2.COLOR_RGB2BGR))
+        rows.append((f"picture_{i:02d}.png", PICTURE_PROMPTS[i % len(PICTURE_PROMPTS)]))
+    for i in range(n):
+        frames = [cv2.resize(f, (168, 168), interpolation=cv2.INTER_LINEAR) for f in sample_clip_frames(rng, "held_out")]
+        write_mp4(frames, folder / f"clip_{i:02d}.mp4")
+        rows.append((f"clip_{i:02d}.mp4", CLIP_PROMPTS[i % len(CLIP_PROMPTS)]))
+    _write_prompts(folder, rows)
+
+
 def materialise(root: Path, seed: int = DEFAULT_SEED, n: int = DEFAULT_N, quick: bool = False) -> list[Suite]:
     images, clips = materialise_tinyworld(root, seed, n, QUICK_TINYWORLD if quick else None)
     materialise_real(root / "real", quick)
+    materialise_pictures(root / "pictures", seed, QUICK_TINYWORLD if quick else n)
     render = f"`python -m sage_engine.tinyworld render --seed {seed} --n {n}`"
     return [
         Suite("tinyworld-images", "Fresh tinyworld images", images,
@@ -132,7 +167,10 @@ def materialise(root: Path, seed: int = DEFAULT_SEED, n: int = DEFAULT_N, quick:
         Suite("tinyworld-clips", "Fresh tinyworld clips", clips,
               f"Clips of the same render ({render}, its videos), each with its own description prompt."),
         Suite("real", "Real photos and videos", root / "real",
-              "Photos and videos that Python packages ship (sources below), asked what a visitor types. The "
-              "embedded pair knows only tinyworld, so its answers here are wrong; the suite measures speed on "
-              "inputs unlike its training."),
+              "Photos and videos that Python packages ship (sources below), asked what a visitor types. The pair "
+              "never saw them in training; it answers what it can see at its resolution (colours, light and dark, "
+              "what changes), and says so when asked what it cannot tell."),
+        Suite("pictures", "Held-out pictures and clips", root / "pictures",
+              f"Pictures and clips from outside the shapes world that training never saw (generated and "
+              f"photo crops of the held-out split, seed {seed}), with short and long questions."),
     ]

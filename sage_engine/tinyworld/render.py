@@ -43,9 +43,33 @@ def render_dir(out: Path, seed: int, n: int) -> list[dict]:
     return rows
 
 
+# photos for the demo, from the held-out split (pictures.PHOTOS_HELD_OUT): (package, path, name, prompt, credit)
+EXAMPLE_PHOTOS = (
+    ("scikit-image", "skimage/data/coffee.png", "photo_1.jpg", "Describe the image in detail.",
+     "CC0, photo by Rachel Michetti (skimage.data.coffee)"),
+    ("scikit-image", "skimage/data/astronaut.png", "photo_2.jpg", "What is in this picture?",
+     "public domain, NASA (skimage.data.astronaut)"),
+)
+
+
+def write_example_photos(out: Path) -> list[dict]:
+    """The demo's photos (EXAMPLE_PHOTOS), at most 320 px a side, as JPEG; rows for examples.json."""
+    from .pictures import packaged, read_rgb
+    rows = []
+    for pkg, path, name, prompt, credit in EXAMPLE_PHOTOS:
+        src = packaged(pkg, path)
+        if src is None:
+            continue
+        img = Image.fromarray(read_rgb(src))
+        img.thumbnail((320, 320))
+        img.save(out / name, quality=88)
+        rows.append({"file": name, "media": "image", "prompt": prompt, "credit": credit})
+    return rows
+
+
 def write_examples(out: Path, seed: int = 7) -> list[dict]:
-    """A few demo inputs (3 images, 2 videos) with good prompts, listed in examples.json. The clips are WebM
-    (VP9) so that a browser shows them without a server-side conversion."""
+    """A few demo inputs (3 images, 2 photos, 2 videos) with good prompts, listed in examples.json. The clips are
+    WebM (VP9) so that a browser shows them without a server-side conversion."""
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(30_000_001 + seed)
     rows = []
@@ -55,6 +79,7 @@ def write_examples(out: Path, seed: int = 7) -> list[dict]:
         name = f"shapes_{i + 1}.png"
         Image.fromarray(render_image(scene, noise_seed=rng.randrange(1 << 30))).save(out / name)
         rows.append({"file": name, "media": "image", "prompt": prompt})
+    rows[1:1] = write_example_photos(out)   # a visitor's own photo is what the demo meets first
     for i, prompt in enumerate(["Describe the video in detail.", "What happens in the video?"]):
         clip = sample_clip(rng)
         name = f"clip_{i + 1}.webm"

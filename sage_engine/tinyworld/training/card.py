@@ -131,9 +131,14 @@ def _status(eval_result: dict, note: str = "") -> str:
 
 
 def store_bf16(src, dst) -> None:
-    """Copy a trained pair member to `dst` with bfloat16 weights (half the bytes; the engine loads float32)."""
+    """Copy a trained pair member to `dst` with bfloat16 weights (half the bytes; the engine loads float32); its
+    config says that it reads every picture on the world's square canvas (media.square_canvas)."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
-    AutoModelForImageTextToText.from_pretrained(src, dtype=torch.float32).to(torch.bfloat16).save_pretrained(dst)
+
+    from ..world import SIZE
+    model = AutoModelForImageTextToText.from_pretrained(src, dtype=torch.float32).to(torch.bfloat16)
+    model.config.square_canvas = SIZE
+    model.save_pretrained(dst)
     AutoProcessor.from_pretrained(src).save_pretrained(dst)
 
 

@@ -43,6 +43,20 @@ def cmd_train(a) -> None:
     run(Path(a.out), cache, cfg, log=lambda *x: print(*x, flush=True), only_draft=a.only_draft)
 
 
+def cmd_finetune(a) -> None:
+    import torch
+
+    from .finetune import FinetuneConfig, run
+    torch.set_num_threads(a.threads)
+    ft = FinetuneConfig(seed=a.seed)
+    sizes = {"world_images": a.world_images, "world_videos": a.world_videos, "pictures": a.pictures,
+             "picture_clips": a.picture_clips, "target_steps": a.steps, "draft_steps": a.draft_steps}
+    ft = dataclasses.replace(ft, **{k: v for k, v in sizes.items() if v is not None})
+    cache = Path(a.cache) if a.cache else Path(tempfile.gettempdir()) / (
+        f"tinyworld-finetune-s{ft.seed}-{ft.world_images}-{ft.world_videos}-{ft.pictures}-{ft.picture_clips}")
+    run(Path(a.src), Path(a.out), cache, ft, log=lambda *x: print(*x, flush=True), only_draft=a.only_draft)
+
+
 def cmd_ship(a) -> None:
     """Copy a trained pair (train --out) to the models folder with bfloat16 weights: what assets/models holds."""
     from .card import store_bf16
@@ -144,6 +158,20 @@ def _train_parser(t: argparse.ArgumentParser, assets: Path) -> None:
 def add_train_command(sub, assets: Path) -> None:
     """Add `train` to the subparsers `sub`; `assets` is the default --out (where the shipped pair lives)."""
     _train_parser(sub.add_parser("train", help="train the target/draft pair from scratch"), assets)
+
+
+def add_finetune_command(sub, assets: Path) -> None:
+    """Add `finetune` (a trained pair trained on with pictures from outside the world: finetune.py)."""
+    f = sub.add_parser("finetune", help="train a pair on (default: the shipped one) with the world and other pictures")
+    f.add_argument("--from", dest="src", default=str(assets), help="the pair to start from")
+    f.add_argument("--out", required=True)
+    f.add_argument("--cache", default=None, help="where the training set is cached")
+    f.add_argument("--threads", type=int, default=2)
+    f.add_argument("--seed", type=int, default=0)
+    for name in ("world-images", "world-videos", "pictures", "picture-clips", "steps", "draft-steps"):
+        f.add_argument(f"--{name}", type=int, default=None, help="default: finetune.FinetuneConfig's")
+    f.add_argument("--only-draft", action="store_true", help="distil the draft from the target already in --out")
+    f.set_defaults(fn=cmd_finetune)
 
 
 def add_ship_and_card_commands(sub, assets: Path) -> None:

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from ..language import IMAGE_KINDS, VIDEO_KINDS, image_example, video_example
+from ..picture_talk import CLIP_KINDS, PICTURE_KINDS
 from ..tokenizer import user_turn
 from ..world import (
     MODEL_FRAMES,
@@ -51,7 +52,9 @@ PATCH, TEMPORAL, MERGE = 14, 2, 2
 IMAGE_TOKENS = (SIZE // PATCH) ** 2 // MERGE ** 2                       # 9: one per cell
 VIDEO_TOKENS = IMAGE_TOKENS * MODEL_FRAMES // TEMPORAL                  # 18
 
-KINDS = IMAGE_KINDS + tuple(k for k in VIDEO_KINDS if k not in IMAGE_KINDS)
+# the world's kinds, then those about any other picture or clip (picture_data.add_pictures); appended, so a cache's
+# kind indices stay valid
+KINDS = IMAGE_KINDS + tuple(k for k in VIDEO_KINDS if k not in IMAGE_KINDS) + PICTURE_KINDS + CLIP_KINDS
 IMAGE_WEIGHTS = {"describe": 0.25, "count": 0.08, "colour": 0.2, "shape": 0.15, "size": 0.1, "position": 0.12,
                  "yesno": 0.1}
 VIDEO_WEIGHTS = {"describe_video": 0.45, "motion": 0.4, "count": 0.15}

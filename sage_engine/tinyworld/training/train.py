@@ -296,7 +296,11 @@ def distil_draft(draft, target, data: TrainSet, processor, cfg: TrainConfig, log
 
 
 def save(model, processor, path: Path) -> None:
+    """The model and its processor; its config says that it reads every picture on the world's square canvas
+    (media.square_canvas), as it was trained to."""
+    from ..world import SIZE
     path.mkdir(parents=True, exist_ok=True)
+    model.config.square_canvas = SIZE
     model.eval().save_pretrained(path)
     processor.save_pretrained(path)
 

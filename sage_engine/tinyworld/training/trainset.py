@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from ..language import DESCRIPTION_KINDS
+from ..picture_talk import CLIP_KINDS, PICTURE_KINDS
 from ..world import mirror_cell
 from .data import HARD_FILE, IMAGE_TOKENS, KINDS, MODEL_FRAMES, PATCH, SIZE, TEMPORAL, VIDEO_TOKENS, patchify
 from .retrieval import PROMPT_TARGETS_FILE, TARGETS_FILE
@@ -165,10 +166,12 @@ class TrainSet:
         """Endless length-bucketed batches: draw pool * batch_size examples (draw_weights), sort by length,
         cut into batches, shuffle those. mirror: each example is shown left-right mirrored with this
         probability (collate), except descriptions: they name their objects in reading order
-        (language.describe_objects), which a mirror would turn into right to left."""
+        (language.describe_objects), which a mirror would turn into right to left; and answers about other
+        pictures (picture_talk), whose rows are read left to right too."""
         lens = (self.ex["offsets"][1:] - self.ex["offsets"][:-1]).tolist()
         kinds = self.ex["kind"].tolist()
-        unmirrored = {KINDS.index(k) for k in DESCRIPTION_KINDS}
+        # descriptions read in reading order; picture answers are made from the unmirrored pixels' facts
+        unmirrored = {KINDS.index(k) for k in DESCRIPTION_KINDS + PICTURE_KINDS + CLIP_KINDS}
         n = len(self)
         w = self.draw_weights(kind_weights, hard_weights)
         if w is not None:
