@@ -150,7 +150,8 @@ def materialise_pictures(folder: Path, seed: int, n: int) -> None:
         cv2.imwrite(str(folder / f"picture_{i:02d}.png"), cv2.cvtColor(img, cv2.COLOR_RGB2BGR))
         rows.append((f"picture_{i:02d}.png", PICTURE_PROMPTS[i % len(PICTURE_PROMPTS)]))
     for i in range(n):
-        frames = [cv2.resize(f, (168, 168), interpolation=cv2.INTER_LINEAR) for f in sample_clip_frames(rng, "held_out")]
+        frames = [cv2.resize(f, (168, 168), interpolation=cv2.INTER_LINEAR)
+                  for f in sample_clip_frames(rng, "held_out")]
         write_mp4(frames, folder / f"clip_{i:02d}.mp4")
         rows.append((f"clip_{i:02d}.mp4", CLIP_PROMPTS[i % len(CLIP_PROMPTS)]))
     _write_prompts(folder, rows)

@@ -5,6 +5,7 @@ the engine puts every picture on for the embedded pair, and clean text."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -129,3 +130,41 @@ def test_held_out_photos_and_videos_never_reach_training():
     for a in P.photos("train"):
         for b in P.photos("held_out"):
             assert a.shape != b.shape or not np.array_equal(a, b)
+
+
+SHIPPED = Path(__file__).resolve().parents[1] / "assets" / "models"
+
+
+@pytest.mark.skipif(not (SHIPPED / "tinyworld-target").is_dir(), reason="no shipped pair in assets/models")
+def test_the_shipped_pair_describes_held_out_pictures_in_clean_sentences_without_shapes():
+    """The shipped target's answers about held-out pictures and clips (a stream of its own) name no shape, say
+    that the picture is not one of shapes, and have no stutter, glued words or character runs."""
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from sage_engine.tinyworld.evaluate import generate, make_picture_items
+
+    items = [it for it in make_picture_items(seed=101, n=24, real=False)
+             if it.example.kind in ("pic_describe", "pic_other", "pic_noshape", "clip_describe")]
+    model = AutoModelForImageTextToText.from_pretrained(SHIPPED / "tinyworld-target", dtype=torch.float32).eval()
+    answers = generate(model, AutoProcessor.from_pretrained(SHIPPED / "tinyworld-target"), items)
+    dirty = [(a, T.text_defects(a)) for a in answers if T.text_defects(a)]
+    shapes = [a for it, a in zip(items, answers) if not T.score_picture(it.example, a)["kind"]]
+    assert len(items) >= 70 and not dirty and not shapes, (dirty[:3], shapes[:3])
+
+
+@pytest.mark.skipif(not (SHIPPED / "tinyworld-target").is_dir(), reason="no shipped pair in assets/models")
+def test_the_engine_puts_any_photo_on_the_shipped_pair_s_square_canvas(tmp_path):
+    """A 2:1 photo reaches the shipped pair as its 84 x 84 canvas: 3 x 3 merged visual tokens, the whole picture."""
+    from PIL import Image
+
+    from sage_engine import load_pair, prepare_input
+    from sage_engine.media import square_canvas
+
+    wide = flat((30, 80, 230), 300, 600)
+    Image.fromarray(wide).save(tmp_path / "wide.png")
+    pair = load_pair()
+    assert square_canvas(pair.target) == SIZE
+    prep = prepare_input(pair, "Describe the image.", images=[str(tmp_path / "wide.png")])
+    assert prep.target_inputs["image_grid_thw"].tolist() == [[1, SIZE // 14, SIZE // 14]]
+    assert prep.images[0].size == (SIZE, SIZE)

@@ -50,8 +50,8 @@ def cmd_eval(a) -> None:
             out[role]["pictures"] = score_pictures(pictures, pic_answers)
             if a.answers:
                 Path(a.answers).mkdir(parents=True, exist_ok=True)
-                rows = [{"kind": it.example.kind, "prompt": it.example.prompt, "answer": ans, "truth": it.example.answer}
-                        for it, ans in zip(pictures, pic_answers)]
+                rows = [{"kind": it.example.kind, "prompt": it.example.prompt, "answer": ans,
+                         "truth": it.example.answer} for it, ans in zip(pictures, pic_answers)]
                 (Path(a.answers) / f"{role}.json").write_text(json.dumps(rows, indent=1))
         for seed, _ in runs:
             per_seed[str(seed)][role] = score_all(items[seed], by_seed[seed])

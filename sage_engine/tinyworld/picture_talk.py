@@ -138,7 +138,8 @@ def describe_clip_facts(c: ClipFacts) -> str:
     light = BRIGHTNESS[f.brightness]
     change = " ".join(change_sentences(c))
     return " ".join(["This is a video, not a scene of shapes.", "At the start, " + light[0].lower() + light[1:],
-                     main_sentence(f), *(row_sentence(f, r) for r in range(3)), "Then " + change[0].lower() + change[1:]])
+                     main_sentence(f), *(row_sentence(f, r) for r in range(3)),
+                     "Then " + change[0].lower() + change[1:]])
 
 
 def picture_example(f: PictureFacts, rng: random.Random, kind: str) -> Example:

@@ -245,6 +245,89 @@ def _occluded_text(eval_result: dict) -> str:
             + ".\n")
 
 
+def eval_section(eval_result: dict, eval_cmd: str) -> str:
+    """The card's evaluation section: the world's table (pooled, lowest seed, draft), the occluded images' line and,
+    when the evaluation scored them (`eval --pictures`), the facts of held-out pictures and clips from outside it."""
+    kinds = sorted(eval_result["target"]["by_kind"])
+    seeds = eval_result.get("per_seed", {})
+    lowest = {k: min((r["target"]["by_kind"][k], seed) for seed, r in seeds.items()) for k in kinds} if seeds else {}
+    table = "\n".join(f"| {k} | {eval_result['target']['by_kind'][k]:.3f} |"
+                      + (f" {lowest[k][0]:.3f} (seed {lowest[k][1]}) |" if seeds else "")
+                      + f" {eval_result['draft']['by_kind'][k]:.3f} |" for k in kinds)
+    header = ("| kind | target | target, lowest seed | draft |\n|---|---|---|---|" if seeds else
+              "| kind | target | draft |\n|---|---|---|")
+    total = (f"| **all** | **{eval_result['target']['accuracy']:.3f}** |" + (" |" if seeds else "")
+             + f" **{eval_result['draft']['accuracy']:.3f}** |")
+    return f"""## Evaluation (fresh scenes, never seen in training)
+
+`{eval_cmd}`: greedy answers scored against the ground truth
+(n = {eval_result['n']} images with one question of each image kind, and {eval_result['n']} clips \
+with one of each video kind{_seeds_text(eval_result)}).
+A description counts as right when it names exactly the true (size, colour, shape) triples.
+
+{header}
+{table}
+{total}
+{_occluded_text(eval_result)}{_pictures_text(eval_result)}"""
+
+
+def _pictures_text(eval_result: dict) -> str:
+    """The facts of held-out pictures and clips from outside the world (`eval --pictures`), per fact, as a table."""
+    t, d = eval_result["target"].get("pictures"), eval_result["draft"].get("pictures")
+    if not t:
+        return ""
+    rows = "\n".join(f"| {k} | {v:.3f} | {d['by_fact'].get(k, float('nan')):.3f} |" for k, v in t["by_fact"].items())
+    return f"""
+### Pictures and clips from outside the world (held out)
+
+{t['n']} questions about held-out pictures and clips (pictures.py: generated ones of a stream training never
+drew, crops of photos training never saw, and every packaged held-out photo and video whole), each answer scored
+fact by fact against what pixels.py computes from the pixels (`kind`: it says the picture is not one of shapes and
+names no shape; `region`: each of the 3 x 3 cells named with a colour covering at least 30% of it; `main`,
+`brightness`, `brightest`, `darkest`, `colour` (at an asked place), and for clips `change` and `motion`).
+Clean text (no stutter, glued words or character runs): target {t['clean']:.3f}, draft {d['clean']:.3f}.
+
+| fact | target | draft |
+|---|---|---|
+{rows}
+"""
+
+
+def finetune_card(models_dir: Path, eval_result: dict, summary: dict, eval_cmd: str, ft_cmd: str) -> None:
+    """Rewrite both cards after `finetune`: the status line and evaluation section from `eval_result`, and a
+    section on the fine-tune (its command, data and minutes) before the evaluation; the training section of the
+    run the pair was fine-tuned from stays, and the benchmark section of the older pair is dropped."""
+    ft, sec = summary["finetune"], summary["seconds"]
+    minutes = ", ".join(f"{k} {sec[k] / 60:.1f} min" for k in ("cache", "target", "draft", "total") if k in sec)
+    section = f"""## Fine-tuned on pictures from outside the world
+
+`{ft_cmd}` ({summary['threads']} threads, {minutes}) trained the pair on from the weights above:
+{ft['world_images']:,} fresh world scenes x 3 questions and {ft['world_videos']:,} clips x 2, with
+{ft['pictures']:,} pictures x 3 and {ft['picture_clips']:,} clips x 2 of pictures.py's training split (gradients,
+noise fields, blobs, stripes, horizons and jittered crops of packaged photos; clips that pan, lighten, darken or
+recolour a region), their answers made from their pixel facts (pixels.py, picture_talk.py): the target
+{ft['target_steps']:,} steps (learning rate {ft['target_lr']:g}, the answers' cross-entropy and the retrieval loss on
+the world's examples), then the draft distilled from it {ft['draft_steps']:,} steps. Every picture and frame reaches
+the pair squeezed onto its {SIZE} x {SIZE} canvas (config `square_canvas`: the engine does it).
+
+"""
+    for role in ("target", "draft"):
+        path = models_dir / f"tinyworld-{role}" / "README.md"
+        text = path.read_text()
+        head, rest = text.split("## Training", 1)
+        training, rest = rest.split("## Fine-tuned on pictures", 1) if "## Fine-tuned on pictures" in rest else \
+            rest.split("## Evaluation", 1)
+        tail = rest.split("## Per-forward cost", 1)[1].split("## Speculative decoding with this pair", 1)[0]
+        lines = head.splitlines()
+        lines[2] = _status(eval_result).rstrip("\n")
+        head = "\n".join(lines).replace("6 colours, 6 shapes, 2 sizes, 9 positions, 1-4 objects, occlusion and 6 kinds "
+                                        "of event.", "6 colours, 6 shapes, 2 sizes, 9 positions, 1-4 objects, "
+                                        "occlusion and 6 kinds of event; in any other picture or clip it says what "
+                                        "its 3 x 3 regions show (colours, light and dark, what changes).")
+        path.write_text(head + "\n## Training" + training.rstrip("\n") + "\n\n" + section
+                        + eval_section(eval_result, eval_cmd) + "\n## Per-forward cost" + tail.rstrip("\n") + "\n")
+
+
 def write_cards(models_dir: Path, eval_result: dict, summary: dict, timing: dict, eval_cmd: str,
                 bench: dict | None = None, train_threads: int | None = None, train_note: str = "shared with other work",
                 eval_note: str = "") -> None:
@@ -257,16 +340,6 @@ def write_cards(models_dir: Path, eval_result: dict, summary: dict, timing: dict
     dtype = json.loads((models_dir / "tinyworld-target" / "config.json").read_text()).get("dtype", "float32")
     storage = ("Stored in bfloat16 (safetensors, to keep the repository small); the engine loads it in float32 "
                "by default\n  (`--dtype`)." if dtype == "bfloat16" else "Stored in float32 (safetensors).")
-    kinds = sorted(eval_result["target"]["by_kind"])
-    seeds = eval_result.get("per_seed", {})
-    lowest = {k: min((r["target"]["by_kind"][k], seed) for seed, r in seeds.items()) for k in kinds} if seeds else {}
-    table = "\n".join(f"| {k} | {eval_result['target']['by_kind'][k]:.3f} |"
-                      + (f" {lowest[k][0]:.3f} (seed {lowest[k][1]}) |" if seeds else "")
-                      + f" {eval_result['draft']['by_kind'][k]:.3f} |" for k in kinds)
-    header = ("| kind | target | target, lowest seed | draft |\n|---|---|---|---|" if seeds else
-              "| kind | target | draft |\n|---|---|---|")
-    total = (f"| **all** | **{eval_result['target']['accuracy']:.3f}** |" + (" |" if seeds else "")
-             + f" **{eval_result['draft']['accuracy']:.3f}** |")
     for role, model in pair.items():
         other = "draft" if role == "target" else "target"
         text = f"""# tinyworld-{role}
@@ -290,17 +363,7 @@ backgrounds, and short clips in which one thing happens. Not a general-purpose m
   special tokens, shared by target and draft.
 
 {_training_text(summary, train_threads, train_note)}
-## Evaluation (fresh scenes, never seen in training)
-
-`{eval_cmd}`: greedy answers scored against the ground truth
-(n = {eval_result['n']} images with one question of each image kind, and {eval_result['n']} clips \
-with one of each video kind{_seeds_text(eval_result)}).
-A description counts as right when it names exactly the true (size, colour, shape) triples.
-
-{header}
-{table}
-{total}
-{_occluded_text(eval_result)}
+{eval_section(eval_result, eval_cmd)}
 ## Per-forward cost on this CPU (fp32, {torch.get_num_threads()} thread(s), 130-token cached prefix, median ms)
 
 Measured by `python -m sage_engine.tinyworld card` (sage_engine/tinyworld/training/timing.py) \
