@@ -232,7 +232,7 @@ def write_markdown(reports: dict[str, dict], meta: dict, figures: list[tuple[str
     return "\n".join(lines).rstrip() + "\n"
 
 
-README_SUITES = ("tinyworld-images", "tinyworld-clips", "real", "pictures")  # the README's columns
+README_SUITES = ("tinyworld-images", "tinyworld-clips", "real")  # the README's three columns
 README_START, README_END = "<!-- results: written by sage_engine.report -->", "<!-- /results -->"
 
 
@@ -244,7 +244,7 @@ def readme_table(reports: dict[str, dict]) -> str:
     def cell(policy: str, agg: dict, report: dict) -> str:
         if policy == "ar":
             return f"1.00 / {agg['tokens_per_second']:.0f} tok/s"
-        worst = worst_input(report, policy) if any(report is reports.get(k) for k in ("real", "pictures")) else None
+        worst = worst_input(report, policy) if report is reports.get("real") else None
         return f"{agg['mean_accepted']:.2f} / {agg['speedup_vs_ar'] or 0:.2f}x" + (
             f" (worst {worst[0]:.2f}x)" if worst else "")
 
