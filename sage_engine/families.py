@@ -10,6 +10,8 @@ What differs per family (transformers 5.23 names), and why it matters to lossles
                                                               video_token_id                      unused
   qwen3_vl, qwen3_vl_moe M-RoPE    model.model.rope_deltas    image_token_id,              yes    metadata NEEDED  language_model
   qwen3_5, qwen3_5_moe  (interleaved)                         video_token_id                      (timestamps in text)
+  paligemma             1D from 1  1 (positions count from 1)  image_token_id (alias        no     -                language_model
+                                                              image_token_index)
   gemma3                1D         0                          image_token_id (alias        no     -                language_model
                                                               image_token_index)
   llava_onevision       1D         0                          image_token_id (alias        yes    metadata taken,  language_model
@@ -49,20 +51,24 @@ import torch
 
 @dataclass(frozen=True)
 class Positions1D:
-    """Positions are sequence indices; nothing is cached in the model between requests."""
+    """Positions are sequence indices counted from `start` (PaliGemma counts from 1, the others from 0); nothing is
+    cached in the model between requests."""
 
     name: str = "1d"
+    start: int = 0  # the position of the prompt's first token
 
     def reset(self, model) -> None:
         pass
 
     def shift_after_prefill(self, model) -> int:
-        return 0
+        return self.start
 
     def prompt_positions(self, captured: torch.Tensor | None, seq_len: int, device) -> torch.Tensor:
         """Positions of the prompt tokens as the language model reads them (None captured: the
         model would count them itself).  # [1, S]"""
-        return torch.arange(seq_len, device=device).view(1, seq_len) if captured is None else captured
+        if captured is not None:
+            return captured
+        return torch.arange(self.start, self.start + seq_len, device=device).view(1, seq_len)
 
 
 @dataclass(frozen=True)
@@ -107,6 +113,9 @@ class Family:
     supports_video: bool  # False: refuse video input; True: the processor must also have a video processor
     lm_attrs: tuple[str, ...]  # name of the language model submodule of model.model (first found)
     verified: bool = True  # covered by the lossless-equivalence tests
+    # does the outer forward take a mask per layer type (a mapping), as it hands it to the language model? False: it
+    # builds one mask from the one it is given (backends/hf_forward.py hands the mapping to the language model)
+    masks_by_type: bool = True
 
     def visual_token_ids(self, config) -> dict[str, int]:
         """{"image": id, "video": id} for the visual token kinds this config defines."""
@@ -164,6 +173,11 @@ QWEN3_5 = Family("qwen3.5", ("qwen3_5", "qwen3_5_moe"), MRoPE(), _IMAGE_VIDEO, s
 # Gemma 3 VLMs: 1D positions, image soft tokens (image_token_id, alias image_token_index) that attend to each other
 # both ways in the prompt, sliding-window and full layers (layer_kinds.py)
 GEMMA3 = Family("gemma3", ("gemma3",), Positions1D(), _LLAVA_IMAGE_VIDEO[:1], supports_video=False, lm_attrs=_LM)
+# PaliGemma and PaliGemma 2: 1D positions counted from 1, the image and the prompt one prefix that attends both ways
+# (the processor's token_type_ids, 0 there, read by the prompt's pass; a decoded token is causal), Gemma or Gemma 2
+# text (sliding-window and full layers: layer_kinds.py)
+PALIGEMMA = Family("paligemma", ("paligemma",), Positions1D(start=1), _LLAVA_IMAGE_VIDEO[:1], supports_video=False,
+                   lm_attrs=_LM, masks_by_type=False)
 # A text-only LM (no vision_config): 1D positions, nothing visual; exact for any decoder-only LM.
 TEXT = Family("text", (), Positions1D(), (), supports_video=False, lm_attrs=(), verified=True)
 # Unknown VLM families: every usual attribute name; the processor decides about video.
@@ -172,8 +186,8 @@ GENERIC = Family("generic", (), Positions1D(), _LLAVA_IMAGE_VIDEO, supports_vide
 GENERIC_MROPE = Family("generic-mrope", (), MRoPE(), _LLAVA_IMAGE_VIDEO, supports_video=True,
                        lm_attrs=_LM + _TEXT_MODEL, verified=False)
 
-FAMILIES: dict[str, Family] = {t: f for f in (QWEN2_5_VL, QWEN2_VL, QWEN3_VL, QWEN3_5, GEMMA3, LLAVA_ONEVISION,
-                                              LLAVA, SMOLVLM, IDEFICS3)
+FAMILIES: dict[str, Family] = {t: f for f in (QWEN2_5_VL, QWEN2_VL, QWEN3_VL, QWEN3_5, GEMMA3, PALIGEMMA,
+                                              LLAVA_ONEVISION, LLAVA, SMOLVLM, IDEFICS3)
                                for t in f.model_types}
 _warned: set[str] = set()
 

@@ -154,11 +154,26 @@ class Unsupported:
 
     name: str
     windowed = False
+    whole = False  # its model's plain decode is refused too (`LayerPlan.decode_refusal`)
 
     def describe(self) -> str:
         why = {"conv": "short convolution", "dummy": "a layer without its own KV cache, or one sharing another's"}.get(
             self.name)
         return f"{self.name} ({why})" if why else self.name
+
+
+@dataclass(frozen=True)
+class CrossAttention(Unsupported):
+    """A layer that attends to the vision encoder's keys and values (Mllama's `cross_attention_layers`): its cache
+    holds the image, not text columns, and its passes need the model's cross-attention mask, which the engine's plain
+    and tree passes do not carry. transformers types it as full attention; here it is a kind of its own, and its
+    model is refused whole, `ar` included."""
+
+    name: str = "cross_attention"
+    whole = True
+
+    def describe(self) -> str:
+        return "cross-attention (vision keys and values, not text columns)"
 
 
 def _sinks(model_or_config) -> bool:
@@ -202,11 +217,14 @@ def kinds_of(model_or_config) -> list[Kind | Unsupported]:
     types, kwargs = get_layer_types_and_kwargs(text)
     sinks = _sinks(model_or_config)
     model_type = getattr(text, "model_type", "").removesuffix("_text")
+    cross = set(getattr(text, "cross_attention_layers", None) or ())  # Mllama: typed full attention by transformers
     out: list[Kind | Unsupported] = []
-    for t, kw in zip(types, kwargs):
+    for i, (t, kw) in enumerate(zip(types, kwargs)):
         make = KINDS.get(t)
         kind = None if make is None else make(kw)
-        if kind is None:
+        if i in cross:
+            out.append(CrossAttention())
+        elif kind is None:
             out.append(Unsupported(t))
         else:
             if isinstance(kind, Recurrent):
@@ -258,6 +276,15 @@ class LayerPlan:
         names = ", ".join(dict.fromkeys(k.describe() for k in bad))
         return (f"{len(bad)} of its {len(self.kinds)} layers are {names}, which tree verification does not support "
                 f"yet (it supports {SUPPORTED})")
+
+    @property
+    def decode_refusal(self) -> str | None:
+        """Why the engine cannot decode this model at all, `ar` included, in a few words; None where it can."""
+        bad = [k for k in self.kinds if isinstance(k, Unsupported) and k.whole]
+        if not bad:
+            return None
+        names = ", ".join(dict.fromkeys(k.describe() for k in bad))
+        return f"{len(bad)} of its {len(self.kinds)} layers are {names}, which the engine does not decode"
 
     def describe(self) -> str:
         counts: dict[str, int] = {}

@@ -62,7 +62,8 @@ class ModelRunner:
         self.columns: Columns | None = None
         # a model with recurrent layers: its uncommitted columns, each read along its own path (paths.py)
         self.paths = PathRegion() if self.plan.recurrent else None
-        self.reference = ModelForward(model)  # forward(): what every other backend is checked against
+        # forward(): what every other backend is checked against
+        self.reference = ModelForward(model, None if self.family.masks_by_type else self.family.language_model(model))
         self.offered = choose.offer(model, self.family, backend, row_invariant)
         self.stack = self.offered.stack
         # the fused backend kept by the check (until checked: the first offered), None: none

@@ -30,7 +30,9 @@ def _prompt_length(plan) -> int:
     return 8 if narrowest is None else max(8, min(narrowest + 6, MAX_PROMPT))
 
 
-def _tolerance(dtype: torch.dtype) -> float:
+def tolerance(dtype: torch.dtype) -> float:
+    """The largest gap, as a share of the logits' largest magnitude, two computations of the same logits may show:
+    far below what a wrong mask, position or state gives."""
     return 5e-3 if dtype == torch.float32 else 5e-2
 
 
@@ -89,7 +91,7 @@ def tree_refusal(runner, words: list[int]) -> str | None:
             return f"a tree pass fails on it ({first_line(e)}; layers: {plan.describe()})"
     pairs = {"the root": (rows[0], path[0]), "a node": (rows[1], path[1]), "a second branch": (rows[2], side[1]),
              "a node at depth 2": (rows[3], path[2]), "the token after a compaction": (after, side[2])}
-    tol = _tolerance(runner.dtype)
+    tol = tolerance(runner.dtype)
     for what, (got, want) in pairs.items():
         scale = max(1.0, float(want.abs().max()))
         gap = float((got - want).abs().max())
