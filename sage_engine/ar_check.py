@@ -3,8 +3,7 @@ policy is checked against `ar`, so `ar` itself must be the model's.
 
 The check (`decode_refusal`), on the target when the engine is built:
   1. the model's cache is one the engine builds: its forward takes `past_key_values` (Mamba-1 and Mamba-2 keep
-     their own `cache_params`, which the engine never writes) and every layer is of a kind its plain steps can read
-     (`layer_kinds.LayerPlan.decode_refusal`: cross-attention layers hold vision keys, not text columns);
+     their own `cache_params`, which the engine never writes);
   2. on each kind of input the model takes (a text prompt; a small picture where its processor has an image
      processor; a short clip where its family and processor take video), transformers' own `generate()` decodes
      CHECK_TOKENS greedy tokens and keeps its raw logits; the engine's runner then reads the same prompt and tokens
@@ -111,17 +110,15 @@ def _differs(medium: str, got: torch.Tensor, want: torch.Tensor, tokens: list[in
     return None
 
 
-def decode_refusal(runner, processor) -> str | None:
+def decode_refusal(runner, media: dict[str, dict[str, torch.Tensor]]) -> str | None:
     """Why `runner`'s model cannot be decoded exactly by the engine, `ar` included, in one line; None where its plain
-    decode equals generate()'s on every kind of input it takes. Runs in the runner's scratch state: nothing of it
-    stays in the runner."""
-    if runner.plan.decode_refusal is not None:
-        return runner.plan.decode_refusal
+    decode equals generate()'s on every kind of input it takes (`media`: `media_inputs`). Runs in the runner's
+    scratch state: nothing of it stays in the runner."""
     why = own_cache_refusal(runner.model)
     if why is not None:
         return f"{why} (layers: {runner.plan.describe()})"
     tol = tolerance(runner.dtype)
-    for medium, inputs in media_inputs(processor, runner.family).items():
+    for medium, inputs in media.items():
         try:
             tokens, want = reference(runner.model, inputs, CHECK_TOKENS)
         except Exception as e:  # noqa: BLE001 - a model generate() cannot run: its decode cannot be checked

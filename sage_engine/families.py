@@ -12,6 +12,8 @@ What differs per family (transformers 5.23 names), and why it matters to lossles
   qwen3_5, qwen3_5_moe  (interleaved)                         video_token_id                      (timestamps in text)
   paligemma             1D from 1  1 (positions count from 1)  image_token_id (alias        no     -                language_model
                                                               image_token_index)
+  mllama                1D         0                          image_token_index (one an    no     -                language_model
+                                                              image; cross-attention)
   gemma3                1D         0                          image_token_id (alias        no     -                language_model
                                                               image_token_index)
   llava_onevision       1D         0                          image_token_id (alias        yes    metadata taken,  language_model
@@ -116,6 +118,9 @@ class Family:
     # does the outer forward take a mask per layer type (a mapping), as it hands it to the language model? False: it
     # builds one mask from the one it is given (backends/hf_forward.py hands the mapping to the language model)
     masks_by_type: bool = True
+    # prompt inputs with a row per token whose last row every later pass carries, one row a token (Mllama's
+    # cross_attention_mask [1, S, images, tiles]: which tiles a token sees, the prompt's last token's for a new one)
+    carried: tuple[str, ...] = ()
 
     def visual_token_ids(self, config) -> dict[str, int]:
         """{"image": id, "video": id} for the visual token kinds this config defines."""
@@ -138,6 +143,10 @@ class Family:
         if clip is None:
             return {}
         return {"videos": [clip.frames], "video_metadata": [clip.metadata()], "do_sample_frames": False}
+
+    def carry(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """What every pass after the prompt `inputs` carries: the last row of each `carried` input it has."""
+        return {k: inputs[k][:, -1:] for k in self.carried if k in inputs}
 
     def language_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """The submodule that receives the merged text + visual embeddings (pruning hooks it)."""
@@ -178,6 +187,10 @@ GEMMA3 = Family("gemma3", ("gemma3",), Positions1D(), _LLAVA_IMAGE_VIDEO[:1], su
 # text (sliding-window and full layers: layer_kinds.py)
 PALIGEMMA = Family("paligemma", ("paligemma",), Positions1D(start=1), _LLAVA_IMAGE_VIDEO[:1], supports_video=False,
                    lm_attrs=_LM, masks_by_type=False)
+# Llama 3.2 Vision: 1D positions; one <|image|> token an image, whose tiles' keys and values the cross-attention layers
+# read (layer_kinds.CrossAttention), under the prompt's cross-attention mask, its last row carried on every later pass
+MLLAMA = Family("mllama", ("mllama",), Positions1D(), _LLAVA_IMAGE_VIDEO[:1], supports_video=False, lm_attrs=_LM,
+                carried=("cross_attention_mask",))
 # A text-only LM (no vision_config): 1D positions, nothing visual; exact for any decoder-only LM.
 TEXT = Family("text", (), Positions1D(), (), supports_video=False, lm_attrs=(), verified=True)
 # Unknown VLM families: every usual attribute name; the processor decides about video.
@@ -186,7 +199,7 @@ GENERIC = Family("generic", (), Positions1D(), _LLAVA_IMAGE_VIDEO, supports_vide
 GENERIC_MROPE = Family("generic-mrope", (), MRoPE(), _LLAVA_IMAGE_VIDEO, supports_video=True,
                        lm_attrs=_LM + _TEXT_MODEL, verified=False)
 
-FAMILIES: dict[str, Family] = {t: f for f in (QWEN2_5_VL, QWEN2_VL, QWEN3_VL, QWEN3_5, GEMMA3, PALIGEMMA,
+FAMILIES: dict[str, Family] = {t: f for f in (QWEN2_5_VL, QWEN2_VL, QWEN3_VL, QWEN3_5, GEMMA3, PALIGEMMA, MLLAMA,
                                               LLAVA_ONEVISION, LLAVA, SMOLVLM, IDEFICS3)
                                for t in f.model_types}
 _warned: set[str] = set()

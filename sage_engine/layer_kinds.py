@@ -143,9 +143,28 @@ class Recurrent:
         return f"{self.what} beside attention" if self.has_keys else self.what
 
 
-Kind = FullAttention | SlidingWindow | Chunked | WithSinks | Recurrent
+@dataclass(frozen=True)
+class CrossAttention:
+    """A layer that attends to the vision encoder's keys and values, not to the text (Mllama's
+    `cross_attention_layers`, which transformers types as full attention): its cache holds the image's keys and
+    values, written by the prompt's pass and read whole by every later token. No tree mask reaches it (which tiles a
+    token sees is the model's cross-attention mask, carried on every pass: `families.Family.carried`), it holds no
+    text columns (the cache's length is read off another layer), and a compaction keeps it whole."""
+
+    name: str = "cross_attention"
+    windowed = False
+    width = None
+    has_keys = False  # no text columns
+    text_columns = False
+
+    def describe(self) -> str:
+        return "cross-attention to the image"
+
+
+Kind = FullAttention | SlidingWindow | Chunked | WithSinks | Recurrent | CrossAttention
 SUPPORTED = ("full attention, sliding windows, chunked attention and attention sinks (under a mask), recurrent layers "
-             "whose several-token passes continue their state (path by path)")
+             "whose several-token passes continue their state (path by path), cross-attention to an image (kept "
+             "whole)")
 
 
 @dataclass(frozen=True)
@@ -154,26 +173,11 @@ class Unsupported:
 
     name: str
     windowed = False
-    whole = False  # its model's plain decode is refused too (`LayerPlan.decode_refusal`)
 
     def describe(self) -> str:
         why = {"conv": "short convolution", "dummy": "a layer without its own KV cache, or one sharing another's"}.get(
             self.name)
         return f"{self.name} ({why})" if why else self.name
-
-
-@dataclass(frozen=True)
-class CrossAttention(Unsupported):
-    """A layer that attends to the vision encoder's keys and values (Mllama's `cross_attention_layers`): its cache
-    holds the image, not text columns, and its passes need the model's cross-attention mask, which the engine's plain
-    and tree passes do not carry. transformers types it as full attention; here it is a kind of its own, and its
-    model is refused whole, `ar` included."""
-
-    name: str = "cross_attention"
-    whole = True
-
-    def describe(self) -> str:
-        return "cross-attention (vision keys and values, not text columns)"
 
 
 def _sinks(model_or_config) -> bool:
@@ -242,8 +246,13 @@ class LayerPlan:
 
     @cached_property
     def by_name(self) -> dict[str, Kind]:
-        """One kind per layer type name (transformers keys its per-type masks by it)."""
-        return {k.name: k for k in self.kinds if not isinstance(k, Unsupported)}
+        """One kind per type of layer over the text (transformers keys its per-type masks by it)."""
+        return {k.name: k for k in self.kinds if not isinstance(k, Unsupported) and getattr(k, "text_columns", True)}
+
+    @cached_property
+    def whole_layers(self) -> frozenset[int]:
+        """The layers whose cache holds no text columns (cross-attention to an image): a compaction keeps them whole."""
+        return frozenset(i for i, k in enumerate(self.kinds) if not getattr(k, "text_columns", True))
 
     @cached_property
     def windowed(self) -> bool:
@@ -276,15 +285,6 @@ class LayerPlan:
         names = ", ".join(dict.fromkeys(k.describe() for k in bad))
         return (f"{len(bad)} of its {len(self.kinds)} layers are {names}, which tree verification does not support "
                 f"yet (it supports {SUPPORTED})")
-
-    @property
-    def decode_refusal(self) -> str | None:
-        """Why the engine cannot decode this model at all, `ar` included, in a few words; None where it can."""
-        bad = [k for k in self.kinds if isinstance(k, Unsupported) and k.whole]
-        if not bad:
-            return None
-        names = ", ".join(dict.fromkeys(k.describe() for k in bad))
-        return f"{len(bad)} of its {len(self.kinds)} layers are {names}, which the engine does not decode"
 
     def describe(self) -> str:
         counts: dict[str, int] = {}
@@ -344,7 +344,8 @@ class Columns:
         """cache.compact for a windowed model's layers: each group by what it has dropped, its region counted over the
         columns it holds; then the columns kept and rolled."""
         for dropped in set(self.dropped.values()) | {0}:
-            group = [layer for layer, kind in zip(layers, plan.kinds) if self.dropped.get(kind.name, 0) == dropped]
+            group = [layer for i, (layer, kind) in enumerate(zip(layers, plan.kinds))
+                     if self.dropped.get(kind.name, 0) == dropped and i not in plan.whole_layers]
             compact_layers(group, start - dropped, cols)
         self.keep(start, cols)
         self.roll(plan, layers)

@@ -127,6 +127,7 @@ class ModelRunner:
         kept = self._kept
         if self.keep_prompt and kept is not None and kept.inputs is inputs and kept.pruning == pruning:
             t0 = time.perf_counter()
+            self.reference.carry = self.family.carry({k: v.to(self.device) for k, v in inputs.items()})
             self.cache, self.rope_delta = copy_cache(kept.cache), kept.rope_delta
             self.columns = None if kept.columns is None else kept.columns.copy()
             if self.paths is not None:
@@ -137,6 +138,7 @@ class ModelRunner:
         positions = self.family.positions
         positions.reset(self.model)  # never reuse a previous request's shift
         batch = {k: v.to(self.device) for k, v in inputs.items()}
+        self.reference.carry = self.family.carry(batch)
         t0 = time.perf_counter()
         self.rope_delta = 0
         if pruning is not None:
@@ -384,7 +386,7 @@ class ModelRunner:
         if self.columns is not None:  # windowed layers: each group compacted over the columns it holds, then rolled
             self.columns.compact(self.plan, self.cache.layers, start, cols)
         else:
-            compact(self.cache, start, cols, self.backend.buffers)
+            compact(self.cache, start, cols, self.backend.buffers, self.plan.whole_layers)
 
     @inference
     def sync_cache(self) -> None:

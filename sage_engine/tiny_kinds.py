@@ -21,8 +21,8 @@ of today on, and what they check the engine refuses.
   mamba            MambaForCausalLM                         Mamba-1 (refused whole: its own cache_params)
   mamba2           Mamba2ForCausalLM                        Mamba-2 (refused whole: its own cache_params)
   nemotron-h       NemotronHForCausalLM                     Mamba-2, full, MLP-only (refused: a "dummy" layer type)
-  mllama           MllamaForConditionalGeneration           full, cross-attention, full (refused whole: the vision
-                                                            keys' layer); one 28 px tile an image
+  mllama           MllamaForConditionalGeneration           full, cross-attention to the image, full; up to two 28 px
+                                                            tiles an image (a square one: one, and padding)
 
 Text models take their tokenizer as the processor. Windows and chunks are 8 wide so that a test's prompt plus answer
 (about 60 tokens) runs well past them. Heads are sharpened (tiny_pairs.sharpen) where the pair is to draft deep trees.
@@ -45,7 +45,7 @@ TEXT_KINDS = ("mistral", "gemma3-text", "gpt-oss", "llama4-text", "qwen3-next", 
 VLM_KINDS = ("gemma3", "qwen3-vl", "qwen3-vl-moe", "qwen3.5", "qwen3.5-moe", "paligemma", "paligemma2", "mllama")
 RECURRENT = ("qwen3.5", "qwen3.5-moe", "qwen3-next", "falcon-h1")  # trees read path by path (paths.py)
 REFUSED = ("nemotron-h",)  # trees refused in one line; `ar` runs
-REFUSED_WHOLE = ("mamba", "mamba2", "mllama")  # every policy refused in one line, `ar` included (ar_check.py)
+REFUSED_WHOLE = ("mamba", "mamba2")  # every policy refused in one line, `ar` included (ar_check.py)
 QWEN_EXTRA = {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>",
               "vision_start_token": "<|vision_start|>", "vision_end_token": "<|vision_end|>"}
 
@@ -202,11 +202,16 @@ def vlm_model(arch: str, tok, layers: int = 2, seed: int = 0):
             text_config=dict(**dict(c, num_hidden_layers=layers + 1), cross_attention_layers=[1],
                              rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
             vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_global_layers=1,
-                               attention_heads=2, image_size=28, patch_size=14, max_num_tiles=1,
+                               attention_heads=2, image_size=28, patch_size=14, max_num_tiles=2,
                                intermediate_layers_indices=[0], vision_output_dim=64,
-                               supported_aspect_ratios=[[1, 1]]),
+                               supported_aspect_ratios=[[1, 1], [1, 2], [2, 1]]),
             image_token_index=tok.convert_tokens_to_ids("<|image|>"))
         model = T.MllamaForConditionalGeneration(cfg)
+        with torch.no_grad():  # random init leaves the cross-attention's gates at zero: the image would not count
+            for layer in model.model.language_model.layers:
+                for gate in ("cross_attn_attn_gate", "cross_attn_mlp_gate"):
+                    if hasattr(layer, gate):
+                        getattr(layer, gate).fill_(1.0)
     else:
         raise ValueError(f"unknown VLM architecture {arch!r}; choose one of {', '.join(VLM_KINDS)}")
     return model.eval()
@@ -240,13 +245,14 @@ MLLAMA_TEMPLATE = (
 
 
 def mllama_processor():
-    """The official MllamaProcessor over a tokenizer trained here: one 28 px tile an image."""
+    """The official MllamaProcessor over a tokenizer trained here: up to two 28 px tiles an image (a square picture
+    takes one, and the other is padding its text must not see: the cross-attention mask says so)."""
     from transformers import MllamaImageProcessor, MllamaProcessor
 
     tok = train_tokenizer(["<|eot_id|>", "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
                            "<|image|>", "<|python_tag|>"], {"image_token": "<|image|>"}, MLLAMA_TEMPLATE)
     tok.bos_token = "<|begin_of_text|>"
-    img = MllamaImageProcessor(size={"height": 28, "width": 28}, max_image_tiles=1)
+    img = MllamaImageProcessor(size={"height": 28, "width": 28}, max_image_tiles=2)
     return MllamaProcessor(image_processor=img, tokenizer=tok, chat_template=MLLAMA_TEMPLATE)
 
 
