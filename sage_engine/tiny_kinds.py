@@ -38,6 +38,9 @@ from .tiny_pairs import QWEN_SPECIALS, QWEN_TEMPLATE, _draft, sharpen, train_tok
 WINDOW = 8
 # Gemma 3 scales its embeddings by sqrt(hidden): at the others' 0.2 a random one repeats one token forever
 GEMMA_INIT = 0.02
+# PaliGemma 2 (Gemma 2 text): at 0.02 its attention is so flat that positions off by one barely move its logits; from
+# 0.07 up it repeats one token. (PaliGemma over Gemma 1 takes the others' 0.2: below it, it repeats one token.)
+PALIGEMMA2_INIT = 0.04
 TEXT_TEMPLATE = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
                  "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 TEXT_KINDS = ("mistral", "gemma3-text", "gpt-oss", "llama4-text", "qwen3-next", "falcon-h1", "mamba", "mamba2",
@@ -147,7 +150,7 @@ def vlm_model(arch: str, tok, layers: int = 2, seed: int = 0):
     import transformers as T
 
     torch.manual_seed(seed)
-    c = _text_common(tok, layers, GEMMA_INIT if arch in ("gemma3", "paligemma2") else 0.2)  # Gemma 1 repeats at 0.02
+    c = _text_common(tok, layers, {"gemma3": GEMMA_INIT, "paligemma2": PALIGEMMA2_INIT}.get(arch, 0.2))
     vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=16,
                   spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=64,
                   deepstack_visual_indexes=[0], initializer_range=0.2)
