@@ -144,6 +144,14 @@ def test_mllama_cross_attention_cache_cropped_like_text_is_caught():
     assert any(out != ar for out in outs)
 
 
+def test_draft_pruning_where_images_are_not_tokens_is_one_line():
+    """Llama 3.2 Vision reads its picture by cross-attention, not as tokens a draft could read fewer of: `specvlm`
+    (its draft reads 20% of an image's visual tokens) stops with one ModelError line."""
+    pair = pair_of("mllama")
+    with pytest.raises(ModelError, match="^draft pruning cannot run on MllamaForConditionalGeneration: [^\n]*$"):
+        SpecEngine(pair).generate(prepared(pair), "specvlm", max_new_tokens=4)
+
+
 @pytest.mark.parametrize("name,media", [("qwen3-vl", ("a text", "an image", "a video")), ("llama", ("a text",)),
                                         ("paligemma", ("an image",)), ("mllama", ("a text", "an image"))])
 def test_the_checks_read_each_kind_of_input_the_model_takes(name, media):
