@@ -124,10 +124,11 @@ class ModelRunner:
                 own: bool = False) -> Pass:
         """Run the whole prompt (with `pruning`, only part of its visual tokens; `own`: through forward(), never the
         fused prompt path, whose check is left to a real prompt): the logits after its last token.  # [V]"""
+        # what every later pass carries of the prompt (Mllama: the cross-attention mask's last row)
+        self.reference.carry = {k: v.to(self.device) for k, v in self.family.carry(inputs).items()}
         kept = self._kept
         if self.keep_prompt and kept is not None and kept.inputs is inputs and kept.pruning == pruning:
             t0 = time.perf_counter()
-            self.reference.carry = self.family.carry({k: v.to(self.device) for k, v in inputs.items()})
             self.cache, self.rope_delta = copy_cache(kept.cache), kept.rope_delta
             self.columns = None if kept.columns is None else kept.columns.copy()
             if self.paths is not None:
@@ -138,7 +139,6 @@ class ModelRunner:
         positions = self.family.positions
         positions.reset(self.model)  # never reuse a previous request's shift
         batch = {k: v.to(self.device) for k, v in inputs.items()}
-        self.reference.carry = self.family.carry(batch)
         t0 = time.perf_counter()
         self.rope_delta = 0
         if pruning is not None:
