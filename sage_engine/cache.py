@@ -140,16 +140,19 @@ class KVBuffers:
         return True
 
 
-def compact(cache: DynamicCache, start: int, keep: list[int], buffers: KVBuffers | None = None) -> None:
+def compact(cache: DynamicCache, start: int, keep: list[int], buffers: KVBuffers | None = None,
+            whole: frozenset[int] = frozenset()) -> None:
     """Keep region columns `keep` (relative to `start`) and drop everything else after `start`; `buffers`: the ones
-    the cache's layers may view (moved in one go where they do)."""
+    the cache's layers may view (moved in one go where they do); `whole`: layers that hold no text columns (an
+    image's keys for cross-attention), kept as they are."""
     m = len(keep)
     moved = keep != list(range(m))
     # buffers that hold every layer (the fused layers' caches, each step): one move, the checks below done when they
     # took the layers (a sliding-window layer is never one of them: its model's layers are not fused)
     if buffers is not None and buffers.move(cache.layers, start, keep, moved):  # False unless the layers view them
         return
-    compact_layers(cache.layers, start, keep, moved)
+    layers = cache.layers if not whole else [layer for i, layer in enumerate(cache.layers) if i not in whole]
+    compact_layers(layers, start, keep, moved)
 
 
 def compact_layers(layers: list, start: int, keep: list[int], moved: bool | None = None) -> None:

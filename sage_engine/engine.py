@@ -24,6 +24,7 @@ import torch
 from PIL import Image
 
 from . import jit
+from .ar_check import decode_refusal, media_inputs
 from .backends.choose import BACKENDS
 from .backends.choose import known as known_backend
 from .costs import CostMeter, Quote, StepTiming
@@ -82,33 +83,48 @@ class SpecEngine:
         for runner in (self.target, self.draft):  # each model's layers checked against forward() now, not in a run
             if runner is not None:
                 runner.check_layers(words)
-        # each model's tree passes proved exact on the backend they will run on (tree_check.py)
-        self.tree_refusals = self._check_trees(words) if self.draft is not None else {}
         self._check_prompts()
+        # each model's inputs for each kind of media it takes: what the checks below read besides a text prompt
+        media = {"target": media_inputs(pair.processor, self.target.family)}
+        # the target's plain decode proved to be its own greedy decode (ar_check.py): else no policy runs on it
+        self.decode_refusal = decode_refusal(self.target, media["target"])
+        if self.decode_refusal is not None:
+            self.target.notes.append(f"decoding refused: {self.decode_refusal}")
+        # each model's tree passes proved exact on the backend they will run on (tree_check.py)
+        self.tree_refusals = {}
+        if self.draft is not None and self.decode_refusal is None:
+            media["draft"] = media["target"] if pair.draft_processor is None else \
+                media_inputs(pair.draft_processor, self.draft.family)
+            self.tree_refusals = self._check_trees(words, media)
         self.keep_prompt = keep_prompt
         self.accept = acceptance or GreedyAcceptance()
         self.costs = CostMeter()  # step timings of every run on this engine (cost-aware policies read them)
         self.telemetry = Telemetry(self.tokenizer)
 
     def check_trees(self, policy: Policy | str) -> None:
-        """Raise the one-line ModelError where `policy` drafts trees and a model of this pair cannot verify them
+        """Raise the one-line ModelError where `policy` cannot run on this pair: the target's plain decode is not its
+        own (ar_check.py; then no policy runs), or `policy` drafts trees and a model of this pair cannot verify them
         (tree_check.py); callers that start work before decoding (the app's race) ask first."""
         policy = make_policy(policy) if isinstance(policy, str) else policy
+        if self.decode_refusal is not None:
+            raise ModelError(f"policy {policy.name!r} cannot run on this pair: in the target, {self.decode_refusal}; "
+                             "no policy runs on it")
         if policy.uses_draft and self.tree_refusals:
             role, why = next(iter(self.tree_refusals.items()))
             raise ModelError(f"policy {policy.name!r} cannot run on this pair: in the {role}, {why}; only 'ar' runs on "
                              "it")
 
-    def _check_trees(self, words: list[int]) -> dict[str, str]:
-        """Each model's tree passes proved exact once, now (tree_check.py): {role: why not} for a model that cannot
-        verify a tree, which every drafting policy then refuses in one line (`ar` still runs)."""
+    def _check_trees(self, words: list[int], media: dict[str, dict]) -> dict[str, str]:
+        """Each model's tree passes proved exact once, now (tree_check.py), on a text prompt and on each of its `media`
+        prompts: {role: why not} for a model that cannot verify a tree, which every drafting policy then refuses in
+        one line (`ar` still runs)."""
         refusals = {}
         for role, runner in (("target", self.target), ("draft", self.draft)):
             try:
-                why = tree_refusal(runner, words)
+                why = tree_refusal(runner, words, {k: v for k, v in media[role].items() if k != "a text"})
             except Exception as e:  # noqa: BLE001 - e.g. a model that needs its images: its layer kinds are known
-                runner.notes.append(f"the tree check could not run on a text prompt ({first_line(e)}); its layers "
-                                    f"are of kinds trees support ({runner.plan.describe()})")
+                runner.notes.append(f"the tree check could not read a prompt ({first_line(e)}); its layers are of "
+                                    f"kinds trees support ({runner.plan.describe()})")
                 continue
             if why is not None:
                 refusals[role] = why

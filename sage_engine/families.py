@@ -10,6 +10,10 @@ What differs per family (transformers 5.23 names), and why it matters to lossles
                                                               video_token_id                      unused
   qwen3_vl, qwen3_vl_moe M-RoPE    model.model.rope_deltas    image_token_id,              yes    metadata NEEDED  language_model
   qwen3_5, qwen3_5_moe  (interleaved)                         video_token_id                      (timestamps in text)
+  paligemma             1D from 1  1 (positions count from 1)  image_token_id (alias        no     -                language_model
+                                                              image_token_index)
+  mllama                1D         0                          image_token_index (one an    no     -                language_model
+                                                              image; cross-attention)
   gemma3                1D         0                          image_token_id (alias        no     -                language_model
                                                               image_token_index)
   llava_onevision       1D         0                          image_token_id (alias        yes    metadata taken,  language_model
@@ -49,20 +53,24 @@ import torch
 
 @dataclass(frozen=True)
 class Positions1D:
-    """Positions are sequence indices; nothing is cached in the model between requests."""
+    """Positions are sequence indices counted from `start` (PaliGemma counts from 1, the others from 0); nothing is
+    cached in the model between requests."""
 
     name: str = "1d"
+    start: int = 0  # the position of the prompt's first token
 
     def reset(self, model) -> None:
         pass
 
     def shift_after_prefill(self, model) -> int:
-        return 0
+        return self.start
 
     def prompt_positions(self, captured: torch.Tensor | None, seq_len: int, device) -> torch.Tensor:
         """Positions of the prompt tokens as the language model reads them (None captured: the
         model would count them itself).  # [1, S]"""
-        return torch.arange(seq_len, device=device).view(1, seq_len) if captured is None else captured
+        if captured is not None:
+            return captured
+        return torch.arange(self.start, self.start + seq_len, device=device).view(1, seq_len)
 
 
 @dataclass(frozen=True)
@@ -107,6 +115,12 @@ class Family:
     supports_video: bool  # False: refuse video input; True: the processor must also have a video processor
     lm_attrs: tuple[str, ...]  # name of the language model submodule of model.model (first found)
     verified: bool = True  # covered by the lossless-equivalence tests
+    # does the outer forward take a mask per layer type (a mapping), as it hands it to the language model? False: it
+    # builds one mask from the one it is given (backends/hf_forward.py hands the mapping to the language model)
+    masks_by_type: bool = True
+    # prompt inputs with a row per token whose last row every later pass carries, one row a token (Mllama's
+    # cross_attention_mask [1, S, images, tiles]: which tiles a token sees, the prompt's last token's for a new one)
+    carried: tuple[str, ...] = ()
 
     def visual_token_ids(self, config) -> dict[str, int]:
         """{"image": id, "video": id} for the visual token kinds this config defines."""
@@ -129,6 +143,10 @@ class Family:
         if clip is None:
             return {}
         return {"videos": [clip.frames], "video_metadata": [clip.metadata()], "do_sample_frames": False}
+
+    def carry(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """What every pass after the prompt `inputs` carries: the last row of each `carried` input it has."""
+        return {k: inputs[k][:, -1:] for k in self.carried if k in inputs}
 
     def language_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """The submodule that receives the merged text + visual embeddings (pruning hooks it)."""
@@ -164,6 +182,15 @@ QWEN3_5 = Family("qwen3.5", ("qwen3_5", "qwen3_5_moe"), MRoPE(), _IMAGE_VIDEO, s
 # Gemma 3 VLMs: 1D positions, image soft tokens (image_token_id, alias image_token_index) that attend to each other
 # both ways in the prompt, sliding-window and full layers (layer_kinds.py)
 GEMMA3 = Family("gemma3", ("gemma3",), Positions1D(), _LLAVA_IMAGE_VIDEO[:1], supports_video=False, lm_attrs=_LM)
+# PaliGemma and PaliGemma 2: 1D positions counted from 1, the image and the prompt one prefix that attends both ways
+# (the processor's token_type_ids, 0 there, read by the prompt's pass; a decoded token is causal), Gemma or Gemma 2
+# text (sliding-window and full layers: layer_kinds.py)
+PALIGEMMA = Family("paligemma", ("paligemma",), Positions1D(start=1), _LLAVA_IMAGE_VIDEO[:1], supports_video=False,
+                   lm_attrs=_LM, masks_by_type=False)
+# Llama 3.2 Vision: 1D positions; one <|image|> token an image, whose tiles' keys and values the cross-attention layers
+# read (layer_kinds.CrossAttention), under the prompt's cross-attention mask, its last row carried on every later pass
+MLLAMA = Family("mllama", ("mllama",), Positions1D(), _LLAVA_IMAGE_VIDEO[:1], supports_video=False, lm_attrs=_LM,
+                carried=("cross_attention_mask",))
 # A text-only LM (no vision_config): 1D positions, nothing visual; exact for any decoder-only LM.
 TEXT = Family("text", (), Positions1D(), (), supports_video=False, lm_attrs=(), verified=True)
 # Unknown VLM families: every usual attribute name; the processor decides about video.
@@ -172,8 +199,8 @@ GENERIC = Family("generic", (), Positions1D(), _LLAVA_IMAGE_VIDEO, supports_vide
 GENERIC_MROPE = Family("generic-mrope", (), MRoPE(), _LLAVA_IMAGE_VIDEO, supports_video=True,
                        lm_attrs=_LM + _TEXT_MODEL, verified=False)
 
-FAMILIES: dict[str, Family] = {t: f for f in (QWEN2_5_VL, QWEN2_VL, QWEN3_VL, QWEN3_5, GEMMA3, LLAVA_ONEVISION,
-                                              LLAVA, SMOLVLM, IDEFICS3)
+FAMILIES: dict[str, Family] = {t: f for f in (QWEN2_5_VL, QWEN2_VL, QWEN3_VL, QWEN3_5, GEMMA3, PALIGEMMA, MLLAMA,
+                                              LLAVA_ONEVISION, LLAVA, SMOLVLM, IDEFICS3)
                                for t in f.model_types}
 _warned: set[str] = set()
 

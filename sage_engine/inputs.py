@@ -19,6 +19,9 @@ from .media import VideoClip, load_image, on_canvas, sample_video, square_canvas
 from .models import ModelPair
 
 MAX_PROMPT_CHARS = 8000
+# what a processor returns for training alone: PaliGemma's returns `labels` for every prompt, and a forward given
+# labels computes a loss against them (which fails on a prompt's pass)
+TRAINING_ONLY = ("labels",)
 
 
 @dataclass
@@ -101,7 +104,7 @@ def process(processor, prompt: str, images: list[Image.Image], video: VideoClip 
         out = processor(text=[text], return_tensors="pt", **kwargs)
     except (ValueError, RuntimeError) as e:
         raise InputError(f"the processor rejected this input: {first_line(e)}") from None
-    return {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
+    return {k: v for k, v in out.items() if isinstance(v, torch.Tensor) and k not in TRAINING_ONLY}
 
 
 def prepare_input(

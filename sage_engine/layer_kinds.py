@@ -143,9 +143,28 @@ class Recurrent:
         return f"{self.what} beside attention" if self.has_keys else self.what
 
 
-Kind = FullAttention | SlidingWindow | Chunked | WithSinks | Recurrent
+@dataclass(frozen=True)
+class CrossAttention:
+    """A layer that attends to the vision encoder's keys and values, not to the text (Mllama's
+    `cross_attention_layers`, which transformers types as full attention): its cache holds the image's keys and
+    values, written by the prompt's pass and read whole by every later token. No tree mask reaches it (which tiles a
+    token sees is the model's cross-attention mask, carried on every pass: `families.Family.carried`), it holds no
+    text columns (the cache's length is read off another layer), and a compaction keeps it whole."""
+
+    name: str = "cross_attention"
+    windowed = False
+    width = None
+    has_keys = False  # no text columns
+    text_columns = False
+
+    def describe(self) -> str:
+        return "cross-attention to the image"
+
+
+Kind = FullAttention | SlidingWindow | Chunked | WithSinks | Recurrent | CrossAttention
 SUPPORTED = ("full attention, sliding windows, chunked attention and attention sinks (under a mask), recurrent layers "
-             "whose several-token passes continue their state (path by path)")
+             "whose several-token passes continue their state (path by path), cross-attention to an image (kept "
+             "whole)")
 
 
 @dataclass(frozen=True)
@@ -202,11 +221,14 @@ def kinds_of(model_or_config) -> list[Kind | Unsupported]:
     types, kwargs = get_layer_types_and_kwargs(text)
     sinks = _sinks(model_or_config)
     model_type = getattr(text, "model_type", "").removesuffix("_text")
+    cross = set(getattr(text, "cross_attention_layers", None) or ())  # Mllama: typed full attention by transformers
     out: list[Kind | Unsupported] = []
-    for t, kw in zip(types, kwargs):
+    for i, (t, kw) in enumerate(zip(types, kwargs)):
         make = KINDS.get(t)
         kind = None if make is None else make(kw)
-        if kind is None:
+        if i in cross:
+            out.append(CrossAttention())
+        elif kind is None:
             out.append(Unsupported(t))
         else:
             if isinstance(kind, Recurrent):
@@ -224,8 +246,13 @@ class LayerPlan:
 
     @cached_property
     def by_name(self) -> dict[str, Kind]:
-        """One kind per layer type name (transformers keys its per-type masks by it)."""
-        return {k.name: k for k in self.kinds if not isinstance(k, Unsupported)}
+        """One kind per type of layer over the text (transformers keys its per-type masks by it)."""
+        return {k.name: k for k in self.kinds if not isinstance(k, Unsupported) and getattr(k, "text_columns", True)}
+
+    @cached_property
+    def whole_layers(self) -> frozenset[int]:
+        """The layers whose cache holds no text columns (cross-attention to an image): a compaction keeps them whole."""
+        return frozenset(i for i, k in enumerate(self.kinds) if not getattr(k, "text_columns", True))
 
     @cached_property
     def windowed(self) -> bool:
@@ -317,7 +344,8 @@ class Columns:
         """cache.compact for a windowed model's layers: each group by what it has dropped, its region counted over the
         columns it holds; then the columns kept and rolled."""
         for dropped in set(self.dropped.values()) | {0}:
-            group = [layer for layer, kind in zip(layers, plan.kinds) if self.dropped.get(kind.name, 0) == dropped]
+            group = [layer for i, (layer, kind) in enumerate(zip(layers, plan.kinds))
+                     if self.dropped.get(kind.name, 0) == dropped and i not in plan.whole_layers]
             compact_layers(group, start - dropped, cols)
         self.keep(start, cols)
         self.roll(plan, layers)

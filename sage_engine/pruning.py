@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from .config import VisualPruning  # defined with the other settings, where no torch is imported
+from .errors import ModelError
 from .families import Family, adapter_for
 
 
@@ -48,7 +49,8 @@ def capture_lm_inputs(model: torch.nn.Module, inputs: dict,
     finally:
         handle.remove()
     if seen.get("embeds") is None:
-        raise NotImplementedError(f"{type(model).__name__}: could not capture the language model's inputs")
+        raise ModelError(f"draft pruning cannot run on {type(model).__name__}: its language model is not given the "
+                         "picture as token embeddings (it reads images another way, e.g. by cross-attention)")
     return seen["embeds"], seen["positions"]
 
 

@@ -62,7 +62,8 @@ class ModelRunner:
         self.columns: Columns | None = None
         # a model with recurrent layers: its uncommitted columns, each read along its own path (paths.py)
         self.paths = PathRegion() if self.plan.recurrent else None
-        self.reference = ModelForward(model)  # forward(): what every other backend is checked against
+        # forward(): what every other backend is checked against
+        self.reference = ModelForward(model, None if self.family.masks_by_type else self.family.language_model(model))
         self.offered = choose.offer(model, self.family, backend, row_invariant)
         self.stack = self.offered.stack
         # the fused backend kept by the check (until checked: the first offered), None: none
@@ -123,6 +124,8 @@ class ModelRunner:
                 own: bool = False) -> Pass:
         """Run the whole prompt (with `pruning`, only part of its visual tokens; `own`: through forward(), never the
         fused prompt path, whose check is left to a real prompt): the logits after its last token.  # [V]"""
+        # what every later pass carries of the prompt (Mllama: the cross-attention mask's last row)
+        self.reference.carry = {k: v.to(self.device) for k, v in self.family.carry(inputs).items()}
         kept = self._kept
         if self.keep_prompt and kept is not None and kept.inputs is inputs and kept.pruning == pruning:
             t0 = time.perf_counter()
@@ -383,7 +386,7 @@ class ModelRunner:
         if self.columns is not None:  # windowed layers: each group compacted over the columns it holds, then rolled
             self.columns.compact(self.plan, self.cache.layers, start, cols)
         else:
-            compact(self.cache, start, cols, self.backend.buffers)
+            compact(self.cache, start, cols, self.backend.buffers, self.plan.whole_layers)
 
     @inference
     def sync_cache(self) -> None:

@@ -15,8 +15,14 @@ of today on, and what they check the engine refuses.
   qwen3.5-moe      Qwen3_5MoeForConditionalGeneration       the same, MoE
   qwen3-next       Qwen3NextForCausalLM (MoE)               gated delta rule, full
   falcon-h1        FalconH1ForCausalLM                      Mamba-2 beside attention
-  mamba            MambaForCausalLM                         Mamba-1 (refused: the engine's check fails it)
+  paligemma        PaliGemmaForConditionalGeneration        full, full (Gemma); SigLIP, 16 tokens an image, a prefix
+                                                            that attends both ways, positions from 1
+  paligemma2       the same over Gemma 2                    sliding, full
+  mamba            MambaForCausalLM                         Mamba-1 (refused whole: its own cache_params)
+  mamba2           Mamba2ForCausalLM                        Mamba-2 (refused whole: its own cache_params)
   nemotron-h       NemotronHForCausalLM                     Mamba-2, full, MLP-only (refused: a "dummy" layer type)
+  mllama           MllamaForConditionalGeneration           full, cross-attention to the image, full; up to two 28 px
+                                                            tiles an image (a square one: one, and padding)
 
 Text models take their tokenizer as the processor. Windows and chunks are 8 wide so that a test's prompt plus answer
 (about 60 tokens) runs well past them. Heads are sharpened (tiny_pairs.sharpen) where the pair is to draft deep trees.
@@ -32,12 +38,17 @@ from .tiny_pairs import QWEN_SPECIALS, QWEN_TEMPLATE, _draft, sharpen, train_tok
 WINDOW = 8
 # Gemma 3 scales its embeddings by sqrt(hidden): at the others' 0.2 a random one repeats one token forever
 GEMMA_INIT = 0.02
+# PaliGemma 2 (Gemma 2 text): at 0.02 its attention is so flat that positions off by one barely move its logits; from
+# 0.07 up it repeats one token. (PaliGemma over Gemma 1 takes the others' 0.2: below it, it repeats one token.)
+PALIGEMMA2_INIT = 0.04
 TEXT_TEMPLATE = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
                  "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-TEXT_KINDS = ("mistral", "gemma3-text", "gpt-oss", "llama4-text", "qwen3-next", "falcon-h1", "mamba", "nemotron-h")
-VLM_KINDS = ("gemma3", "qwen3-vl", "qwen3-vl-moe", "qwen3.5", "qwen3.5-moe")
+TEXT_KINDS = ("mistral", "gemma3-text", "gpt-oss", "llama4-text", "qwen3-next", "falcon-h1", "mamba", "mamba2",
+              "nemotron-h")
+VLM_KINDS = ("gemma3", "qwen3-vl", "qwen3-vl-moe", "qwen3.5", "qwen3.5-moe", "paligemma", "paligemma2", "mllama")
 RECURRENT = ("qwen3.5", "qwen3.5-moe", "qwen3-next", "falcon-h1")  # trees read path by path (paths.py)
-REFUSED = ("mamba", "nemotron-h")  # trees refused in one line
+REFUSED = ("nemotron-h",)  # trees refused in one line; `ar` runs
+REFUSED_WHOLE = ("mamba", "mamba2")  # every policy refused in one line, `ar` included (ar_check.py)
 QWEN_EXTRA = {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>",
               "vision_start_token": "<|vision_start|>", "vision_end_token": "<|vision_end|>"}
 
@@ -88,6 +99,11 @@ def text_model(arch: str, tok, layers: int = 2, seed: int = 0):
         model = T.MambaForCausalLM(T.MambaConfig(vocab_size=len(tok), hidden_size=64, state_size=8,
                                                  num_hidden_layers=layers, eos_token_id=tok.eos_token_id,
                                                  pad_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id))
+    elif arch == "mamba2":  # keeps its own cache (cache_params): refused whole
+        model = T.Mamba2ForCausalLM(T.Mamba2Config(vocab_size=len(tok), hidden_size=64, num_heads=4, head_dim=32,
+                                                   state_size=16, n_groups=1, expand=2, chunk_size=16,
+                                                   num_hidden_layers=layers, eos_token_id=tok.eos_token_id,
+                                                   pad_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id))
     elif arch == "nemotron-h":  # Mamba-2, attention and an MLP-only layer ("dummy" in transformers: refused)
         model = T.NemotronHForCausalLM(T.NemotronHConfig(
             **dict(c, num_hidden_layers=3), head_dim=16, mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=16,
@@ -134,7 +150,7 @@ def vlm_model(arch: str, tok, layers: int = 2, seed: int = 0):
     import transformers as T
 
     torch.manual_seed(seed)
-    c = _text_common(tok, layers, GEMMA_INIT if arch == "gemma3" else 0.2)
+    c = _text_common(tok, layers, {"gemma3": GEMMA_INIT, "paligemma2": PALIGEMMA2_INIT}.get(arch, 0.2))
     vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=16,
                   spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=64,
                   deepstack_visual_indexes=[0], initializer_range=0.2)
@@ -173,9 +189,74 @@ def vlm_model(arch: str, tok, layers: int = 2, seed: int = 0):
             eoi_token_index=tok.convert_tokens_to_ids("<end_of_image>"),
             image_token_index=tok.convert_tokens_to_ids("<image_soft_token>"))
         model = T.Gemma3ForConditionalGeneration(cfg)
+    elif arch in ("paligemma", "paligemma2"):
+        text = dict(**c, model_type="gemma" if arch == "paligemma" else "gemma2", head_dim=16)
+        if arch == "paligemma2":
+            text.update(sliding_window=WINDOW, query_pre_attn_scalar=16)
+        cfg = T.PaliGemmaConfig(
+            text_config=text, vision_config=dict(model_type="siglip_vision_model", hidden_size=32,
+                                                 intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                                 image_size=28, patch_size=7, projection_dim=64),
+            image_token_index=tok.convert_tokens_to_ids("<image>"), projection_dim=64, hidden_size=64,
+            vocab_size=len(tok))
+        model = T.PaliGemmaForConditionalGeneration(cfg)
+    elif arch == "mllama":  # layer 1 of 3 attends to the image's keys and values (cross_attention_layers)
+        cfg = T.MllamaConfig(
+            text_config=dict(**dict(c, num_hidden_layers=layers + 1), cross_attention_layers=[1],
+                             rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
+            vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_global_layers=1,
+                               attention_heads=2, image_size=28, patch_size=14, max_num_tiles=2,
+                               intermediate_layers_indices=[0], vision_output_dim=64,
+                               supported_aspect_ratios=[[1, 1], [1, 2], [2, 1]]),
+            image_token_index=tok.convert_tokens_to_ids("<|image|>"))
+        model = T.MllamaForConditionalGeneration(cfg)
+        with torch.no_grad():  # random init leaves the cross-attention's gates at zero: the image would not count
+            for layer in model.model.language_model.layers:
+                for gate in ("cross_attn_attn_gate", "cross_attn_mlp_gate"):
+                    if hasattr(layer, gate):
+                        getattr(layer, gate).fill_(1.0)
     else:
         raise ValueError(f"unknown VLM architecture {arch!r}; choose one of {', '.join(VLM_KINDS)}")
     return model.eval()
+
+
+PALIGEMMA_TEMPLATE = (  # the picture first, then the prompt: PaliGemma's processor adds BOS and the closing newline
+    "{% for message in messages %}{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for item in message['content'] %}{% if item['type'] == 'image' %}<image>"
+    "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}{% endfor %}{% endif %}{% endfor %}"
+)
+
+
+def paligemma_processor():
+    """The official PaliGemmaProcessor over a tokenizer trained here: 28 px images, 16 tokens each."""
+    from transformers import PaliGemmaProcessor, SiglipImageProcessor
+
+    tok = train_tokenizer(["<eos>", "<bos>", "<pad>", "<image>"], {"image_token": "<image>"}, PALIGEMMA_TEMPLATE)
+    tok.bos_token = "<bos>"
+    img = SiglipImageProcessor(size={"height": 28, "width": 28})
+    img.image_seq_length = 16  # (28 / 7) ** 2 patches, each one token
+    return PaliGemmaProcessor(image_processor=img, tokenizer=tok, chat_template=PALIGEMMA_TEMPLATE)
+
+
+MLLAMA_TEMPLATE = (
+    "{% for message in messages %}<|start_header_id|>{{ message['role'] }}<|end_header_id|>\n\n"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for item in message['content'] %}{% if item['type'] == 'image' %}<|image|>"
+    "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}{% endfor %}{% endif %}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+
+
+def mllama_processor():
+    """The official MllamaProcessor over a tokenizer trained here: up to two 28 px tiles an image (a square picture
+    takes one, and the other is padding its text must not see: the cross-attention mask says so)."""
+    from transformers import MllamaImageProcessor, MllamaProcessor
+
+    tok = train_tokenizer(["<|eot_id|>", "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+                           "<|image|>", "<|python_tag|>"], {"image_token": "<|image|>"}, MLLAMA_TEMPLATE)
+    tok.bos_token = "<|begin_of_text|>"
+    img = MllamaImageProcessor(size={"height": 28, "width": 28}, max_image_tiles=2)
+    return MllamaProcessor(image_processor=img, tokenizer=tok, chat_template=MLLAMA_TEMPLATE)
 
 
 GEMMA_TEMPLATE = (
@@ -202,7 +283,8 @@ def gemma3_processor():
 def vlm_pair(arch: str, draft_kind: str = "noisy", seed: int = 0, sigma: float = 0.05,
              sharpness: float = 8.0) -> ModelPair:
     """A tiny VLM pair of `arch` with its official processor; drafts as in `text_pair`."""
-    proc = gemma3_processor() if arch == "gemma3" else qwen3_processor()
+    proc = {"gemma3": gemma3_processor, "paligemma": paligemma_processor, "paligemma2": paligemma_processor,
+            "mllama": mllama_processor}.get(arch, qwen3_processor)()
     tok = proc.tokenizer
     target = sharpen(vlm_model(arch, tok, 2, seed), sharpness)
     draft = _draft(target, draft_kind, seed, sigma, lambda: sharpen(vlm_model(arch, tok, 2, seed + 1000), sharpness))

@@ -135,10 +135,11 @@ def test_the_runners_one_off_check_is_not_metered_as_a_step_cost(monkeypatch, wh
     if when == "first step":  # a model that takes no text-only prompt: neither check runs on one
         monkeypatch.setattr(ModelRunner, "check_layers", lambda self, ids: None)
 
-        def needs_images(runner, words):
+        def needs_images(runner, *args):
             raise ValueError("this model needs its images")
 
         monkeypatch.setattr(engine_mod, "tree_refusal", needs_images)
+        monkeypatch.setattr(engine_mod, "decode_refusal", lambda runner, media: None)  # it reads an image prompt
     pair = qwen25_pair("noisy", seed=2)
     engine = SpecEngine(pair)
     assert (engine.target.stack_checked and engine.draft.stack_checked) == (when == "built")

@@ -165,7 +165,7 @@ def _caught_twice(monkeypatch, pair, prep, policy, reference):
     bypassed, gives other tokens than `ar`: the equivalence tests would catch it too."""
     with pytest.raises(ModelError, match="differ from the same tokens read alone"):
         _run(pair, prep, policy)
-    monkeypatch.setattr(engine_mod, "tree_refusal", lambda runner, words: None)
+    monkeypatch.setattr(engine_mod, "tree_refusal", lambda runner, words, media=None: None)
     assert _run(pair, prep, policy) != reference
 
 

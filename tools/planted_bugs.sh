@@ -38,3 +38,15 @@ plant "a rejection that redraws from p, not from the residual max(0, p - q)" sag
 plant "a price model that forgets what a verified node costs" sage_engine/experiments/prices.py \
   "return self.base + self.node * nodes" "return self.base" \
   "tests/test_experiments.py::test_the_cost_model_reproduces_this_machine_and_labels_what_it_models"
+plant "PaliGemma's positions counted from 0" sage_engine/families.py \
+  "Positions1D(start=1)" "Positions1D(start=0)" \
+  "tests/test_decode_check.py::test_paligemma_reads_its_prompt_as_the_model_does"
+plant "Llama 3.2 Vision's cross-attention mask left off the decode passes" sage_engine/families.py \
+  'carried=("cross_attention_mask",))' "carried=())" \
+  "tests/test_layer_kinds.py::test_every_policy_equals_ar_past_the_window[mllama-image]"
+plant "a cross-attention cache (the image's keys) compacted like text columns" sage_engine/cache.py \
+  "layers = cache.layers if not whole else" "layers = cache.layers if True else" \
+  "tests/test_layer_kinds.py::test_every_policy_equals_ar_past_the_window[mllama-image]"
+plant "a model with its own cache_params let through (its ar ignores the state)" sage_engine/ar_check.py \
+  'if "past_key_values" in params:' "if True:" \
+  "tests/test_decode_check.py::test_a_model_with_its_own_cache_is_refused_whole"

@@ -1,6 +1,7 @@
 """The pairs the doctor checks, each built from what the repository holds (the shipped pair in assets/) or from
 configs on the spot (tiny random Qwen2.5-VL and LLaVA, their heads sharpened so that SAGE drafts deep trees, as the
-equivalence tests build them; tiny Gemma 3 with its sliding windows and Qwen3-VL, tiny_kinds.py), and where each goes:
+equivalence tests build them; tiny Gemma 3 with its sliding windows, Qwen3-VL, Qwen3.5 and Llama 3.2 Vision,
+tiny_kinds.py), and where each goes:
 one device, or the target spread over several with an accelerate device map and the draft on the last.
 """
 
@@ -66,8 +67,9 @@ def _kind(name: str, media: str) -> Callable:
 def checked_cases(quick: bool) -> list[Case]:
     """The shipped pair on an example scene (where assets/ has it), tiny Qwen2.5-VL on an image (a noisy draft) and a
     video (an exact copy), tiny LLaVA on an image (an exact copy); and in both modes, tiny Gemma 3 on text (sliding
-    windows of 8 beside full layers, decoded well past the window), tiny Qwen3-VL on an image and tiny Qwen3.5 (its
-    gated-delta-rule layers read path by path) on an image."""
+    windows of 8 beside full layers, decoded well past the window), tiny Qwen3-VL on an image, tiny Qwen3.5 (its
+    gated-delta-rule layers read path by path) on an image and tiny Llama 3.2 Vision (cross-attention layers that read
+    the image's tiles) on an image."""
     budget = 24 if quick else 40
     out = []
     if (ASSETS / "models").is_dir():
@@ -81,7 +83,9 @@ def checked_cases(quick: bool) -> list[Case]:
                   budget, "Gemma 3 window"),
              Case("tiny Qwen3-VL (image, noisy draft)", _kind("qwen3-vl", "image"), budget, "Qwen3-VL"),
              Case("tiny Qwen3.5 (image, gated delta rule beside full attention, noisy draft)",
-                  _kind("qwen3.5", "image"), budget, "Qwen3.5")]
+                  _kind("qwen3.5", "image"), budget, "Qwen3.5"),
+             Case("tiny Llama 3.2 Vision (image, cross-attention to it beside full attention, noisy draft)",
+                  _kind("mllama", "image"), budget, "Llama 3.2 Vision")]
     return (out[:2] if quick else out) + kinds
 
 
