@@ -8,7 +8,7 @@ import json
 import pytest
 from test_cli import media, run_main  # noqa: F401 - the CLI tests' media fixture
 
-from sage_engine import SagePolicy, SageConfig, SpecEngine, make_policy, prepare_input, register_policy
+from sage_engine import SageConfig, SagePolicy, SpecEngine, make_policy, prepare_input, register_policy
 from sage_engine.costs import StepTiming
 from sage_engine.policies import PricedPolicy, replay_of
 from sage_engine.sampling import Sampling
