@@ -135,7 +135,8 @@ class SageConfig:
     history_cooldown: int = 0  # open: steps to wait after an adjustment before the next one (0 = every step)
     # "paper" (the default): the paper's theta_l and N_max, every step drafted; the same input and settings give the
     # same trees in every run. "cost" asks for this machine's prices (ours, not in the paper): `make_policy` then
-    # wraps the policy in policies/priced.py's PricedPolicy, as `priced:sage` does (PricedConfig's knobs).
+    # wraps the policy in policies/priced.py's PricedPolicy, as `priced:sage` does (PricedConfig's knobs); a
+    # SagePolicy made directly is unpriced whatever this says.
     threshold: Threshold = "paper"
     # Under sampling (greedy ignores it), not in the paper: "top" builds the tree from the draft's top candidates
     # and the target draws at each node (the tree rule: the target-only sample of the same seed); "sample" gives

@@ -34,9 +34,8 @@ class SagePolicy(Policy):
     name = "sage"
 
     def __init__(self, cfg: SageConfig = SageConfig()):
-        if cfg.threshold == "cost":
-            raise ValueError("SagePolicy is unpriced; for this machine's prices take PricedPolicy(SagePolicy(...)) "
-                             "or make_policy('priced:sage')")
+        """A SagePolicy is unpriced whatever `cfg.threshold` says: that knob is read by make_policy, which wraps the
+        policy in PricedPolicy for "cost" (as `priced:sage`)."""
         self.cfg = cfg
         self.samples_draft = cfg.draw == "sample"
         self.top_k = cfg.w_max  # candidates per node: at most W_max children
