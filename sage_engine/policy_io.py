@@ -113,7 +113,7 @@ class StepRule(NamedTuple):
     w_min: int
     w_max: int
     max_nodes: int  # N_max
-    price: BreakEven | None = None  # this step's node and level prices (SAGE's cost rule), None: none
+    price: BreakEven | None = None  # a priced policy's node and level prices this step (policies/priced.py), None: none
 
 
 COMPILED_STEP, COMPILED_LEVELS, PYTHON = "compiled step", "compiled levels", "python"
