@@ -48,6 +48,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="lazy: an example's first click races it and stores the result, later clicks show it "
                         "(labelled as cached); off: a click only fills the inputs (env SAGE_CACHE_EXAMPLES; "
                         "default %(default)s)")
+    p.add_argument("--policy-module", action="append", default=[], metavar="FILE",
+                   help="a Python file that registers policies with sage_engine.register_policy (repeatable), loaded "
+                        "before the app is built")
     return p.parse_args(argv)
 
 
@@ -85,6 +88,11 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     t0 = time.perf_counter()
     try:
+        if args.policy_module:
+            from sage_engine.policies import load_policy_module
+
+            for path in args.policy_module:
+                load_policy_module(path)
         presets = served(args.presets.split(","))
         # ZeroGPU: the pair must be on cuda before launch (a lazy load would happen in the GPU worker); elsewhere the
         # page is served at once and the pair loads behind it

@@ -244,7 +244,9 @@ def _compare() -> CompareUi:
     return CompareUi(run, status, bars, nodes, tokens, point, trees, verdict, export, gr.State(None), summary)
 
 
-def build_layout(presets: Mapping[str, Preset], default_preset: str, cfg: SageConfig = SageConfig()) -> Ui:
+# the knobs panel's settings: `sage` priced by this machine (threshold "cost", i.e. `priced:sage`), what pays here
+def build_layout(presets: Mapping[str, Preset], default_preset: str,
+                 cfg: SageConfig = SageConfig(threshold="cost")) -> Ui:
     """Create every component inside the current gr.Blocks; returns their handles."""
     gr.Markdown(f"# {text.TITLE}\n{text.INTRO}")
     with gr.Accordion("What am I looking at? (explanation and legend)", open=False):

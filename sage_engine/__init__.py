@@ -6,6 +6,12 @@ Public entry points:
     SpecEngine(pair).stream(prepared, policy)    -> iterator of StepEvent
     SpecEngine(pair).generate(prepared, policy)  -> GenerationResult
     make_policy("sage:d_max=8") or a policy object: SagePolicy(SageConfig(...)), or a subclass of your own
+    register_policy(name, factory, config)       -> the policy runs by name everywhere (CLI: --policy-module FILE)
+    make_policy("priced:sage") / PricedPolicy(p) -> a policy priced by this machine's measured costs
+
+What a policy author reads and writes (policy_io.py, tree.py): TreeShape (the answer to shape()), Frontier (what
+expand() reads), DraftTree (what expand() adds to), StepOutcome (what observe() learns from), Probe.
+reference.py is the whole loop in one file, for reading.
 
 `from sage_engine import SpecEngine` imports the submodule that defines the name when it is first asked for (PEP 562
 `__getattr__`), not with the package: importing a light module such as `sage_engine.config` or `sage_engine.errors`
@@ -18,14 +24,18 @@ import importlib
 
 # submodule -> the public names it defines
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "config": ("ChainConfig", "Eagle2Config", "SageConfig", "SpecVLMConfig", "StaticConfig"),
+    "config": ("ChainConfig", "Eagle2Config", "PricedConfig", "SageConfig", "SpecVLMConfig", "StaticConfig"),
     "engine": ("SpecEngine",),
     "errors": ("InputError", "ModelError", "SageError"),
     "events": ("GenerationResult", "RunStats", "StepEvent"),
     "inputs": ("PreparedInput", "prepare_input"),
     "models": ("DEFAULT_DRAFT", "DEFAULT_TARGET", "ModelPair", "load_pair"),
-    "policies": ("POLICY_NAMES", "AutoregressivePolicy", "ChainPolicy", "Eagle2Policy", "Policy", "SagePolicy",
-                 "SpecVLMPolicy", "StaticTreePolicy", "make_policy"),
+    "policies": ("POLICY_NAMES", "AutoregressivePolicy", "ChainPolicy", "DddPolicy", "Eagle2Policy", "Policy",
+                 "PricedPolicy", "SagePolicy", "SpecVLMPolicy", "StaticTreePolicy", "SvipPolicy", "make_policy",
+                 "policy_names", "register_policy"),
+    "policy_io": ("Frontier", "Probe", "StepOutcome", "TreeShape"),
+    "sampling": ("Sampling",),
+    "tree": ("DraftTree",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 

@@ -21,14 +21,13 @@ from pathlib import Path
 
 import torch
 
-from .config import parse_spec
 from .engine import SpecEngine
 from .errors import InputError, SageError
 from .events import GenerationResult
 from .hf_reference import HF_POLICIES, hf_notes, is_hf_spec, parse_hf_spec, run_hf
 from .inputs import PreparedInput, prepare_input
 from .models import ModelPair
-from .policies import POLICY_NAMES, make_policy
+from .policies import make_policy, policy_names
 from .premise import premise
 from .pruning import VisualPruning
 from .sampling import Sampling
@@ -39,18 +38,16 @@ DEFAULT_PROMPT = "Describe the image in detail."
 DEFAULT_VIDEO_PROMPT = "Describe what happens in the video in detail."
 
 
-BENCH_POLICIES: tuple[str, ...] = (*POLICY_NAMES, *HF_POLICIES)
-
-
 def check_spec(spec: str) -> None:
     """ValueError (one line) unless `spec` is a bench policy: an engine policy with knobs, or an HF reference."""
     name = spec.split(":")[0]
     if name in HF_POLICIES:
         parse_hf_spec(spec)
-    elif name in POLICY_NAMES:
-        parse_spec(spec)
+    elif name == "priced" or name in policy_names():
+        make_policy(spec)  # its knobs checked (priced:SPEC: SPEC's)
     else:
-        raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(BENCH_POLICIES)}")
+        raise ValueError(f"unknown policy {name!r}; choose one of {', '.join((*policy_names(), *HF_POLICIES))} "
+                         "(or priced:NAME)")
 
 
 def needs_draft(spec: str) -> bool:

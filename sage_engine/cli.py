@@ -15,7 +15,7 @@ import warnings
 from .errors import SageError, first_line
 from .events import summarize
 from .policies import POLICY_NAMES
-from .run_flags import load_from_flags, model_args, pair_names
+from .run_flags import load_from_flags, load_policy_modules, model_args, pair_names, policy_module_arg
 
 
 class _Parser(argparse.ArgumentParser):
@@ -60,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--video", default=None, help="video file (frames sampled uniformly)")
     gen.add_argument("--frames", type=int, default=None, help="video frames to sample (default: the model's)")
     gen.add_argument("--policy", default="sage",
-                     help=f"one of {', '.join(POLICY_NAMES)}; a policy may change knobs, e.g. sage:threshold=paper")
+                     help=f"one of {', '.join(POLICY_NAMES)} or a registered one (--policy-module); a policy may "
+                          "change knobs, e.g. sage:d_max=8; priced:NAME prices it by this machine")
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--json", action="store_true", help="print one JSON object with text, ids, stats, steps")
     gen.add_argument("--num-samples", type=int, default=1,
@@ -70,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "run is slower (~5-10%% on the embedded pair), and the engine's cost meter starts empty")
     model_args(gen)
     _sampling_args(gen)
+    policy_module_arg(gen)
 
     bench = sub.add_parser("bench", help="every policy on every image/video of a folder")
     bench.add_argument("--inputs", required=True, help="folder of images/videos (prompts.jsonl optional)")
@@ -84,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", required=True, help="report JSON file")
     model_args(bench)
     _sampling_args(bench)
+    policy_module_arg(bench)
 
     check = sub.add_parser("check-sampling", help="is a policy's sampling lossless? the first two tokens' "
                                                   "distribution against the target's exact one (chi-square)")
@@ -95,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="print one JSON object")
     model_args(check)
     _sampling_args(check)
+    policy_module_arg(check)
     check.set_defaults(temperature=1.0)
 
     doctor = sub.add_parser("doctor", help="prove the engine on this machine's device: exactness in fp32 and bf16, "
@@ -105,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     doctor.add_argument("--readme", default=None, help="also write the summary's first table into this README's "
                                                        "doctor block (the project's README shows a CPU run)")
+    policy_module_arg(doctor)
     from .experiments.cli import add_parser as add_experiment
 
     add_experiment(sub)
@@ -230,6 +235,10 @@ def cmd_doctor(args) -> int:
     hf_logging.disable_progress_bar()
     if args.threads:
         torch.set_num_threads(args.threads)
+    from .doctor import exactness
+    from .policies import MODULE_POLICIES
+
+    exactness.add_policies(MODULE_POLICIES)  # a --policy-module's policies are checked against `ar` too
     report = run(args.device, args.quick, log=lambda line: print(line, file=sys.stderr, flush=True))
     report["command"] = "python -m sage_engine " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["doctor"] else None
     path, md = write(report, args.out)
@@ -254,6 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     python_format, warnings.formatwarning = warnings.formatwarning, _one_line_warning  # for this command only
     try:
+        try:
+            load_policy_modules(args)
+        except ValueError as e:
+            raise SageError(str(e)) from None
         from .experiments.cli import cmd_experiment
 
         commands = {"generate": cmd_generate, "bench": cmd_bench, "check-sampling": cmd_check_sampling,

@@ -108,8 +108,8 @@ class SageConfig:
     # the one the controller cannot have shaped yet, and an answer's opening is the draft's surest stretch: on fresh
     # tinyworld scenes a first tree cut at depth 8 accepted 8.4 of the 9 tokens it could give. With the two-layer
     # draft, right 9 times in 10 on fresh scenes, 16 made `sage` 2-5% faster than 12 there (2-3% slower on real
-    # photos). Under the "cost" threshold every level beyond the first pays its own measured cost, so an unsure
-    # draft stops sooner.
+    # photos). Priced (`priced:sage`), every level beyond the first pays its own measured cost, so an unsure draft
+    # stops sooner.
     d_max: int = 16
     w_min: int = 2  # W_min: root width at alpha = 1
     w_max: int = 10  # W_max: root width at alpha = 0
@@ -133,20 +133,11 @@ class SageConfig:
     history_step: int = 1  # open in the paper: D_max change per adjustment
     d_max_bounds: tuple[int, int] = (4, 16)  # open in the paper: D_max stays within these
     history_cooldown: int = 0  # open: steps to wait after an adjustment before the next one (0 = every step)
-    # Not in the paper (ours), the default: "cost" also prices every node and draft level with this machine's
-    # measured costs (costs.py): a node needs trusted cumulative probability >= rate x ms per node (on top of
-    # theta_l), another draft level needs its frontier's to sum >= rate x ms per draft level, and while drafted
-    # steps decode slower than plain ones the policy takes plain steps (no draft), retrying the draft with
-    # a growing wait (a retry drafts only if the draft's guesses among the tokens it missed would pay).
-    # "paper": the paper's theta_l and N_max alone, every step drafted.
-    threshold: Threshold = "cost"
-    fallback_steps: int = 2  # threshold "cost": plain steps after drafted ones first lose to plain ones (0: never)
-    fallback_window: int = 4  # threshold "cost": this run's last drafted steps that judge the draft
-    # threshold "cost": drafted steps lose only where their rate plus this many of its standard errors is below the
-    # plain rate (0: their measured rate alone). Four drafted steps of a draft that often agrees with the target on
-    # an input it does not know make 1 to a dozen tokens each, and their rate alone falls below the plain one by
-    # chance; a plainly wrong draft makes one token every step, and its four steps are evidence at once
-    fallback_z: float = 1.0
+    # "paper" (the default): the paper's theta_l and N_max, every step drafted; the same input and settings give the
+    # same trees in every run. "cost" asks for this machine's prices (ours, not in the paper): `make_policy` then
+    # wraps the policy in policies/priced.py's PricedPolicy, as `priced:sage` does (PricedConfig's knobs); a
+    # SagePolicy made directly is unpriced whatever this says.
+    threshold: Threshold = "paper"
     # Under sampling (greedy ignores it), not in the paper: "top" builds the tree from the draft's top candidates
     # and the target draws at each node (the tree rule: the target-only sample of the same seed); "sample" gives
     # each node as many children as the top candidates earn, drawn from q without replacement, verified with the
@@ -164,8 +155,7 @@ class SageConfig:
 def sage_problem(cfg: SageConfig) -> str | None:
     """What is wrong with `cfg`'s knobs, or None."""
     numbers = {f: getattr(cfg, f) for f in ("k", "d_min", "d_max", "w_min", "w_max", "n_max", "theta_scale",
-                                            "width_parent_bias", "alpha0", "history_low", "history_high",
-                                            "fallback_z")}
+                                            "width_parent_bias", "alpha0", "history_low", "history_high")}
     for name, value in numbers.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             return f"{name} must be a finite number (got {value!r})"
@@ -183,9 +173,34 @@ def sage_problem(cfg: SageConfig) -> str | None:
         return f"unknown threshold {cfg.threshold!r}; choose one of {', '.join(THRESHOLDS)}"
     if cfg.draw not in DRAWS:
         return f"unknown draw {cfg.draw!r}; choose one of {', '.join(DRAWS)}"
-    if cfg.history_window < 1 or cfg.fallback_steps < 0 or cfg.fallback_window < 1 or cfg.fallback_z < 0:
-        return "need history_window >= 1, fallback_steps >= 0, fallback_window >= 1 and fallback_z >= 0"
+    if cfg.history_window < 1:
+        return "need history_window >= 1"
     return None
+
+
+@dataclass(frozen=True)
+class PricedConfig:
+    """A policy priced by this machine's measured costs (`priced:NAME`, policies/priced.py; not in the paper, ours).
+
+    A node needs trusted cumulative probability >= rate x ms per node (on top of the policy's own rule), another
+    draft level needs its frontier's to sum >= rate x ms per draft level (a policy that reads `TreeShape.price`:
+    SAGE), and while drafted steps decode slower than plain ones the policy takes plain steps (no draft), retrying
+    the draft with a growing wait (a retry drafts only if the draft's guesses among the tokens it missed would pay)."""
+
+    fallback_steps: int = 2  # plain steps after drafted ones first lose to plain ones (0: never fall back)
+    fallback_window: int = 4  # this run's last drafted steps that judge the draft
+    # drafted steps lose only where their rate plus this many of its standard errors is below the plain rate (0: their
+    # measured rate alone). Four drafted steps of a draft that often agrees with the target on an input it does not
+    # know make 1 to a dozen tokens each, and their rate alone falls below the plain one by chance; a plainly wrong
+    # draft makes one token every step, and its four steps are evidence at once
+    fallback_z: float = 1.0
+
+    def __post_init__(self):
+        z = self.fallback_z
+        if isinstance(z, bool) or not isinstance(z, (int, float)) or not math.isfinite(z):
+            raise ValueError(f"priced knobs: fallback_z must be a finite number (got {z!r})")
+        if self.fallback_steps < 0 or self.fallback_window < 1 or z < 0:
+            raise ValueError("priced knobs: need fallback_steps >= 0, fallback_window >= 1 and fallback_z >= 0")
 
 
 # Each policy's config dataclass (None: no knobs), by policy name; policies/ pairs them with the classes.
@@ -204,9 +219,13 @@ SPECULATIVE_POLICIES: tuple[str, ...] = tuple(name for name in POLICY_CONFIGS if
 PAPER_SAGE = "sage:threshold=paper:d_max=8"
 
 
+PRICED_PREFIX = "priced:"  # `priced:SPEC`: SPEC priced by this machine's measured costs (policies/priced.py)
+
+
 def parse_spec(spec: str):
     """'sage:n_max=32:theta_scale=0.2' -> ('sage', SageConfig(n_max=32, theta_scale=0.2)): a policy with some
-    scalar knobs of its config dataclass changed (for benchmarks that compare settings); ValueError if unknown."""
+    scalar knobs of its config dataclass changed (for benchmarks that compare settings); ValueError if unknown.
+    A priced spec (`priced:sage:d_max=8`) gives the wrapped policy's name and settings."""
     name, changes = spec_knobs(spec)
     cfg_cls = POLICY_CONFIGS[name]
     return name, None if cfg_cls is None else dataclasses.replace(cfg_cls(), **changes)
@@ -214,7 +233,9 @@ def parse_spec(spec: str):
 
 def spec_knobs(spec: str) -> tuple[str, dict]:
     """'chain:k=3' -> ('chain', {'k': 3}): the policy's name and the knobs the spec changes, typed like its
-    config's fields; ValueError (one line) for an unknown policy, knob or value."""
+    config's fields; ValueError (one line) for an unknown policy, knob or value. `priced:SPEC`: SPEC's."""
+    if spec.startswith(PRICED_PREFIX):
+        spec = spec[len(PRICED_PREFIX):]
     name, *pairs = spec.split(":")
     if name not in POLICY_CONFIGS:
         raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICY_CONFIGS)}")

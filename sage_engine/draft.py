@@ -28,7 +28,7 @@ from . import cache, draft_compiled, rules
 from .backends import numba_layers as compiled
 from .costs import Quote
 from .policies import Policy
-from .policy_io import COMPILED_LEVELS, COMPILED_STEP, PYTHON, DraftPath, Frontier, Probe, TreeShape
+from .policy_io import COMPILED_LEVELS, COMPILED_STEP, PYTHON, DraftPath, Frontier, Probe, TreeShape, check_tree
 from .pruning import VisualPruning
 from .runner import ModelRunner
 from .sampling import DraftSampler, Sampling
@@ -170,7 +170,9 @@ class Drafter:
             tree = draft_compiled.tree_of(nodes, tree.root_alpha)
         else:
             forwards, ms = self._levels(policy, shape, tree, frontier, qs, p, root_pos)
-        return Draft(shape, policy.finalize(tree), len(tree), 1 + forwards, read.ms + ms, prefill_ms, path)
+        final = policy.finalize(tree)
+        check_tree(shape, final)  # a policy's own expand() may break its shape; the compiled levels cannot
+        return Draft(shape, final, len(tree), 1 + forwards, read.ms + ms, prefill_ms, path)
 
     def _levels(self, policy: Policy, shape: TreeShape, tree: DraftTree, frontier: Frontier,
                 qs: dict[int, torch.Tensor], p: int, root_pos: int) -> tuple[int, float]:

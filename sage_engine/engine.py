@@ -10,6 +10,9 @@ Contract: `stream()` is the one generator every consumer reads (CLI, benchmark, 
   4. compact   both KV caches keep only the accepted path               (cache.py via runner.py)
   5. observe   the policy learns from the outcome (alpha, D_max), the
                engine's cost meter from the step's timings             (policies/, costs.py)
+reference.py is the same loop in one file, on transformers' forward() alone, for reading; tests/test_reference.py
+checks that both draw the same trees and tokens.
+Only a priced policy (policies/priced.py) reads the meter's quote: every other one draws the same trees in every run.
 The output equals the target's own decoding: greedy, every emitted token is a target argmax; sampling
 (sampling.py), the output has the target's sampling distribution (under the tree rule, the very draws the
 target alone makes with the same seed).
@@ -200,6 +203,7 @@ class SpecEngine:
         sampling: temperature, top-p and seed (sampling.py); None or temperature 0: greedy.
         """
         policy = make_policy(policy) if isinstance(policy, str) else policy
+        policy.reset()  # a policy object used again starts as a fresh one: nothing carries over from its last run
         drafting = policy.uses_draft
         if drafting and self.draft is None:
             raise InputError(f"policy {policy.name!r} needs a draft model")

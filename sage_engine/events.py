@@ -77,8 +77,8 @@ class StepEvent:
     alpha: float | None  # confidence the tree was planned from (SAGE), else the root's confidence
     entropy: float | None  # normalised top-k entropy H / log k behind `alpha` (= 1 - alpha)
     root_alpha: float | None  # confidence of this step's root distribution (all policies with a draft)
-    depth: int  # chosen depth D (0 for ar / prefill)
-    width: int  # chosen root width W
+    depth: int  # planned depth D (the policy's TreeShape; 0 for ar / prefill)
+    width: int  # planned root width W
     d_max: int | None  # SAGE history controller state
     # a TreeView, or a Deferred one (made when first read); keyword-only (it has a default, the fields after it none)
     tree: TreeView | None = field(default=_DeferredField(), kw_only=True)
@@ -95,8 +95,9 @@ class StepEvent:
     total_tokens: int  # output tokens so far
     finished: bool = False
     finish_reason: str | None = None  # "eos" | "length" | "stop_string"
-    # SAGE with threshold "cost" (costs.py), once measured: the least cumulative draft probability a node needed
-    # this step, and the least expected tokens (sum of cumulative probabilities) a further draft level needed
+    # a priced policy (policies/priced.py), once measured: the least cumulative draft probability a node needed this
+    # step, and the least expected tokens (sum of cumulative probabilities) a further draft level needed; with
+    # draft_path and depth, what policies.priced.replay_of replays a run from
     node_price: float | None = None
     level_price: float | None = None
     # the draft's prefill when this step is the run's first to draft (the draft reads the prompt only then);
@@ -108,6 +109,10 @@ class StepEvent:
     # how the draft was drawn (policy_io.DraftPath): "compiled step", "compiled levels" or "python"; None: no draft
     draft_path: str | None = None
     draft_path_why: str = ""  # what kept it off a faster path ("" on the fastest)
+    # what was drafted, beside what was planned: the verified tree's depth, its root's children and its nodes
+    drafted_depth: int = 0
+    drafted_width: int = 0
+    nodes: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -33,7 +33,6 @@ import numpy as np
 from transformers.cache_utils import DynamicLayer, get_layer_types_and_kwargs
 
 from .cache import compact_layers
-from .errors import ModelError
 
 
 @dataclass(frozen=True)
@@ -377,8 +376,3 @@ class Columns:
 def plan_for(model_or_config) -> LayerPlan:
     return LayerPlan(tuple(kinds_of(model_or_config)))
 
-
-def require_trees(plan: LayerPlan, role: str) -> None:
-    """Raise the one-line ModelError where `plan` refuses trees."""
-    if plan.refusal is not None:
-        raise ModelError(f"the {role} cannot verify a draft tree: {plan.refusal}; only the 'ar' policy runs on it")

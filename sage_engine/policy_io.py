@@ -17,20 +17,42 @@ from .tree import DraftTree
 
 
 class TreeShape(NamedTuple):
-    """What a policy decided for one step's tree."""
+    """What a policy decided for one step's tree (its answer to `shape()`).
+
+    Contract, checked on every step's verified tree (`check_tree`; the compiled paths draw within it by their
+    rules): the tree is at most `depth` deep, the root has at most `width` children and the tree (after `finalize`)
+    holds at most `max_nodes` nodes. The drafter also stops at `depth` and at the run's budget (the depth may be cut
+    to the tokens the run may still emit). A policy may draft more than `max_nodes` before `finalize` prunes
+    (EAGLE-2 reranks)."""
 
     depth: int  # maximum depth D drafted this step (0 = no draft)
-    width: int  # children of the root, W
-    max_nodes: int  # node budget N_max (root excluded)
+    width: int  # at most this many children of the root, W
+    max_nodes: int  # node budget N_max of the verified tree (root excluded)
     alpha: float | None = None  # confidence the shape was planned from
     d_max: int | None = None  # current D_max of the history controller (SAGE only)
-    price: BreakEven | None = None  # threshold "cost": this step's node and level prices (SAGE only)
+    # a priced policy (policies/priced.py): this step's node and level prices, which a policy that reads them applies
+    # (SAGE); None: unpriced
+    price: BreakEven | None = None
+
+
+def check_tree(shape: TreeShape, tree: DraftTree) -> None:
+    """ValueError where a policy's tree breaks its own shape (TreeShape's contract)."""
+    roots = tree.parents.count(-1)
+    if tree.depth > shape.depth or roots > shape.width or len(tree) > shape.max_nodes:
+        raise ValueError(f"the policy's tree (depth {tree.depth}, {roots} root children, {len(tree)} nodes) breaks its "
+                         f"shape (depth {shape.depth}, width {shape.width}, {shape.max_nodes} nodes)")
 
 
 @dataclass
 class Frontier:
-    """The draft's top-K next-token candidates for each node being expanded at one level, as plain lists: a policy
-    reads a few dozen numbers per level, for which Python lists are cheaper than arrays (see `confidence`)."""
+    """The draft's next-token candidates after each node being expanded at one level (`expand()` reads it), as
+    plain lists: a policy reads a few dozen numbers per level, for which Python lists are cheaper than arrays.
+
+    Contract: row r is after tree node `nodes[r]` (-1: the root); each row holds K = max(policy.top_k,
+    policy.entropy_k) candidates, best first (ties: the lower token first), with their draft probabilities over the
+    whole vocabulary the two models share (not renormalised over the K; under sampling the draft's warped q, i.e.
+    after temperature and top-p). `rules.confidence(top_probs[r][:entropy_k])` is that row's alpha. A child's
+    probability goes into `DraftTree.add` as given, so that cumulative probabilities stay the draft's."""
 
     nodes: list[int]  # tree node per row, -1 = the root
     top_tokens: list[list[int]]  # [F][K], best first
@@ -91,7 +113,7 @@ class StepRule(NamedTuple):
     w_min: int
     w_max: int
     max_nodes: int  # N_max
-    price: BreakEven | None = None  # this step's node and level prices (SAGE's cost rule), None: none
+    price: BreakEven | None = None  # a priced policy's node and level prices this step (policies/priced.py), None: none
 
 
 COMPILED_STEP, COMPILED_LEVELS, PYTHON = "compiled step", "compiled levels", "python"

@@ -33,13 +33,6 @@ class Premise:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    @property
-    def best_source(self) -> str | None:
-        """The alpha source that predicts the accepted length better: "current_root" or "prev_root"."""
-        if self.current_root is None or self.previous_root is None:
-            return None
-        return "current_root" if self.current_root >= self.previous_root else "prev_root"
-
 
 def pearson(x: Sequence[float], y: Sequence[float]) -> float | None:
     """Pearson correlation; None with fewer than 3 pairs or a constant side."""

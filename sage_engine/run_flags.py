@@ -34,6 +34,22 @@ def model_args(p: argparse.ArgumentParser) -> None:
                    help="draft-only visual-token pruning: off | paper (80%% image, 90%% video) | IMAGE,VIDEO ratios")
 
 
+def policy_module_arg(p: argparse.ArgumentParser) -> None:
+    """--policy-module FILE (repeatable): a Python file that registers policies (sage_engine.register_policy), run
+    before the command, so that its policies run by name as the built-in ones do (cli.main loads it)."""
+    p.add_argument("--policy-module", action="append", default=[], metavar="FILE",
+                   help="a Python file that registers policies with sage_engine.register_policy (repeatable); its "
+                        "policies then run by name like the built-in ones")
+
+
+def load_policy_modules(args: argparse.Namespace) -> None:
+    """Run each --policy-module file (ValueError, one line, where one cannot be loaded)."""
+    from .policies import load_policy_module
+
+    for path in getattr(args, "policy_module", None) or ():
+        load_policy_module(path)
+
+
 def pruning_flag(value: str):
     """--draft-prune: off (None), paper (80% image, 90% video) or two ratios."""
     from .pruning import VisualPruning

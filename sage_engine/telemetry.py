@@ -90,6 +90,9 @@ class Telemetry:
             draft_prefill_ms=d_prefill,
             draft_path=None if draft is None or draft.path is None else draft.path.name,
             draft_path_why="" if draft is None or draft.path is None else draft.path.why,
+            drafted_depth=0 if draft is None else draft.tree.depth,
+            drafted_width=0 if draft is None else draft.tree.parents.count(-1),
+            nodes=0 if draft is None else len(draft.tree),
         )
         event.other_ms = max(0.0, (time.perf_counter() - t0) * 1e3 - d_prefill - target_ms - d_ms)
         return event

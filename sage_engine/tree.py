@@ -101,10 +101,10 @@ class DraftTree:
 
     @classmethod
     def from_paths(cls, paths: list[tuple[int, ...]], tokens_of: dict[tuple[int, ...], int] | None = None):
-        """A tree whose nodes are the given paths (tuples of child ranks); tokens default to 0.
-
-        Used for static trees and for tests; every path's prefixes must be present.
-        """
+        """A tree whose nodes are the given paths (tuples of child ranks), in level order, each node's draft
+        probability 1; its token `tokens_of[path]`, else 0. Every path's prefixes must be among `paths` (else
+        KeyError). For tests: hand-built trees of a known shape (the static policy builds its trees from the draft's
+        ranks in `expand`, not here)."""
         tree = cls()
         index: dict[tuple[int, ...], int] = {}
         for path in sorted(set(paths), key=lambda p: (len(p), p)):

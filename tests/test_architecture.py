@@ -23,12 +23,14 @@ EXAMPLES = re.findall(r"```python\n(.*?)```", DOC, re.S)
 
 @pytest.mark.parametrize("code", EXAMPLES, ids=["policy", "family", "kind", "backend"][: len(EXAMPLES)])
 def test_the_extension_examples_run(code, monkeypatch):
-    from sage_engine import families
+    from sage_engine import config, families, policies
     from sage_engine.backends import choose
 
     monkeypatch.chdir(ROOT)
     monkeypatch.setattr(families, "FAMILIES", dict(families.FAMILIES))  # the examples register into copies
     monkeypatch.setattr(choose, "REGISTERED", dict(choose.REGISTERED))
+    monkeypatch.setattr(policies, "_POLICIES", dict(policies._POLICIES))
+    monkeypatch.setattr(config, "POLICY_CONFIGS", dict(config.POLICY_CONFIGS))
     exec(compile(code, "docs/ARCHITECTURE.md", "exec"), {"__name__": "example"})
 
 

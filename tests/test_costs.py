@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from test_policy import frontier
 
-from sage_engine.config import SageConfig
-from sage_engine.policies import SagePolicy
+from sage_engine.config import PricedConfig, SageConfig
+from sage_engine.policies import PricedPolicy, SagePolicy, make_policy
 from sage_engine.policies.fallback import PROBING
 from sage_engine.policy_io import StepOutcome
 from sage_engine.tree import DraftTree
@@ -112,7 +112,7 @@ def test_cost_threshold_prices_nodes_and_levels():
     shape = paper.shape(None, quote)
     assert len(paper.expand(shape, 1, tree, frontier([-1], probs))) == 6 and shape.price is None
 
-    cost = SagePolicy(SageConfig(threshold="cost"))
+    cost = priced()
     quote = primed_meter(key=cost.key).quote(cost.key)  # node price 0.25 tok/ms * 0.2 ms = 0.05, level 0.275
     shape = cost.shape(None, quote)
     assert shape.price is not None and shape.price.node == pytest.approx(0.05)
@@ -133,6 +133,33 @@ def test_cost_threshold_prices_nodes_and_levels():
         SagePolicy(SageConfig(threshold="fast"))
 
 
+def test_sage_is_unpriced_and_priced_sage_is_a_wrapper_asked_for_by_name():
+    """`sage` reads no quote (the same trees whatever the machine's load); `priced:sage`, and sage's knob
+    threshold=cost, wrap it; a SagePolicy cannot be made priced by its settings alone."""
+    probs = [[0.5, 0.2, 0.1, 0.04, 0.03, 0.02, 0.016, 0.01, 0.005, 0.004]]
+    sage = make_policy("sage")
+    quote = primed_meter(key=sage.key).quote(sage.key)
+    assert sage.shape(0.5, quote) == sage.shape(0.5, None) and sage.skip_draft(quote) is False
+    for spec in ("priced:sage", "sage:threshold=cost"):
+        pol = make_policy(spec)
+        assert isinstance(pol, PricedPolicy) and pol.name == "priced:sage" and pol.cfg.threshold == "paper"
+    pol = make_policy("priced:sage")
+    shape = pol.shape(None, primed_meter(key=pol.key).quote(pol.key))
+    assert shape.price is not None and len(pol.expand(shape, 1, DraftTree(), frontier([-1], probs))) == 3
+    assert isinstance(make_policy("priced:chain"), PricedPolicy) and make_policy("priced:chain").top_k == 1
+    alone = SagePolicy(SageConfig(threshold="cost"))  # the knob is make_policy's: the class itself is unpriced
+    assert alone.shape(None, primed_meter(key=alone.key).quote(alone.key)).price is None
+    with pytest.raises(ValueError, match="fallback_z"):
+        PricedConfig(fallback_z=float("nan"))
+    with pytest.raises(ValueError, match="fallback_window >= 1"):
+        PricedConfig(fallback_window=0)
+
+
+def priced(**knobs) -> PricedPolicy:
+    """`priced:sage` with these PricedConfig knobs."""
+    return PricedPolicy(SagePolicy(SageConfig()), PricedConfig(**knobs))
+
+
 def plain_meter(rate_tok_per_ms=1.0, n=5):
     """A meter that has seen `n` plain steps (one target forward, one token) at `rate_tok_per_ms`."""
     from sage_engine.costs import CostMeter, StepTiming
@@ -149,7 +176,7 @@ def drafted(policy, quote, tokens, wall_ms):
 
 
 def test_cost_threshold_falls_back_to_plain_steps_while_drafting_loses_and_retries():
-    pol = SagePolicy(SageConfig(threshold="cost", fallback_steps=2, fallback_window=4))
+    pol = priced(fallback_steps=2, fallback_window=4)
     q = plain_meter(1.0).quote(pol.key)  # plain steps make 1 token per ms
     drafted(pol, q, 2, 4.0)
     drafted(pol, q, 2, 4.0)  # two drafted steps at 0.5 tokens per ms: losing
@@ -165,9 +192,8 @@ def test_cost_threshold_falls_back_to_plain_steps_while_drafting_loses_and_retri
     drafted(pol, q, 5, 400.0)  # a step another process slowed 100x is left out of the judgement
     drafted(pol, q, 5, 4.0)
     assert pol.fallback.wait == 2
-    # the same history never falls back under the paper's threshold, nor without a quote
-    for cfg, meter in [(SageConfig(threshold="paper"), plain_meter(1.0)), (SageConfig(threshold="cost"), None)]:
-        other = SagePolicy(cfg)
+    # the same history never falls back unpriced, nor without a quote
+    for other, meter in [(SagePolicy(SageConfig()), plain_meter(1.0)), (priced(), None)]:
         quote = None if meter is None else meter.quote(other.key)
         for _ in range(4):
             drafted(other, quote, 1, 10.0)
@@ -189,7 +215,7 @@ def test_varied_drafted_steps_lose_only_on_evidence(z, falls_back):
     """Steps of 8, 1, 1 and 1 tokens at 3.5 ms measure 0.79 tokens per ms against plain steps' 1.0, but one standard
     error above, 1.29: the default (z = 1) drafts on; steps that make 2 tokens every time lose under any z."""
     for steps, loses in [((8, 1, 1, 1), falls_back), ((2, 2, 2, 2), True)]:
-        pol = SagePolicy(SageConfig(fallback_steps=2, fallback_window=4, fallback_z=z))
+        pol = priced(fallback_steps=2, fallback_window=4, fallback_z=z)
         q = plain_meter(1.0).quote(pol.key)
         for tokens in steps:  # the run's last four drafted steps
             pol.observe(StepOutcome(DraftTree(), [], tokens, 3.5))
@@ -199,10 +225,10 @@ def test_varied_drafted_steps_lose_only_on_evidence(z, falls_back):
 def test_a_run_starts_plain_when_the_policys_last_drafted_steps_lost():
     from sage_engine.costs import StepTiming
     meter = plain_meter(1.0)
-    key = SagePolicy(SageConfig()).key
+    key = priced().key
     for _ in range(4):  # earlier runs: drafted steps at 0.4 tokens per ms
         meter.record(StepTiming(key, 2, 6, 5.0, 3.0, 1.5, 4, 3.0))
-    pol = SagePolicy(SageConfig())
+    pol = priced()
     assert [pol.skip_draft(meter.quote(key)) for _ in range(16)] == [True] * 16  # the longest wait (8 x fallback_steps)
     assert pol.skip_draft(meter.quote(key)) is False  # then a try
 
@@ -243,7 +269,7 @@ def test_a_chain_pays_when_its_expected_tokens_beat_plain_steps_at_the_fitted_wa
 
 def test_a_try_drafts_only_when_the_drafts_agreement_with_the_plain_tokens_would_pay():
     from sage_engine.policy_io import Probe
-    pol = SagePolicy(SageConfig(threshold="cost", fallback_steps=2, fallback_window=4))
+    pol = priced(fallback_steps=2, fallback_window=4)
     q = probe_meter().quote(pol.key)
     drafted(pol, q, 1, 4.0)
     drafted(pol, q, 1, 4.0)  # losing: 2 tokens in 8 ms
@@ -261,7 +287,7 @@ def test_a_try_drafts_only_when_the_drafts_agreement_with_the_plain_tokens_would
     assert pol.skip_draft(q) is False  # it drafts on: the try has drafted one step of the window it is judged on
     # no pairs (the draft had missed nothing plain steps made) or no measured costs: the try drafts, as before
     for probe, quote in [(Probe(), q), (Probe(3, 0), plain_meter(1.0).quote(pol.key))]:
-        other = SagePolicy(SageConfig(threshold="cost"))
+        other = priced()
         other.fallback.state = PROBING  # a try after plain steps
         assert other.shape(0.9, quote, probe).depth > 0
 
@@ -272,7 +298,7 @@ def test_a_try_the_probe_lets_through_is_judged_on_a_window_of_its_own_steps(tok
     steps do not send it back to plain steps; four of them do (4 tokens in 16 ms against plain steps' 1 per ms),
     four of 3 tokens at 2.5 ms (1.2 per ms) draft on."""
     from sage_engine.policy_io import Probe
-    pol = SagePolicy(SageConfig(threshold="cost", fallback_steps=2, fallback_window=4))
+    pol = priced(fallback_steps=2, fallback_window=4)
     q = probe_meter().quote(pol.key)
     drafted(pol, q, 1, 4.0)
     drafted(pol, q, 1, 4.0)  # losing: 2 tokens in 8 ms
@@ -316,7 +342,7 @@ def test_trust_is_accepted_per_forecast_token_and_scales_the_prices():
 def test_a_stall_over_the_last_run_does_not_make_the_next_run_start_plain():
     from sage_engine.costs import STALL_RUN, StepTiming
     meter = plain_meter(1.0)
-    key = SagePolicy(SageConfig()).key
+    key = priced().key
     sizes = [(8, 6), (4, 3), (10, 8), (6, 5)]
 
     def run(n, tokens=6, slower=1.0):  # n drafted steps of the sizes above, each `slower` x its usual 1.5-3.7 ms
@@ -327,7 +353,7 @@ def test_a_stall_over_the_last_run_does_not_make_the_next_run_start_plain():
     run(40)  # earlier runs
     run(8, slower=4.0)  # the last run: the same steps, all 4x as long: as measured they would lose to plain steps
     assert meter.stalls == 8 and len(meter.steps) == 5 + 48 and meter.drafted_rate(key) > 1.0  # 5 plain steps first
-    assert SagePolicy(SageConfig()).skip_draft(meter.quote(key)) is False  # the next run drafts from its first step
+    assert priced().skip_draft(meter.quote(key)) is False  # the next run drafts from its first step
     before = meter.prices_ms()
     run(4, slower=4.0)
     assert meter.prices_ms() == pytest.approx(before)  # nor are the prices the policy shapes trees with moved
@@ -335,13 +361,13 @@ def test_a_stall_over_the_last_run_does_not_make_the_next_run_start_plain():
     assert meter.stalls == 13 and meter.plain_rate() == pytest.approx(1.0)
     run(STALL_RUN)
     run(STALL_RUN + 8, slower=4.0)  # a longer slowdown is the machine's speed now: taken in after STALL_RUN steps
-    assert meter.drafted_rate(key) < 1.0 and SagePolicy(SageConfig()).skip_draft(meter.quote(key)) is True
+    assert meter.drafted_rate(key) < 1.0 and priced().skip_draft(meter.quote(key)) is True
     run(8, tokens=1)  # and a draft that really loses (1 token a step at the usual speed) starts the next run plain
-    assert meter.drafted_rate(key) < 1.0 and SagePolicy(SageConfig()).skip_draft(meter.quote(key)) is True
+    assert meter.drafted_rate(key) < 1.0 and priced().skip_draft(meter.quote(key)) is True
 
 
 def test_a_step_the_meter_found_stalled_does_not_judge_the_draft():
-    pol = SagePolicy(SageConfig(threshold="cost", fallback_steps=2, fallback_window=4))
+    pol = priced(fallback_steps=2, fallback_window=4)
     q = plain_meter(1.0).quote(pol.key)  # plain steps make 1 token per ms
     for _ in range(4):  # 0.05 tokens per ms, each slowed by something else (the engine passes the meter's verdict)
         assert pol.skip_draft(q) is False

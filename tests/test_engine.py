@@ -74,8 +74,8 @@ def test_sage_reports_its_tree_shape_and_controller(setup):
 
 
 def test_engine_meters_every_step_and_the_cost_threshold_prices_from_it(setup, monkeypatch):
-    from sage_engine import SageConfig, costs, make_policy
-    from sage_engine.policies import SagePolicy
+    from sage_engine import PricedConfig, costs, make_policy
+    from sage_engine.policies import PricedPolicy
     # no step counts as stalled here (a busy machine can slow one past SPIKE x its peers; the meter then leaves it out
     # of the windows, and the rate below, over every step the meter was handed, would differ): stalls are tested in
     # test_policy.py
@@ -90,10 +90,10 @@ def test_engine_meters_every_step_and_the_cost_threshold_prices_from_it(setup, m
                for t in timings)
     paper = engine.generate(prep, "sage:threshold=paper", max_new_tokens=30, ignore_eos=True)  # drafted steps
     assert len(paper.steps) > 4 and sum(not t.plain for t in engine.costs.steps) == len(paper.steps) - 1
-    policy = make_policy("sage", SageConfig(threshold="cost", fallback_steps=0))  # every step drafts (priced)
+    policy = PricedPolicy(make_policy("sage"), PricedConfig(fallback_steps=0))  # every step drafts (priced)
     quoted = []  # the prices each drafted step was shaped with, as the policy read them
-    prices = SagePolicy.prices
-    monkeypatch.setattr(SagePolicy, "prices", lambda self, quote: quoted.append(prices(self, quote)) or quoted[-1])
+    prices = PricedPolicy._prices
+    monkeypatch.setattr(PricedPolicy, "_prices", lambda self, quote: quoted.append(prices(self, quote)) or quoted[-1])
     res = engine.generate(prep, policy, max_new_tokens=30, ignore_eos=True)
     assert res.token_ids == ar.token_ids  # prices shape the tree, never the output
     mine = engine.costs.by_policy[policy.key]

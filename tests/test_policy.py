@@ -232,7 +232,7 @@ def test_sampling_tempers_the_draft_distribution_that_alpha_reads():
     (dict(theta_scale=float("nan")), "finite"), (dict(theta_scale=float("inf")), "finite"),
     (dict(n_max=0), "N_max >= 1"), (dict(threshold="fast"), "unknown threshold"),
     (dict(alpha_source="tea leaves"), "unknown alpha source"), (dict(alpha0=2.0), "alpha0"),
-    (dict(fallback_z=-1.0), "fallback_z >= 0"), (dict(fallback_z=float("nan")), "finite"),
+    (dict(history_window=0), "history_window >= 1"), (dict(alpha0=float("nan")), "finite"),
 ])
 def test_sage_config_refuses_bad_knobs_with_one_line(knobs, message):
     with pytest.raises(ValueError, match=message) as e:

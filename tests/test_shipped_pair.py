@@ -1,7 +1,7 @@
-"""The shipped pair (assets/models) as a user gets it: on its fast backends, drafting deep with the default policy,
-following a policy subclass's own rules; nothing falls back in silence. The policy's decisions are made on a fixed
-model of the machine's costs (`SHIPPED_CPU`, read by a `ModelledMeter`), so that they do not depend on how busy this
-machine is."""
+"""The shipped pair (assets/models) as a user gets it: on its fast backends, drafting deep priced by this machine
+(`priced:sage`), following a policy subclass's own rules; nothing falls back in silence. The priced policy's decisions
+are made on a fixed model of the machine's costs (`SHIPPED_CPU`, read by a `ModelledMeter`), so that they do not
+depend on how busy this machine is."""
 
 from __future__ import annotations
 
@@ -41,11 +41,11 @@ def test_the_shipped_pair_runs_on_its_fast_backends(shipped):
     assert backends["target"]["notes"] == backends["draft"]["notes"] == [], backends
 
 
-def test_default_sage_drafts_most_steps_and_deep_on_a_shipped_example(shipped):
+def test_priced_sage_drafts_most_steps_and_deep_on_a_shipped_example(shipped):
     engine, prep = shipped
     engine.costs = ModelledMeter(SHIPPED_CPU)
     ar = engine.generate(prep, "ar", max_new_tokens=96, ignore_eos=True)
-    res = engine.generate(prep, "sage", max_new_tokens=96, ignore_eos=True)
+    res = engine.generate(prep, "priced:sage", max_new_tokens=96, ignore_eos=True)
     assert res.token_ids == ar.token_ids
     steps = res.steps[1:]
     drafted = [s for s in steps if s.draft_forwards > 0]
@@ -86,7 +86,7 @@ def test_a_run_after_another_of_its_policy_starts_priced(shipped):
     """The documented choice (costs.py): the meter is the engine's, so prices carry over from run to run."""
     engine, prep = shipped
     engine.costs = ModelledMeter(SHIPPED_CPU)
-    first = engine.generate(prep, make_policy("sage"), max_new_tokens=96, ignore_eos=True)
+    first = engine.generate(prep, make_policy("priced:sage"), max_new_tokens=96, ignore_eos=True)
     assert sum(s.node_price is not None for s in first.steps) >= 2  # priced once its steps were measured
-    second = engine.generate(prep, make_policy("sage"), max_new_tokens=32, ignore_eos=True)
+    second = engine.generate(prep, make_policy("priced:sage"), max_new_tokens=32, ignore_eos=True)
     assert first.steps[1].node_price is None and second.steps[1].node_price is not None

@@ -16,7 +16,13 @@ from ..hf_reference import run_hf
 from ..inputs import PreparedInput
 from .cases import Case, scratch_pass, spread, to_device
 
-POLICIES = ("chain", "static", "eagle2", "sage", PAPER_SAGE)
+POLICIES = ("chain", "static", "eagle2", "sage", PAPER_SAGE)  # with those of --policy-module (`add_policies`)
+
+
+def add_policies(names) -> None:
+    """Check these policies against `ar` too (`doctor --policy-module FILE`: the file's policies)."""
+    global POLICIES
+    POLICIES = (*POLICIES, *(n for n in names if n not in POLICIES))
 
 
 def parted_at(ids: list[int], reference: list[int]) -> int | None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .exactness import POLICIES
+from . import exactness
 
 README_START, README_END = "<!-- doctor: written from docs/doctor/cpu.json -->", "<!-- /doctor -->"
 
@@ -39,7 +39,7 @@ def headline(report: dict) -> list[str]:
         bad = [r for r in runs if not r["exact"]]
         pairs = len(report[section])
         return (f"{len(runs) - len(bad)} of {len(runs)} runs exact ({pairs} pair{'s' * (pairs > 1)}, "
-                f"{len(POLICIES)} policies + " + ("generate()" if section == "fp32" else "`ar`") + ")")
+                f"{len(exactness.POLICIES)} policies + " + ("generate()" if section == "fp32" else "`ar`") + ")")
     s, v = report["speed"], report["speed"]["verify"]
     rows = [("fp32, every policy against `ar`", exact("fp32"))]
     if report.get("multi"):
@@ -89,13 +89,14 @@ def markdown(report: dict) -> str:
         out += [f"## Multi-device placement ({report['multi_note']})", ""] + _exact_table(report["multi"]) + [""]
     if report.get("bf16"):
         out += ["## bf16: each policy against bf16 `ar`", "",
-                "| case | agreement | bf16 `ar` parts from fp32 `ar` at | " + " | ".join(f"`{p}`" for p in POLICIES)
-                + " | tree vs one-token logits |", "|---" * (len(POLICIES) + 4) + "|"]
+                "| case | agreement | bf16 `ar` parts from fp32 `ar` at | "
+                + " | ".join(f"`{p}`" for p in exactness.POLICIES)
+                + " | tree vs one-token logits |", "|---" * (len(exactness.POLICIES) + 4) + "|"]
         for case in report["bf16"]:
             rows = {r["policy"]: r for r in case["rows"]}
             parts = case["ar_vs_fp32_parted_at"]
             out.append(f"| {case['case']} | {case['agreement']:.0%} | {'never' if parts is None else parts} | "
-                       + " | ".join(_cell(rows[p]) for p in POLICIES) + _gap(case) + " |")
+                       + " | ".join(_cell(rows[p]) for p in exactness.POLICIES) + _gap(case) + " |")
         out += ["", "The last column: the largest difference between a token's logits computed alone and as a tree's "
                 "root, over their largest magnitude; a pair of tokens nearer than that may swap places."]
         out.append("")

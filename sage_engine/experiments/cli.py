@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from ..errors import SageError
-from ..run_flags import load_from_flags, machine_meta, model_args
+from ..run_flags import load_from_flags, machine_meta, model_args, policy_module_arg
 from . import NAMES, experiment
 
 
@@ -38,6 +38,7 @@ def add_parser(sub) -> None:
     p.add_argument("--benchmarks", default="BENCHMARKS.md", help="report: the Markdown file to write the "
                                                                  "experiments' sections into")
     model_args(p)
+    policy_module_arg(p)
     p.set_defaults(max_new_tokens=None)
 
 

@@ -8,7 +8,7 @@
 3. Each regime is a price model: this machine's (fitted), the flat-verify GPU-like one (prices.gpu_regime), and a
    sweep of a draft forward's price against a target forward's by a node's marginal verify price. Under each,
    the policies whose trees do not read prices are priced from their measured steps (their trees and accepted
-   paths are the same on any machine); a policy that prices its trees (`sage`, threshold "cost") decodes the inputs
+   paths are the same on any machine); a policy that prices its trees (`priced:sage`) decodes the inputs
    again with the engine's meter reading the regime's prices, so it chooses its trees for that machine.
 Everything under 3 is MODELLED: speedups are modelled decode rates against `ar`'s modelled one (prefill left out).
 """
@@ -18,13 +18,13 @@ from __future__ import annotations
 import statistics
 
 from ..bench import prepare_bench_input
-from ..policies import SagePolicy, make_policy
+from ..policies import PricedPolicy, make_policy
 from .common import MODELLED, Context, Outcome, fmt
 from .main import POLICIES  # the same policies as the main comparison
 from .prices import ModelledMeter, PriceModel, fit_machine, gpu_regime, measured_rate, priced_rate, relative
 
 NAME = "cost"
-QUICK = ("ar", "chain", "eagle2", "sage")
+QUICK = ("ar", "chain", "eagle2", "priced:sage")
 SUITES = ("tinyworld-images", "real")
 LEVELS = (0.02, 0.05, 0.13, 0.3, 0.6)  # a draft forward, in target forwards
 NODES = (0.0, 0.0025, 0.01, 0.025, 0.06)  # a verified node's marginal price, in target forwards
@@ -34,9 +34,8 @@ CLAIM = ("Draft cost and verify cost must balance (RQ5); on GPUs a 64-node verif
 
 
 def reads_prices(spec: str) -> bool:
-    """Does the policy's tree depend on the step prices the engine quotes it? (`sage` with threshold "cost")"""
-    policy = make_policy(spec)
-    return isinstance(policy, SagePolicy) and policy.cfg.threshold == "cost"
+    """Does the policy's tree depend on the step prices the engine quotes it? (a priced one: `priced:sage`)"""
+    return isinstance(make_policy(spec), PricedPolicy)
 
 
 def _steps(log, start: int) -> list[list[float]]:

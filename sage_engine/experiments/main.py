@@ -2,9 +2,10 @@
 
 The paper's columns are SD-Chain (`chain`), SD-Tree (`static`, the 25-node SpecVLM/Medusa tree), SpecVLM (`specvlm`,
 EAGLE-2's tree from a draft that reads 20% of an image's visual tokens and 10% of a video's) and SAGE
-(`sage:threshold=paper:d_max=8`, the paper's rules). `sage` is the project's default, which also prices this
-machine's nodes and levels. Each suite is one bench (bench.run_bench): after a warm-up, every input decoded by
-every policy back to back in rotating order, speeds as ratios to `ar` measured in the same rounds.
+(`sage:threshold=paper:d_max=8`, the paper's rules). `sage` is the project's default (D_max 16, alpha from the new
+tree's root), `priced:sage` the same priced by this machine's nodes and levels; `svip` and `ddd` are two related-work
+policies (policies/svip.py, policies/ddd.py). Each suite is one bench (bench.run_bench): after a warm-up, every
+input decoded by every policy back to back in rotating order, speeds as ratios to `ar` measured in the same rounds.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from ..config import PAPER_SAGE
 from .common import Context, Outcome, ar_rate, check_exact, fmt, summary
 
 NAME = "main"
-POLICIES = ("ar", "chain", "static", "eagle2", "specvlm", "sage", PAPER_SAGE)
+POLICIES = ("ar", "chain", "static", "eagle2", "specvlm", "svip", "ddd", "sage", "priced:sage", PAPER_SAGE)
 QUICK = ("ar", "chain", "specvlm", "sage")
 SUITES = ("tinyworld-images", "tinyworld-clips", "real")
 CLAIM = ("SAGE accepts longer paths and runs faster than SD-Chain, SD-Tree and SpecVLM on image and video "

@@ -1,12 +1,14 @@
 """The policy interface: a strategy the engine asks before a step, while drafting, and after verification.
 
+  reset()                                before a run: forget what earlier runs taught (the engine calls it)
   skip_draft(quote)                      before a step: True makes it a plain step (no draft, one target forward)
   shape(root_alpha, quote, probe)        after the draft's read: the tree's TreeShape (depth 0: no tree)
   expand(shape, level, tree, frontier)   while drafting, once per level: add nodes, return those to grow
   finalize(tree)                         the tree sent to verification (default: all of it)
   observe(outcome)                       after verification: learn (history, next alpha)
 
-`quote` is the engine's measured costs at this step (costs.Quote), None where nothing is measured.
+`quote` is the engine's measured costs at this step (costs.Quote), None where nothing is measured; only a priced
+policy (priced.py) reads it, so that every other policy draws the same trees in every run.
 A policy may also offer its rules as numbers (`step_rule`, `level_rule`) so that the draft's compiled step can run
 them (draft_compiled.py); `draft_path` says which of its hooks allow that, and why not where they do not.
 """
@@ -43,6 +45,10 @@ class Policy:
             return by_identity(_KEYS, cfg, (self.name,), lambda: _key(self.name, cfg))
         except TypeError:  # settings that cannot be hashed (a subclass's own): made for this policy alone
             return f"{self.name}{cfg!r}"
+
+    def reset(self) -> None:
+        """A new run starts: a policy that learns within a run (SAGE's alpha and history) starts again here, so that
+        one policy object used for several runs gives each the trees a fresh one would (default: nothing to forget)."""
 
     def skip_draft(self, quote: Quote | None = None) -> bool:
         """True: decode this step without drafting (default: a policy with a draft always drafts)."""

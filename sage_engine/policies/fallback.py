@@ -1,4 +1,4 @@
-"""SAGE's fall-back to plain steps under the cost rule (threshold "cost"), as a small state machine.
+"""The priced policies' fall-back to plain steps (priced.py), as a small state machine.
 
 While this run's drafted steps decode slower than plain ones (one target forward, no draft), the policy takes plain
 steps, then tries the draft again; the wait doubles after each losing try (up to 8x `fallback_steps`) and a winning
@@ -18,7 +18,7 @@ beat plain steps (costs.Quote.chain_pays).
 
 from __future__ import annotations
 
-from ..config import SageConfig
+from ..config import PricedConfig
 from ..costs import Quote, robust_rate
 from ..policy_io import Probe
 
@@ -29,7 +29,7 @@ class PlainFallback:
     """The fall-back's state for one run of one policy: `skip` before a step, `probe_declines` when a try's shape
     is decided, `observed` after every step."""
 
-    def __init__(self, cfg: SageConfig):
+    def __init__(self, cfg: PricedConfig):
         self.cfg = cfg
         self.state = DRAFTING
         self.plain_left = 0  # WAITING: plain steps still to take after this one
@@ -43,7 +43,7 @@ class PlainFallback:
 
     @property
     def active(self) -> bool:
-        return self.cfg.threshold == "cost" and self.cfg.fallback_steps >= 1
+        return self.cfg.fallback_steps >= 1
 
     def skip(self, quote: Quote | None) -> bool:
         """Is this step plain? Moves WAITING on, TRYING to PROBING, DRAFTING to WAITING when the draft loses."""

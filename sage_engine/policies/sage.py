@@ -2,8 +2,9 @@
 
 Depth and width come from alpha (Eq. 10-11: deep and narrow when sure, shallow and wide when not), each level's
 children from Eq. 12's decaying widths above theta_l, all through rules.py, the one definition every path runs.
-With threshold "cost" (ours, the default) every node and level must also pay for itself at this machine's measured
-prices (costs.py), and while drafted steps lose to plain ones the policy falls back to plain steps (fallback.py).
+Nothing here reads the clock: the same input and settings draw the same trees in every run. This machine's prices
+are a wrapper any policy can take (priced.py, `priced:sage`): it hands SAGE each step's node and level prices in
+`TreeShape.price`, which `expand` and the compiled levels apply on top of theta_l.
 
 A subclass may override `depth_for`, `width_for` (the compiled levels still serve it) or `expand` (then it drafts
 level by level in Python); `draft_path` says which path its hooks allow and why.
@@ -17,14 +18,13 @@ import numpy as np
 
 from .. import rules
 from ..config import SageConfig
-from ..costs import BreakEven, Quote, price_numbers
+from ..costs import price_numbers
 from ..policy_io import COMPILED_LEVELS, COMPILED_STEP, PYTHON, SAGE, DraftPath, LevelRule, StepRule, TreeShape
 from .base import Policy, overridden
 from .baselines import parent_numbers
-from .fallback import PlainFallback
 
 # the hooks a subclass may change: each keeps the policy off the paths that would not call it
-_SHAPE_HOOKS = ("depth_for", "width_for", "shape", "prices")
+_SHAPE_HOOKS = ("depth_for", "width_for", "shape")
 _LEVEL_HOOKS = ("expand", "finalize")
 
 
@@ -34,16 +34,21 @@ class SagePolicy(Policy):
     name = "sage"
 
     def __init__(self, cfg: SageConfig = SageConfig()):
+        """A SagePolicy is unpriced whatever `cfg.threshold` says: that knob is read by make_policy, which wraps the
+        policy in PricedPolicy for "cost" (as `priced:sage`)."""
         self.cfg = cfg
         self.samples_draft = cfg.draw == "sample"
         self.top_k = cfg.w_max  # candidates per node: at most W_max children
         self.entropy_k = cfg.k
         self.node_alphas = cfg.alpha_source == "prev_path"  # the accepted path's alphas plan the next tree
-        self.alpha = cfg.alpha0  # confidence planned for the next tree
-        self.d_max = cfg.d_max  # moved by the history controller
+        self.reset()
+
+    def reset(self) -> None:
+        """A new run: confidence alpha0, D_max from the settings, an empty history."""
+        self.alpha = self.cfg.alpha0  # confidence planned for the next tree
+        self.d_max = self.cfg.d_max  # moved by the history controller
         self.history: list[int] = []
         self._cooldown = 0
-        self.fallback = PlainFallback(cfg)
 
     # Eq. 10-11 (rules.py)
     def depth_for(self, alpha: float) -> int:
@@ -51,10 +56,6 @@ class SagePolicy(Policy):
 
     def width_for(self, alpha: float) -> int:
         return rules.width_for(float(alpha), int(self.cfg.w_min), int(self.cfg.w_max))
-
-    def skip_draft(self, quote: Quote | None = None) -> bool:
-        """Threshold "cost": a plain step while this run's drafted steps lose to plain ones (fallback.py)."""
-        return self.fallback.skip(quote)
 
     def plain_shape(self) -> TreeShape:
         return TreeShape(depth=0, width=0, max_nodes=0, d_max=self.d_max)
@@ -64,14 +65,7 @@ class SagePolicy(Policy):
 
     def shape(self, root_alpha, quote=None, probe=None):
         alpha = self._planned_alpha(root_alpha)
-        if self.fallback.probing and self.fallback.probe_declines(probe, quote, self.depth_for(1.0)):  # try refused
-            return TreeShape(0, 0, 0, alpha, self.d_max)
-        return TreeShape(self.depth_for(alpha), self.width_for(alpha), self.cfg.n_max, alpha, self.d_max,
-                         self.prices(quote))
-
-    def prices(self, quote: Quote | None) -> BreakEven | None:
-        """This step's node and level prices (threshold "cost", once measured; else None)."""
-        return quote.break_even() if self.cfg.threshold == "cost" and quote is not None else None
+        return TreeShape(self.depth_for(alpha), self.width_for(alpha), self.cfg.n_max, alpha, self.d_max)
 
     def expand(self, shape, level, tree, frontier):
         cfg = self.cfg
@@ -92,8 +86,8 @@ class SagePolicy(Policy):
 
     def observe(self, outcome):
         cfg = self.cfg
-        if not self.fallback.observed(outcome.drafted, outcome.stalled, outcome.tokens_this_step, outcome.wall_ms):
-            return  # a plain step (or a turned-down try) says nothing of the draft
+        if not outcome.drafted:
+            return  # a plain step says nothing of the draft
         tree, path = outcome.tree, outcome.accepted
         if cfg.alpha_source == "prev_root" and tree.root_alpha is not None:
             self.alpha = tree.root_alpha
@@ -135,9 +129,7 @@ class SagePolicy(Policy):
         return LevelRule(SAGE, float(self.cfg.width_parent_bias), float(self.cfg.theta_scale))
 
     def step_rule(self, quote):
-        if self.fallback.probing:  # a try after plain steps: its shape reads the probe (shape())
-            return None
         cfg = self.cfg
         alpha = math.nan if cfg.alpha_source == "current_root" else float(self.alpha)
         return StepRule(self.level_rule(), alpha, int(cfg.d_min), int(self.d_max), int(cfg.max_depth_cap),
-                        int(cfg.w_min), int(cfg.w_max), int(cfg.n_max), self.prices(quote))
+                        int(cfg.w_min), int(cfg.w_max), int(cfg.n_max))
