@@ -168,3 +168,8 @@ def test_the_engine_puts_any_photo_on_the_shipped_pair_s_square_canvas(tmp_path)
     prep = prepare_input(pair, "Describe the image.", images=[str(tmp_path / "wide.png")])
     assert prep.target_inputs["image_grid_thw"].tolist() == [[1, SIZE // 14, SIZE // 14]]
     assert prep.images[0].size == (SIZE, SIZE)
+
+
+def test_a_row_naming_one_colour_twice_is_counted():
+    assert T.names_a_colour_twice("The top row is white, with white on the left.")
+    assert not T.names_a_colour_twice("The top row is white, with brown on the left.")

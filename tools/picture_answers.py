@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     for i, (it, ans) in enumerate(zip(chosen, answers)):
         got = score_picture(it.example, ans)
         wrong = [k for k, v in got.items() if not v] + [f"text: {d}" for d in text_defects(ans)]
-        kind = ("packaged " if it in real else "generated ") + it.media
+        kind = ("packaged " if i < len(real) else "generated ") + it.media
         lines.append(f"| {i + 1} | {kind} | {facts_text(it.example)} | {ans} | {', '.join(wrong) or 'none'} |")
     text = "\n".join(lines) + "\n"
     if a.out == "-":

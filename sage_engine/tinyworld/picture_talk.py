@@ -286,6 +286,15 @@ def _vocabulary() -> frozenset[str]:
 _VOCAB: frozenset[str] | None = None
 
 
+_TWICE_RE = re.compile(r"\b([a-z]+), with \1 (?:on the|in the)\b")
+
+
+def names_a_colour_twice(text: str) -> bool:
+    """Whether a row sentence contradicts itself ('The top row is white, with white on the left.'): a wrong
+    sentence, though not broken text, which the evaluation counts apart."""
+    return bool(_TWICE_RE.search(text.lower()))
+
+
 def text_defects(text: str) -> list[str]:
     """What makes an answer unclean, as short notes (empty: clean): a word or a phrase of two or three words
     repeated back to back, words glued together or broken (a word the answers never use, a capital inside a
