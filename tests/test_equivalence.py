@@ -191,12 +191,15 @@ def test_negative_control_dropping_the_mrope_delta_is_caught(monkeypatch):
     assert _run(pair, prep, "sage") == reference
     real_prefill = ModelRunner.prefill
 
-    def prefill_without_delta(self, inputs, pruning=None):
-        out = real_prefill(self, inputs, pruning)
+    def prefill_without_delta(self, inputs, pruning=None, own=False):
+        out = real_prefill(self, inputs, pruning, own)
         self.rope_delta = 0
         return out
 
     monkeypatch.setattr(ModelRunner, "prefill", prefill_without_delta)
+    with pytest.raises(ModelError, match="on an image prompt its logits after its token 1 .* differ from generate"):
+        _run(pair, prep, "sage")  # the engine's check of `ar` (ar_check.py) refuses it when built
+    monkeypatch.setattr(engine_mod, "decode_refusal", lambda runner, media: None)
     assert _run(pair, prep, "sage") != reference
 
 
@@ -287,16 +290,19 @@ def test_negative_control_a_node_that_cannot_see_its_grandparent_is_caught(monke
 
 
 def test_negative_control_a_wrong_mrope_delta_everywhere_is_caught(monkeypatch):
-    """The reference is decoded with the same wrong delta, so only transformers' own generate() shows it."""
+    """The reference is decoded with the same wrong delta, so only transformers' own generate() shows it: the engine's
+    check of `ar` when it is built, and, with that check bypassed, the key test's reference check."""
     pair, prep = sharp_case("qwen2.5-vl", "image", "noisy")
     real_prefill = ModelRunner.prefill
 
-    def prefill_with_wrong_delta(self, inputs, pruning=None):
-        out = real_prefill(self, inputs, pruning)
+    def prefill_with_wrong_delta(self, inputs, pruning=None, own=False):
+        out = real_prefill(self, inputs, pruning, own)
         self.rope_delta += 3
         return out
 
     monkeypatch.setattr(ModelRunner, "prefill", prefill_with_wrong_delta)
+    assert "differ from generate()'s" in SpecEngine(pair).decode_refusal  # the engine's check of `ar` refuses it
+    monkeypatch.setattr(engine_mod, "decode_refusal", lambda runner, media: None)
     reference, runs = deep_runs(pair, prep)
     assert all(res.token_ids == reference for res in runs.values())  # wrong alike: equality alone misses it
     assert not is_transformers_greedy(pair, prep, reference)  # the key test's reference check catches it

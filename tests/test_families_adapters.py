@@ -23,6 +23,8 @@ def _configs():
         LlamaConfig,
         LlavaConfig,
         LlavaOnevisionConfig,
+        MllamaConfig,
+        PaliGemmaConfig,
         Qwen2_5_VLConfig,
         Qwen2Config,
         Qwen2VLConfig,
@@ -50,6 +52,8 @@ def _configs():
         "gemma3": Gemma3Config(text_config=Gemma3TextConfig(**text).to_dict(), image_token_index=IMG),
         "qwen3_5": Qwen3_5Config(text_config=mrope, image_token_id=IMG, video_token_id=VID),
         "qwen3_5_moe": Qwen3_5MoeConfig(text_config=mrope, image_token_id=IMG, video_token_id=VID),
+        "paligemma": PaliGemmaConfig(text_config=dict(text, model_type="gemma"), image_token_index=IMG),
+        "mllama": MllamaConfig(text_config=dict(text, cross_attention_layers=[0]), image_token_index=IMG),
     }
 
 
@@ -65,6 +69,8 @@ EXPECTED = {  # model_type: (adapter, position rule, visual token ids, takes vid
     "gemma3": (fam.GEMMA3, "1d", {"image": IMG}, False, "language_model"),  # hub configs: image_token_index
     "qwen3_5": (fam.QWEN3_5, "mrope", {"image": IMG, "video": VID}, True, "language_model"),
     "qwen3_5_moe": (fam.QWEN3_5, "mrope", {"image": IMG, "video": VID}, True, "language_model"),
+    "paligemma": (fam.PALIGEMMA, "1d", {"image": IMG}, False, "language_model"),  # positions from 1
+    "mllama": (fam.MLLAMA, "1d", {"image": IMG}, False, "language_model"),  # one token an image, cross-attention
 }
 
 
@@ -88,9 +94,9 @@ def test_every_registered_family_is_in_the_table_above():
 
 
 def test_unknown_vlm_falls_back_to_the_generic_1d_adapter_with_a_warning():
-    from transformers import PaliGemmaConfig
+    from transformers import LlavaNextConfig
 
-    cfg = PaliGemmaConfig(image_token_index=IMG)
+    cfg = LlavaNextConfig(image_token_index=IMG)
     fam._warned.discard(cfg.model_type)
     with pytest.warns(UserWarning, match="no family adapter; using generic"):
         got = adapter_for(cfg)

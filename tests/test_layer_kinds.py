@@ -130,11 +130,14 @@ def test_a_copied_draft_is_accepted_to_full_depth(name):
 
 
 def test_a_mask_that_ignores_the_window_fails():
-    """Negative control: with the sliding kind seeing the whole past, `ar` is no longer the model's greedy decode."""
+    """Negative control: with the sliding kind seeing the whole past, the engine's decode check (ar_check.py) refuses
+    the model when it is built, and with that check bypassed `ar` is no longer the model's greedy decode."""
     pair = pair_of("mistral")
     prep = prepared(pair, "text")
     with mock.patch.object(layer_kinds.SlidingWindow, "visible", lambda self, q, kv: np.ones((len(q), len(kv)), bool)):
-        ar = SpecEngine(pair).generate(prep, "ar", max_new_tokens=MAX_NEW, ignore_eos=True).token_ids
+        assert "differ from generate()'s" in SpecEngine(pair).decode_refusal
+        with mock.patch.object(engine_mod, "decode_refusal", lambda runner, media: None):
+            ar = SpecEngine(pair).generate(prep, "ar", max_new_tokens=MAX_NEW, ignore_eos=True).token_ids
     assert ar != uncached_greedy(pair.target, prep, ar)
 
 
@@ -265,7 +268,8 @@ def test_a_window_rolled_one_column_too_far_fails():
     """Negative control: a sliding layer that drops the oldest column its window still sees parts from the model."""
     pair = pair_of("mistral")
     prep = prepared(pair, "text")
-    with mock.patch.object(layer_kinds.SlidingWindow, "first_visible", lambda self, L: L - self.window + 2):
+    with mock.patch.object(layer_kinds.SlidingWindow, "first_visible", lambda self, L: L - self.window + 2), \
+            mock.patch.object(engine_mod, "decode_refusal", lambda runner, media: None):  # what the check may catch
         ar = SpecEngine(pair).generate(prep, "ar", max_new_tokens=MAX_NEW, ignore_eos=True).token_ids
     assert ar != uncached_greedy(pair.target, prep, ar)
 
