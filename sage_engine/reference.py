@@ -98,8 +98,8 @@ def candidates(logits: torch.Tensor, policy: Policy, rows: list[int], sampler: D
 @torch.inference_mode()
 def generate(pair: ModelPair, prepared, policy: Policy | str = "sage", max_new_tokens: int = 128,
              sampling: Sampling | None = None, ignore_eos: bool = False) -> Iterator[Step]:
-    """Decode `prepared` (inputs.PreparedInput) with `policy`, one Step per decode step; the run's tokens are the
-    first token (`Step.tokens` of none: the prefill's) and then every Step's tokens."""
+    """Decode `prepared` (inputs.PreparedInput) with `policy`: first the prefill's Step (an empty tree; its tokens:
+    the first token), then one Step per decode step; the run's tokens are every Step's tokens in order."""
     policy = make_policy(policy) if isinstance(policy, str) else policy
     policy.reset()
     sampler = None if sampling is None or sampling.greedy else DraftSampler(sampling)
@@ -134,7 +134,7 @@ def generate(pair: ModelPair, prepared, policy: Policy | str = "sage", max_new_t
             for level in range(1, shape.depth + 1):
                 size = len(tree)
                 grow = policy.expand(shape, level, tree, frontier)
-                for n in range(size, len(tree)) if qs else ():
+                for n in range(size, len(tree)) if qs else ():  # a sampled draft: the q each node was drawn from
                     tree.q_dists[n] = qs.get(tree.parents[n])
                 grow = [n for n in grow if tree.tokens[n] not in ends]  # nothing follows an end of sequence
                 if not grow:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One-off audit: plant each bug the engine-house issue names, run the tests that must catch it, undo it.
+# One-off audit: plant each bug the engine-house issue (and issue 82) names, run the tests that must catch it, undo it.
 # Each line prints CAUGHT (the tests failed) or MISSED. Run from the repository root on a clean work tree.
 set -u
 plant() {  # name, file, python expression replacing text in the file, tests
@@ -50,3 +50,38 @@ plant "a cross-attention cache (the image's keys) compacted like text columns" s
 plant "a model with its own cache_params let through (its ar ignores the state)" sage_engine/ar_check.py \
   'if "past_key_values" in params:' "if True:" \
   "tests/test_decode_check.py::test_a_model_with_its_own_cache_is_refused_whole"
+REF="tests/test_reference.py::test_the_reference_loop_draws_the_engines_trees_and_tokens[qwen2.5-vl-image]"
+plant "the fused target's KV compaction keeps the region as it was (no gather)" sage_engine/cache.py \
+  "a[:, :, start : start + keep.shape[0]] = a[:, :, keep + start]" "a[:, :, start : start + keep.shape[0]] = a[:, :, start : start + keep.shape[0]]" \
+  tests/test_cache.py
+plant "a layer-by-layer KV compaction that forgets to move the keys" sage_engine/cache.py \
+  "            layer.keys[:, :, start : start + m] = layer.keys[:, :, idx]  # gather copies first: overlap-safe" "            pass" \
+  "$REF"
+plant "the greedy bonus token taken after the root, not after the accepted path" sage_engine/tree.py \
+  "            node, want = i, target_next[1 + i]
+    return path, want" "            node, want = i, target_next[1 + i]
+    return path, target_next[0]" tests/test_tree.py "$REF"
+plant "an end-of-sequence token cut from the output" sage_engine/transcript.py \
+  "take = take[: next(i for i, tok in enumerate(take) if tok in self.eos) + 1]" "take = take[: next(i for i, tok in enumerate(take) if tok in self.eos)]" \
+  tests/test_equivalence.py::test_eos_inside_an_accepted_chunk_stops_at_the_same_token
+plant "a step drafting deeper than the tokens its budget leaves" sage_engine/engine.py \
+  "left = out.budget - len(out.ids)  # tokens" "left = out.budget - len(out.ids) + 2  # tokens" \
+  tests/test_engine.py::test_sage_reports_its_tree_shape_and_controller tests/test_equivalence.py::test_budget_cuts_inside_a_step
+plant "a kept prompt's cache handed over, not copied (keep_prompt)" sage_engine/runner.py \
+  "self.cache, self.rope_delta = copy_cache(kept.cache), kept.rope_delta" "self.cache, self.rope_delta = kept.cache, kept.rope_delta" \
+  tests/test_engine.py::test_kept_prompt_gives_the_same_runs_without_running_the_prefill_again
+plant "the tree rule drawing every node's token from the root's distribution" sage_engine/sampling.py \
+  "            p = ps[0 if node < 0 else 1 + node]" "            p = ps[0]" \
+  tests/test_sampling.py::test_every_tree_rule_policy_samples_what_the_target_alone_samples_with_the_same_seed
+plant "the compiled step's theta_l halved (compiled and Python trees diverge)" sage_engine/draft_compiled.py \
+  "rule.level.bias, rule.level.theta_scale, *price_numbers(rule.price)" "rule.level.bias, 0.5 * rule.level.theta_scale, *price_numbers(rule.price)" \
+  tests/test_compiled_levels.py
+plant "tau counting the prefill's token" sage_engine/events.py \
+  "mean_accepted=decode_tokens / len(decode) if decode else 0.0" "mean_accepted=(decode_tokens + 1) / len(decode) if decode else 0.0" \
+  tests/test_cli.py::test_generate_json_matches_ar_and_reports_stats
+plant "a reused policy object carrying its history into the next run" sage_engine/engine.py \
+  "        policy.reset()  # a policy object used again" "        pass  # a policy object used again" \
+  tests/test_extending.py::test_a_policy_object_used_again_starts_afresh
+plant "sage reading the machine's prices (unpriced trees that depend on the clock)" sage_engine/policies/sage.py \
+  "int(cfg.w_min), int(cfg.w_max), int(cfg.n_max))" "int(cfg.w_min), int(cfg.w_max), int(cfg.n_max), quote and quote.break_even())" \
+  tests/test_extending.py::test_sage_draws_the_same_trees_whatever_the_meter_has_seen
