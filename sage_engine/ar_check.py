@@ -72,15 +72,17 @@ def media_inputs(processor, family) -> dict[str, dict[str, torch.Tensor]]:
     return out
 
 
-def reference(model: torch.nn.Module, inputs: dict[str, torch.Tensor], n: int) -> tuple[list[int], torch.Tensor]:
+def reference(model: torch.nn.Module, inputs: dict[str, torch.Tensor], n: int,
+              device: torch.device | None = None) -> tuple[list[int], torch.Tensor]:
     """transformers' generate(), greedy, n tokens whatever ids end a sequence: its tokens and the raw logits it
-    chose them from (before any of the checkpoint's logits processors).  # [n], [n, V]"""
+    chose them from (before any of the checkpoint's logits processors). device: where the inputs go (default: the
+    input embedding's; an offloaded model's embedding is on `meta`, its runner knows where it runs).  # [n], [n, V]"""
     config = copy.deepcopy(model.generation_config)
     config.update(do_sample=False, num_beams=1, max_new_tokens=n, min_new_tokens=None, eos_token_id=None,
                   output_logits=True, return_dict_in_generate=True)
     if config.pad_token_id is None:
         config.pad_token_id = 0
-    device = model.get_input_embeddings().weight.device
+    device = device if device is not None else model.get_input_embeddings().weight.device
     batch = {k: v.to(device) for k, v in inputs.items()}
     with torch.inference_mode():
         out = model.generate(**batch, generation_config=config)
@@ -120,7 +122,7 @@ def decode_refusal(runner, media: dict[str, dict[str, torch.Tensor]]) -> str | N
     tol = tolerance(runner.dtype)
     for medium, inputs in media.items():
         try:
-            tokens, want = reference(runner.model, inputs, CHECK_TOKENS)
+            tokens, want = reference(runner.model, inputs, CHECK_TOKENS, runner.device)
         except Exception as e:  # noqa: BLE001 - a model generate() cannot run: its decode cannot be checked
             return f"its decode cannot be checked: generate() fails on {medium} prompt ({first_line(e)})"
         with runner._scratch_check():

@@ -52,7 +52,13 @@ def test_priced_sage_drafts_most_steps_and_deep_on_a_shipped_example(shipped):
     assert len(drafted) >= 0.8 * len(steps) and res.stats.mean_accepted > 5, (len(drafted), len(steps),
                                                                               res.stats.mean_accepted)
     want = "compiled step" if numba is not None else "python"
-    assert res.stats.draft_paths == {want: len(drafted)}, res.stats.draft_paths
+    paths = dict(res.stats.draft_paths)
+    # past the answer's end (ignore_eos) the draft misses, priced:sage takes plain steps, and its first try after
+    # them takes the levels path, saying why; every other drafted step is one compiled call
+    retries = paths.pop("compiled levels", 0) if numba is not None else 0
+    assert paths == {want: len(drafted) - retries}, res.stats.draft_paths
+    assert not retries or res.stats.draft_path_why == ["this step's shape reads more than alpha (a try after plain "
+                                                       "steps)"], res.stats.draft_path_why
 
 
 class Fixed(SagePolicy):

@@ -77,6 +77,6 @@ def test_the_page_says_what_the_embedded_pair_knows():
     table = {"tinyworld": app_server.TINYWORLD}
     handlers = Handlers(PairPool(table, app_server.pair_factory), RunFiles(), "tinyworld")
     info = handlers.describe_model("tinyworld")  # not loaded: the note is there before the first run too
-    assert info.startswith("**tinyworld**") and "synthetic world of coloured shapes" in info
-    assert "shapes-world language" in info and "both lanes still agree" in info
+    assert info.startswith("**tinyworld**") and "scenes of coloured shapes" in info
+    assert "in any other picture or clip" in info and "never objects" in info
     assert "\n" in info and info.count("\n") == 1  # one line for the pair, one sentence for what it knows
