@@ -1,7 +1,8 @@
 """Event handlers. They read inputs, call the engine through `Race`, and yield Views; no tensors here.
 
-`compare` is also the public API (`api_name="compare"`): parameters image, video, prompt,
-max_new_tokens, policy (then optional preset and SAGE knobs); its last output is the JSON summary.
+`compare` is also the public API (`api_name="compare"`, described by `API_DESCRIPTION`): parameters image or
+video (one of them), prompt, max_new_tokens, policy (then optional preset and SAGE knobs); its last output is the
+JSON summary.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from sage_engine.media import DEFAULT_NUM_FRAMES, sample_video, video_frames_for
 
 from . import plots, replay, text
 from .gpu import on_gpu, zero_gpu
-from .layout import MAX_NEW_TOKENS, POLICIES
-from .media import Previews, RunFiles, frame_strip
+from .layout import DEFAULT_NEW_TOKENS, MAX_NEW_TOKENS, POLICIES
+from .media import BOTH_MEDIA, Previews, RunFiles, check_media, frame_strip
 from .pacing import Pacer
 from .policy_compare import PolicyComparison
 from .pool import Loaded, PairPool
@@ -47,6 +48,12 @@ FIGURES = ("fig_alpha", "fig_accepted", "fig_tree", "fig_mapping", "fig_time")
 log = logging.getLogger("sage.app")
 
 POLL = 0.03  # seconds between looks at the decoding thread's queue until the first token shows
+
+API_DESCRIPTION = (
+    "Race the target model alone (autoregressive) against speculative decoding with `policy` on one image OR one "
+    "video (give one of them, not both) and a prompt; streams both texts and the charts. The last output is the "
+    "JSON summary: {ar, speculative, identical, divergence, speedup, preset}.")
+
 
 
 def serialized(fig) -> PlotData:
@@ -141,13 +148,12 @@ class Handlers:
         self.comparison = PolicyComparison(self, new_tokens)  # the "Compare policies" mode (/compare_policies)
 
     # ------------------------------------------------------------------ compare (the API)
-    def compare(self, image, video, prompt, max_new_tokens, policy, preset=None, control: RunControl | None = None,
-                **knobs) -> Iterator[tuple]:
-        """Race autoregressive then speculative decoding on one input, streaming both.
-
-        The work runs in `self._on_device`, which is `_compare` behind ZeroGPU's `spaces.GPU` on a ZeroGPU
-        Space (a forked worker: only plain, picklable values cross, so the Stop switch stays here) and
-        `_compare` itself everywhere else."""
+    def compare(self, image=None, video=None, prompt="", max_new_tokens=DEFAULT_NEW_TOKENS, policy="sage",
+                preset=None, control: RunControl | None = None, **knobs) -> Iterator[tuple]:
+        # Race autoregressive then speculative decoding on one input, streaming both (the API page shows
+        # API_DESCRIPTION, not this). image and video default to None so that the API marks neither required.
+        # The work runs in `self._on_device`: `_compare` behind ZeroGPU's `spaces.GPU` on a ZeroGPU Space (a forked
+        # worker: only plain, picklable values cross, so the Stop switch stays here), `_compare` itself elsewhere.
         if zero_gpu():
             control = None
         video = self.previews.original(video)  # the page may show a re-encoded preview: decode the upload itself
@@ -181,7 +187,11 @@ class Handlers:
         n = new_tokens(max_new_tokens)
         pruning = VisualPruning() if knobs.pop("draft_prune", False) else None
         sampling = sampling_of(knobs)
+        if image and video:
+            raise InputError(BOTH_MEDIA)
         loaded = self.pool.get(preset)
+        if not loaded.text_only:
+            check_media(image, video)
         clip, prepared = self.pool.device.call(self._prepare, loaded.pair, prompt, image, video)
         media = {"image": os.path.basename(image) if image else None,
                  "video": os.path.basename(video) if video else None, "frames": len(clip.frames) if clip else 0}
@@ -296,15 +306,31 @@ class Handlers:
 
     # ------------------------------------------------------------------ other events
     @staticmethod
-    def arm(control: RunControl) -> None:
-        """Run was pressed: a fresh Stop switch, before the run waits in the queue (so Stop works there too)."""
+    def arm(control: RunControl) -> tuple:
+        """Run was pressed: a fresh Stop switch, before the run waits in the queue (so Stop works there too), and
+        both Run buttons greyed out until it ends (`release`)."""
         control.arm()
+        return gr.Button(interactive=False), gr.Button(interactive=False)
+
+    @staticmethod
+    def release() -> tuple:
+        """The run ended (done, stopped or refused): both Run buttons work again."""
+        return gr.Button(interactive=True), gr.Button(interactive=True)
 
     @staticmethod
     def stop(control: RunControl) -> None:
         """The Stop button: the running decoder ends after its current step, then the run reports what it has
         (the run writes the status itself: a reply from here could land after the run's last update)."""
         control.stop()
+
+    def scrub(self, record: RunRecord | None, step) -> tuple:
+        """The step box / slider: the tree of the step asked for, and the box set to the step shown (a number past
+        the last step shows the last; StepSlider lets such a number through instead of refusing it)."""
+        steps = record.spec.decode_steps if record is not None else []
+        if not steps:
+            return empty_tree("run something first"), gr.skip()
+        want = min(max(int(step or 1), steps[0].step), steps[-1].step)
+        return self.show_step(record, want), (gr.skip() if want == step else want)
 
     def show_step(self, record: RunRecord | None, step) -> object:
         """The draft tree of speculative step `step` of the user's last run."""
@@ -353,7 +379,24 @@ class Handlers:
         missing = unavailable(self.pool.presets[name]) if name in self.pool.presets else "not configured"
         return f"**{name}**: " + (f"not available ({missing})" if missing else "loads on the first run") + note
 
-    def model_tick(self, preset: str | None) -> tuple:
-        """The page's timer: the model line again, and the timer stays on only while the pair is loading."""
+    def page_status(self, preset: str | None) -> str:
+        """The status box beside Run before any run: whether the pair is loading, failed, or ready."""
         name = preset or self.default_preset
-        return self.describe_model(name), gr.Timer(active=self.pool.loading_for(name) is not None)
+        waited = self.pool.loading_for(name)
+        if waited is not None:
+            return text.status_loading(name, waited)
+        if name in self.pool.failed:
+            return text.status_error(f"the model pair {name} failed to load ({self.pool.failed[name]})")
+        return text.READY
+
+    def on_load(self, preset: str | None) -> tuple:
+        """The page has loaded: (the model line, the status box)."""
+        return self.describe_model(preset), self.page_status(preset)
+
+    def model_tick(self, preset: str | None, status: str | None = None) -> tuple:
+        """The page's timer: the model line and the status box again (the status only while it speaks of the
+        loading: a run's own status is left alone), and the timer stays on only while the pair is loading."""
+        name = preset or self.default_preset
+        loading = self.pool.loading_for(name) is not None
+        mine = loading or text.is_loading_status(status)
+        return (self.describe_model(name), self.page_status(name) if mine else gr.skip(), gr.Timer(active=loading))

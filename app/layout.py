@@ -12,7 +12,7 @@ from sage_engine import SageConfig
 from sage_engine.config import ALPHA_SOURCES, SPECULATIVE_POLICIES  # config: the names without the policies (torch)
 
 from . import plots, replay, text
-from .components import UploadedImage
+from .components import StepSlider, UploadedImage
 from .policy_compare import TREES, TREES_PER_ROW
 from .race import RunControl
 from .served import Preset
@@ -123,21 +123,23 @@ def _knobs(cfg: SageConfig) -> Knobs:
             source = gr.Dropdown(list(ALPHA_SOURCES), value=cfg.alpha_source,
                                  label="α for the next tree comes from")
         threshold = gr.Dropdown([("the paper's: θ_l and N_max", "paper"),
-                                 ("also this machine's measured costs: a node must pay for its verification, "
-                                  "a level for its draft forward, and plain steps (no draft) while drafting "
-                                  "loses (ours, not in the paper; the default)", "cost")],
-                                value=cfg.threshold, label="Which nodes are worth drafting")
+                                 ("priced by this machine (the default)", "cost")],
+                                value=cfg.threshold, label="Which nodes are worth drafting", elem_id="knob-threshold",
+                                info="priced: a node must pay for its verification and a level for its draft "
+                                     "forward, with this machine's measured costs, and while drafting loses the "
+                                     "policy takes plain steps (no draft); ours, not in the paper")
         prune = gr.Checkbox(False, label="Draft reads only 20% of the image tokens / 10% of the video tokens "
                                          "(the paper's draft-only pruning; every policy; the output is unchanged)")
         gr.Markdown("Sampling, both lanes (0 = greedy). With the tree policies the target draws each token itself "
                     "at every tree node it reaches, so with the same seed both lanes write the same text; `chain` "
                     "samples its draft and keeps a token with probability min(1, p/q): the same distribution, a "
                     "different draw (SAGE can do either, below).")
-        draw = gr.Dropdown([("SAGE's tree from the draft's top candidates; the target draws at each node "
-                             "(same seed, same text as the autoregressive lane)", "top"),
-                            ("SAGE's children drawn from the draft's q without replacement, kept with "
-                             "probability min(1, p/q) (same distribution, a different draw)", "sample")],
-                           value=cfg.draw, label="When sampling, SAGE's draft")
+        draw = gr.Dropdown([("top candidates (same text as AR)", "top"),
+                            ("drawn from q (a different draw)", "sample")],
+                           value=cfg.draw, label="When sampling, SAGE's draft", elem_id="knob-draw",
+                           info="top: the tree from the draft's top candidates, the target draws at each node (same "
+                                "seed, same text as the autoregressive lane); q: children drawn from the draft's q "
+                                "without replacement, kept with probability min(1, p/q) (same distribution)")
         with gr.Row():
             temperature = gr.Slider(0.0, 2.0, 0.0, step=0.05, label="temperature")
             top_p = gr.Slider(0.05, 1.0, 1.0, step=0.05, label="top-p")
@@ -201,8 +203,8 @@ def _plots() -> dict:
                                elem_id="plot-accepted", show_label=False)
     with gr.Row():
         with gr.Column(scale=3):
-            step = gr.Slider(1, 2, 1, step=1, label="Step: scrub through the speculative run's draft trees",
-                             elem_id="step", interactive=False)
+            step = StepSlider(1, 2, 1, step=1, label="Step: scrub through the speculative run's draft trees",
+                              elem_id="step", interactive=False)
             fig_tree = gr.Plot(empty_tree("the draft tree of a step appears here after a run"),
                                elem_id="plot-tree", show_label=False)
         with gr.Column(scale=2):
@@ -256,11 +258,11 @@ def build_layout(presets: Mapping[str, Preset], default_preset: str, cfg: SageCo
             with gr.Row():
                 run = gr.Button("Run", variant="primary", elem_id="run")
                 stop = gr.Button("Stop", variant="stop", elem_id="stop")
-            status = gr.Markdown("Ready.", elem_id="status")
+            status = gr.Markdown("", elem_id="status")  # the page's load event says "loading" or "ready"
+            model_info = gr.Markdown(elem_id="model-info")  # beside Run: a loading pair is seen without scrolling
+            model_timer = gr.Timer(1.0)
             inputs.update(_settings(presets, default_preset))
             knobs = _knobs(cfg)
-            model_info = gr.Markdown(elem_id="model-info")
-            model_timer = gr.Timer(1.0)
         with gr.Column(scale=7, min_width=480):
             examples_row = gr.Row()  # filled by app/examples.py once every output exists
             outputs = _texts()

@@ -15,8 +15,22 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
+from sage_engine import InputError
 from sage_engine.media import MAX_VIDEO_PIXELS, VideoClip
 from sage_engine.presets import ASSETS
+
+NO_MEDIA = "no image and no video: upload an image or a video (or click an example) for the model to answer about"
+BOTH_MEDIA = ("both an image and a video were given: clear one of them (the model reads one picture or one clip, "
+              "and would mix the two)")
+
+
+def check_media(image, video) -> None:
+    """One image or one video (InputError in one line otherwise); a text-only pair's callers skip this."""
+    if image and video:
+        raise InputError(BOTH_MEDIA)
+    if not image and not video:
+        raise InputError(NO_MEDIA)
+
 
 EXAMPLES_DIR = ASSETS / "examples"  # the one place that knows where the assets are: presets.ASSETS
 

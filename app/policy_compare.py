@@ -20,6 +20,7 @@ import gradio as gr
 from sage_engine import SageError, StepEvent
 from sage_engine.config import PAPER_SAGE as PAPER
 
+from .media import BOTH_MEDIA, check_media
 from .race import RACING, WARM_TOKENS, RunControl
 from .theme import figure
 from .tree_plot import empty_tree, tree_figure
@@ -189,7 +190,11 @@ class PolicyComparison:
             if not (prompt or "").strip():
                 raise SageError("the prompt is empty: type a question about the image or video")
             n = min(MAX_TOKENS, self.new_tokens(max_new_tokens))
+            if image and video:
+                raise SageError(BOTH_MEDIA)
             loaded = self.h.pool.get(preset or self.h.default_preset)
+            if not loaded.text_only:
+                check_media(image, video)
             video = self.h.previews.original(video)
             _, prepared = self.h.pool.device.call(self.h._prepare, loaded.pair, prompt, image, video)
             engine = loaded.engine(None)

@@ -75,6 +75,13 @@ class Loaded:
                                                                         draft_pruning=draft_pruning)
             return engine
 
+    @property
+    def text_only(self) -> bool:
+        """A text-only pair (its processor is a bare tokenizer): it reads no image or video."""
+        from sage_engine.families import is_tokenizer
+
+        return is_tokenizer(self.pair.processor)
+
     def describe(self) -> str:
         d = self.pair.describe()
 

@@ -44,12 +44,14 @@ element.addEventListener('click', (e) => {
   const t0 = performance.now();
   if (timer) cancelAnimationFrame(timer);
   const frame = () => {
+    const boxes = root.querySelectorAll('.lane');
+    if (!root.isConnected || boxes.length < data.lanes.length) { timer = null; return; }  // a new run redrew it
     const t = (performance.now() - t0) / 1000 * speed;
     data.lanes.forEach((lane, i) => {
       let k = -1;
       while (k + 1 < lane.times.length && lane.times[k + 1] <= t) k++;
       const chars = k < 0 ? 0 : lane.ends[k];
-      const box = root.querySelectorAll('.lane')[i];
+      const box = boxes[i];
       box.querySelector('.lane-text').textContent = lane.text.slice(0, chars);
       box.querySelector('.lane-fill').style.width = (100 * chars / Math.max(1, lane.text.length)) + '%';
       box.querySelector('.lane-time').textContent = t >= lane.seconds ? '✓ ' + fmt(lane.seconds) : fmt(t);

@@ -119,13 +119,13 @@ def _card(key: str, value: str, sub: str, cls: str = "", color: str | None = Non
             f'<div class="s">{sub}</div></div>')
 
 
-def _lane_card(title: str, lane, color: str) -> str:
+def _lane_card(title: str, lane, color: str, stopped: bool = False) -> str:
     if not lane.steps:
-        return _card(title, "–", "waiting", color=color)
+        return _card(title, "–", "not started: stopped" if stopped else "waiting", color=color)
     n = len(lane.token_ids)
     stats = lane.stats()
     if stats is None:
-        return _card(title, f"{n} <small>tokens</small>", "decoding…", color=color)
+        return _card(title, f"{n} <small>tokens</small>", "stopped here" if stopped else "decoding…", color=color)
     extra = f" · τ = {stats.mean_accepted:.2f}" if lane.name == "spec" else ""
     return _card(title, f"{stats.tokens_per_second:.1f} <small>tok/s</small>",
                  f"{n} tokens · {stats.seconds:.2f} s · {stats.target_forwards} target forwards{extra}", color=color)
@@ -154,15 +154,19 @@ def scoreboard(record: RunRecord | None, token_text=None) -> str:
     if record is None:
         return '<div class="sb-note">Press Run to race the two decoders.</div>'
     ar_title, spec_title = "Autoregressive", f"Speculative ({record.spec.policy})"
-    cards = [_lane_card(ar_title, record.ar, AMBER), _lane_card(spec_title, record.spec, VIOLET)]
+    cards = [_lane_card(ar_title, record.ar, AMBER, record.stopped),
+             _lane_card(spec_title, record.spec, VIOLET, record.stopped)]
     speedup, note = record.speedup(), ""
-    if speedup is None:
+    if record.stopped:  # a stopped run is not a race: its lanes were cut at different points
+        cards.append(_card("Speedup", "–", "stopped: no race to compare"))
+        cards.append(_card("Same output?", "–", "stopped before the end"))
+    elif speedup is None:
         cards.append(_card("Speedup", "–", "after both runs"))
         cards.append(_card("Same output?", "–", "after both runs"))
     else:
         stats = record.spec.stats()
-        cards.append(_card("Speedup", f"{speedup:.2f}×",
-                           f"τ = {stats.mean_accepted:.2f} tokens per target forward", "ok" if speedup >= 1 else ""))
+        cards.append(_card("Speedup", f"{speedup:.2f}×" + ("" if speedup >= 1 else " <small>slower</small>"),
+                           f"τ = {stats.mean_accepted:.2f} tokens per target forward", "ok" if speedup >= 1 else "bad"))
         div = record.divergence()
         n = len(record.ar.token_ids)
         if div is None:
@@ -175,6 +179,8 @@ def scoreboard(record: RunRecord | None, token_text=None) -> str:
             cards.append(_card("Same output?", "✗ differs", f"from token {div.index} of {n}", "bad"))
             note = f'<div class="sb-note">{divergence_note(div, token_text or str)}</div>'
         note += run_note(record.spec)
+        if speedup < 1:
+            note = f'<div class="sb-note"><b>{escape(lost_line(record))}</b></div>' + note
     return f'<div class="sb">{"".join(cards)}</div>{note}'
 
 
@@ -212,8 +218,44 @@ def _outcome(record: RunRecord) -> str:
     same = ("token-identical" if record.divergence() is None else
             "the same distribution with a different draw (see the scoreboard)" if record.rule == "ratio" else
             "outputs differ (see the scoreboard)")
+    if speedup is not None and speedup < 1:
+        return f"{lost_line(record)} Outputs: {same}"
     faster = f"{speedup:.2f}× the autoregressive speed" if speedup is not None else ""
     return f"Speculative ({record.spec.policy}) ran at {faster}, {same}"
+
+
+SHORT_ANSWER = 24  # tokens: below this the draft's own prefill is rarely earned back
+
+
+def loss_reasons(record: RunRecord) -> list[str]:
+    """Why a speculative lane lost to the target alone, from its own steps (most telling first)."""
+    lane, reasons = record.spec, []
+    decode = lane.decode_steps
+    stats = lane.stats()
+    n = len(lane.token_ids)
+    plain = sum(1 for s in decode if s.depth == 0)
+    if decode and plain * 2 >= len(decode):
+        reasons.append(f"{plain} of its {len(decode)} steps were plain steps (no draft: the target alone), because "
+                       "drafting was not paying here, so it could at best match the target alone")
+    if stats is not None and stats.mean_accepted < 2:
+        alphas = [s.alpha for s in decode if s.alpha is not None]
+        unsure = f", mean draft confidence α = {sum(alphas) / len(alphas):.2f}" if alphas else ""
+        reasons.append(f"the draft was often wrong (τ = {stats.mean_accepted:.2f} tokens per target forward"
+                       f"{unsure}): too few accepted tokens to pay for drafting and for checking a tree")
+    if n < SHORT_ANSWER:
+        reasons.append(f"the answer is short ({n} tokens): the draft's reading of the prompt and the first drafts "
+                       "are not earned back")
+    if not reasons:
+        reasons.append("each drafted step (the draft's forwards and a target pass over the tree) cost more on this "
+                       "machine than the tokens it saved")
+    return reasons
+
+
+def lost_line(record: RunRecord) -> str:
+    """One sentence: the speculative lane was slower, by how much, and why."""
+    speedup = record.speedup() or 0.0
+    return (f"Speculative ({record.spec.policy}) was slower than the target alone ({speedup:.2f}×) because "
+            f"{'; and '.join(loss_reasons(record))}.")
 
 
 CACHED = "**Cached result**"  # how a status line shown from the example cache starts
@@ -239,6 +281,19 @@ def no_step_slider(status: str) -> str:
 def status_waiting(preset: str, seconds: float) -> str:
     return (f"Waiting: the model pair **{preset}** is still loading ({seconds:.0f} s so far); "
             "this run starts as soon as it is ready.")
+
+
+READY = "Ready: upload an image or a video (or click an example), ask, press **Run**."
+LOADING = "Loading the model pair"
+
+
+def status_loading(preset: str, seconds: float) -> str:
+    return (f"{LOADING} **{preset}** ({seconds:.0f} s so far): you can fill in the inputs and press Run meanwhile; "
+            "the run starts once it is loaded.")
+
+
+def is_loading_status(status: str | None) -> bool:
+    return (status or "").startswith(LOADING)
 
 
 def status_error(message: str) -> str:

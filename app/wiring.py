@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from .handlers import Handlers
+from .handlers import API_DESCRIPTION, Handlers
 from .layout import Ui
 from .view import View
 
@@ -32,9 +32,12 @@ DISMISS_STALE_VIDEO_ERROR = """() => {
 
 
 def wire(demo: gr.Blocks, ui: Ui, h: Handlers) -> None:
-    # Run: arm the session's Stop switch at once (not queued), then the run itself (queued per device).
+    # Run: arm the session's Stop switch and grey out both Run buttons at once (not queued), then the run itself
+    # (queued per device), then the buttons back (.then runs after an error or a Stop too).
+    c = ui.compare
+    buttons = [ui.run, c.run]
     gr.on(
-        triggers=[ui.run.click, ui.prompt.submit], fn=h.arm, inputs=ui.control, outputs=None, queue=False,
+        triggers=[ui.run.click, ui.prompt.submit], fn=h.arm, inputs=ui.control, outputs=buttons, queue=False,
         api_visibility="private",
     ).then(
         fn=h.compare,
@@ -42,26 +45,26 @@ def wire(demo: gr.Blocks, ui: Ui, h: Handlers) -> None:
         inputs_kwargs=ui.knobs.as_kwargs(),
         outputs=View.outputs(ui),
         api_name="compare",
+        api_description=API_DESCRIPTION,
         concurrency_id=DEVICE,
         concurrency_limit=1,
         show_progress_on=[ui.status],  # a progress overlay on the outputs would hide the streamed text
-    )
+    ).then(fn=h.release, outputs=buttons, queue=False, api_visibility="private")
     # Compare policies: every policy on the same input, one queued job on the device like a run
-    c = ui.compare
-    c.run.click(fn=h.arm, inputs=ui.control, outputs=None, queue=False, api_visibility="private").then(
+    c.run.click(fn=h.arm, inputs=ui.control, outputs=buttons, queue=False, api_visibility="private").then(
         fn=h.comparison.run, inputs=[ui.image, ui.video, ui.prompt, ui.max_new_tokens, ui.preset, ui.control],
         outputs=c.outputs(), api_name="compare_policies", concurrency_id=DEVICE, concurrency_limit=1,
-        show_progress_on=[c.status])
+        show_progress_on=[c.status]).then(fn=h.release, outputs=buttons, queue=False, api_visibility="private")
     c.point.change(h.comparison.show, [c.lanes, c.point], c.trees, api_visibility="private", concurrency_limit=None,
                    show_progress="hidden", trigger_mode="always_last")
     # Stop flips the switch; the decoding thread checks it every step and the run then reports what it has
     # (a Gradio cancel would kill the handler before it could say so).
     ui.stop.click(h.stop, ui.control, None, api_visibility="private", queue=False)
-    ui.step.change(h.show_step, [ui.run_state, ui.step], ui.fig_tree, api_visibility="private",
+    ui.step.change(h.scrub, [ui.run_state, ui.step], [ui.fig_tree, ui.step], api_visibility="private",
                    concurrency_limit=None, show_progress="hidden", trigger_mode="always_last")
     ui.video.change(h.preview_frames, [ui.video, ui.preset], [ui.video, ui.frames], api_visibility="private").then(
         fn=None, js=DISMISS_STALE_VIDEO_ERROR, api_visibility="private", queue=False)
     ui.preset.change(h.describe_model, ui.preset, ui.model_info, api_visibility="private", queue=False)
-    demo.load(h.describe_model, ui.preset, ui.model_info, api_visibility="private", queue=False)
-    ui.model_timer.tick(h.model_tick, ui.preset, [ui.model_info, ui.model_timer], api_visibility="private",
-                        queue=False, show_progress="hidden")
+    demo.load(h.on_load, ui.preset, [ui.model_info, ui.status], api_visibility="private", queue=False)
+    ui.model_timer.tick(h.model_tick, [ui.preset, ui.status], [ui.model_info, ui.status, ui.model_timer],
+                        api_visibility="private", queue=False, show_progress="hidden")
