@@ -26,7 +26,7 @@ from sage_engine.media import DEFAULT_NUM_FRAMES, sample_video, video_frames_for
 from . import plots, replay, text
 from .gpu import on_gpu, zero_gpu
 from .layout import DEFAULT_NEW_TOKENS, MAX_NEW_TOKENS, POLICIES
-from .media import BOTH_MEDIA, Previews, RunFiles, check_media, frame_strip
+from .media import BOTH_MEDIA, Previews, RunFiles, check_media, frame_strip, frames_label
 from .pacing import Pacer
 from .policy_compare import PolicyComparison
 from .pool import Loaded, PairPool
@@ -198,7 +198,7 @@ class Handlers:
         settings = {**(vars(cfg) if cfg is not None else {}),
                     "draft_pruning": None if pruning is None else vars(pruning), "sampling": vars(sampling)}
         record = RunRecord(preset, prepared.prompt, n, policy, settings, media, spec=Lane("spec", policy))
-        sage_cfg = cfg if name == "sage" else sage_config(knobs)
+        sage_cfg = record.sage_cfg = cfg if name == "sage" else sage_config(knobs)
         return Setup(loaded, prepared, make_policy(name, cfg), sampling, sage_cfg, pruning, record)
 
     @staticmethod
@@ -215,7 +215,10 @@ class Handlers:
         engine = s.loaded.engine(s.pruning)
         engine.check_trees(s.policy)  # a pair that cannot verify trees: one line before either lane decodes
         record.backends = engine.backends()
-        race = Race(engine, s.prepared, s.policy, record.max_new_tokens, self.pool.device, stop, s.sampling)
+        ar_engine = s.loaded.ar_engine(engine)  # the autoregressive lane's: the lanes decode in turns (race.py)
+        record.alternated = ar_engine is not None
+        race = Race(engine, s.prepared, s.policy, record.max_new_tokens, self.pool.device, stop, s.sampling,
+                    ar_engine=ar_engine)
         transcriber = Transcriber()
         view = self._reset_view(record)
         yield view.row()
@@ -332,6 +335,20 @@ class Handlers:
         want = min(max(int(step or 1), steps[0].step), steps[-1].step)
         return self.show_step(record, want), (gr.skip() if want == step else want)
 
+    @staticmethod
+    def redraw(record: RunRecord | None, expert: bool) -> tuple:
+        """The four run charts again from the user's last run, plain (three series per axis) or `expert`."""
+        if record is None or not record.spec.decode_steps:
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        cfg, lane, e = record.sage_cfg or SageConfig(), record.spec, bool(expert)
+        return (plots.alpha_figure(lane, e), plots.accepted_figure(lane, e), plots.mapping_figure(lane, cfg, e),
+                plots.time_figure(record, e))
+
+    @classmethod
+    def redraw_expert(cls, record: RunRecord | None, expert: bool) -> tuple:
+        """After a run: the expert charts if the box is ticked (the run draws the plain ones)."""
+        return cls.redraw(record, True) if expert else (gr.skip(),) * 4
+
     def show_step(self, record: RunRecord | None, step) -> object:
         """The draft tree of speculative step `step` of the user's last run."""
         if record is None or not record.spec.decode_steps:
@@ -341,13 +358,21 @@ class Handlers:
         return tree_figure(ev, ev.bonus_text or "")
 
     def preview_frames(self, video: str | None, preset: str | None) -> tuple:
-        """(the video shown, the frame strip) when a video is chosen: a video the browser cannot play is shown
-        through a re-encoded preview (media.Previews), and the strip holds the frames the model will see (a run
-        samples them the same way, from the upload itself)."""
+        """(the video shown, the frame strip, the status box) when a video is chosen: a video the browser cannot play
+        is shown through a re-encoded preview (media.Previews), and the strip holds the frames the model will see (a
+        run samples them the same way, from the upload itself). A video the model cannot read (empty, broken, too
+        long) is taken out of the input at once and the status box says why, in one line (no toast besides)."""
         if not video:
-            return gr.skip(), gr.Gallery(value=[], visible=False)
+            return gr.skip(), gr.Gallery(value=[], visible=False), gr.skip()
         if self.previews.is_preview(video):  # our own preview coming back through the change event
-            return gr.skip(), gr.skip()
+            return gr.skip(), gr.skip(), gr.skip()
+        name = preset or self.default_preset
+        n = video_frames_for(self.pool.get(name).pair.processor) if self.pool.is_loaded(name) else DEFAULT_NUM_FRAMES
+        try:
+            clip = sample_video(video, n)
+        except SageError as e:
+            return (gr.Video(value=None), gr.Gallery(value=[], visible=False),
+                    text.status_error(f"{e} (the video was taken out; choose another)"))
         try:
             preview = self.previews.make(video)
         except Exception:  # noqa: BLE001 - a preview is a courtesy: without one the run still works
@@ -356,14 +381,8 @@ class Handlers:
         if preview:
             gr.Info("Your browser cannot play this video's codec: the page shows a re-encoded preview (VP8); "
                     "the model reads your file.")
-        name = preset or self.default_preset
-        n = video_frames_for(self.pool.get(name).pair.processor) if self.pool.is_loaded(name) else DEFAULT_NUM_FRAMES
-        try:
-            clip = sample_video(video, n)
-        except SageError as e:
-            gr.Warning(str(e))
-            return gr.skip(), gr.Gallery(value=[], visible=False)
-        return (gr.Video(value=preview) if preview else gr.skip()), gr.Gallery(value=frame_strip(clip), visible=True)
+        strip = gr.Gallery(value=frame_strip(clip), visible=True, label=frames_label(clip), columns=len(clip.frames))
+        return (gr.Video(value=preview) if preview else gr.skip()), strip, gr.skip()
 
     def describe_model(self, preset: str | None) -> str:
         """The model info line: the pair's size (or why it is not loaded) and what it knows (presets.NOTES)."""

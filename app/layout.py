@@ -97,6 +97,7 @@ class Ui:
     fig_mapping: gr.Plot
     fig_time: gr.Plot
     step: gr.Slider
+    expert: gr.Checkbox  # the charts with every series (today's detail) instead of three per axis
     export: gr.DownloadButton
     run_state: gr.State
     summary: gr.JSON
@@ -155,8 +156,9 @@ def _media() -> dict:
                               elem_id="image", height=200)
         video = gr.Video(sources=["upload"], format=None, include_audio=True, label="Video", elem_id="video",
                          height=200)
-    frames = gr.Gallery(label="Video frames the model sees (sampled uniformly)", columns=4, height="auto",
-                        elem_id="frames", allow_preview=False, interactive=False, visible=False)
+    frames = gr.Gallery(label="Video frames the model sees (sampled uniformly)", columns=8, rows=1, height=130,
+                        elem_id="frames", allow_preview=False, interactive=False, visible=False, object_fit="contain",
+                        buttons=[])
     prompt = gr.Textbox(label="Prompt", lines=2, placeholder="Ask something about the image or video",
                         elem_id="prompt")
     return dict(image=image, video=video, frames=frames, prompt=prompt)
@@ -196,6 +198,8 @@ def _texts() -> dict:
 
 
 def _plots() -> dict:
+    expert = gr.Checkbox(False, label="Expert view: every series (α of the root, D_max, node price; prefill, verify "
+                                      "and overhead apart)", elem_id="expert")
     with gr.Row():
         fig_alpha = gr.Plot(plots.placeholder("Draft confidence α per step", "run something first"),
                             elem_id="plot-alpha", show_label=False)
@@ -213,7 +217,7 @@ def _plots() -> dict:
             fig_time = gr.Plot(plots.placeholder("Where the time went", "run something first", 260),
                                elem_id="plot-time", show_label=False)
     return dict(fig_alpha=fig_alpha, fig_accepted=fig_accepted, step=step, fig_tree=fig_tree,
-                fig_mapping=fig_mapping, fig_time=fig_time)
+                fig_mapping=fig_mapping, fig_time=fig_time, expert=expert)
 
 
 def _compare() -> CompareUi:

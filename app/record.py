@@ -72,6 +72,8 @@ class RunRecord:
     spec: Lane = field(default_factory=lambda: Lane("spec", "sage"))
     stopped: bool = False  # the user pressed Stop: the lanes may be incomplete
     backends: dict = field(default_factory=dict)  # what each model ran on, and why a faster path was turned down
+    alternated: bool = False  # the lanes decoded in turns (race.py), not one after the other
+    sage_cfg: object = None  # the knobs panel's SageConfig, drawn by the alpha -> (D, W) chart (not exported)
 
     @property
     def done(self) -> bool:
@@ -130,7 +132,10 @@ class RunRecord:
             "max_new_tokens": self.max_new_tokens,
             "policy": self.policy,
             "policy_config": self.policy_config,
-            "note": "the two decoders ran one after the other on the same input, never at the same time",
+            "note": ("the two decoders took turns in short slices on the same input, never at the same time; each "
+                     "lane's seconds are the sum of its own slices" if self.alternated else
+                     "the two decoders ran one after the other on the same input, never at the same time"),
+            "alternated": self.alternated,
             "ar": lane(self.ar),
             "speculative": lane(self.spec),
             **{k: v for k, v in self.summary().items() if k not in ("ar", "speculative")},
@@ -154,4 +159,5 @@ class RunRecord:
             raise ValueError(f"not a sage-run/1 export: {run.get('format')!r}")
         return cls(run["preset"], run["prompt"], run["max_new_tokens"], run["policy"], run["policy_config"],
                    run["media"], ar=lane("ar", run["ar"]), spec=lane("spec", run["speculative"]),
-                   stopped=bool(run.get("stopped")), backends=run.get("backends") or {})
+                   stopped=bool(run.get("stopped")), backends=run.get("backends") or {},
+                   alternated=bool(run.get("alternated")))

@@ -17,7 +17,8 @@ DEVICE = "device"  # one run per device at a time: every model-using event share
 DISMISS_STALE_VIDEO_ERROR = """() => {
   const close = () => {
     const src = document.querySelector('#video video')?.currentSrc || '';
-    if (!src.includes('preview-')) return;
+    const cleared = !document.querySelector('#video video');  // an unreadable upload, taken out: the status says why
+    if (!src.includes('preview-') && !cleared) return;
     for (const text of document.querySelectorAll('[data-testid="toast-text"]')) {
       if (text.textContent.trim() !== 'Video not playable') continue;
       const body = text.closest('[data-testid="toast-body"]');
@@ -36,6 +37,7 @@ def wire(demo: gr.Blocks, ui: Ui, h: Handlers) -> None:
     # (queued per device), then the buttons back (.then runs after an error or a Stop too).
     c = ui.compare
     buttons = [ui.run, c.run]
+    charts = [ui.fig_alpha, ui.fig_accepted, ui.fig_mapping, ui.fig_time]
     gr.on(
         triggers=[ui.run.click, ui.prompt.submit], fn=h.arm, inputs=ui.control, outputs=buttons, queue=False,
         api_visibility="private",
@@ -49,7 +51,11 @@ def wire(demo: gr.Blocks, ui: Ui, h: Handlers) -> None:
         concurrency_id=DEVICE,
         concurrency_limit=1,
         show_progress_on=[ui.status],  # a progress overlay on the outputs would hide the streamed text
-    ).then(fn=h.release, outputs=buttons, queue=False, api_visibility="private")
+    ).then(fn=h.release, outputs=buttons, queue=False, api_visibility="private").then(
+        fn=h.redraw_expert, inputs=[ui.run_state, ui.expert], outputs=charts, api_visibility="private",
+        queue=False, show_progress="hidden")
+    ui.expert.change(h.redraw, [ui.run_state, ui.expert], charts, api_visibility="private", queue=False,
+                     show_progress="hidden")
     # Compare policies: every policy on the same input, one queued job on the device like a run
     c.run.click(fn=h.arm, inputs=ui.control, outputs=buttons, queue=False, api_visibility="private").then(
         fn=h.comparison.run, inputs=[ui.image, ui.video, ui.prompt, ui.max_new_tokens, ui.preset, ui.control],
@@ -62,7 +68,8 @@ def wire(demo: gr.Blocks, ui: Ui, h: Handlers) -> None:
     ui.stop.click(h.stop, ui.control, None, api_visibility="private", queue=False)
     ui.step.change(h.scrub, [ui.run_state, ui.step], [ui.fig_tree, ui.step], api_visibility="private",
                    concurrency_limit=None, show_progress="hidden", trigger_mode="always_last")
-    ui.video.change(h.preview_frames, [ui.video, ui.preset], [ui.video, ui.frames], api_visibility="private").then(
+    ui.video.change(h.preview_frames, [ui.video, ui.preset], [ui.video, ui.frames, ui.status],
+                    api_visibility="private").then(
         fn=None, js=DISMISS_STALE_VIDEO_ERROR, api_visibility="private", queue=False)
     ui.preset.change(h.describe_model, ui.preset, ui.model_info, api_visibility="private", queue=False)
     demo.load(h.on_load, ui.preset, [ui.model_info, ui.status], api_visibility="private", queue=False)

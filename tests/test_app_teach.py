@@ -108,3 +108,31 @@ def test_defect_17_a_race_slower_than_ar_says_it_was_slower_and_why(client, serv
     status, board = text.status_done(record), text.scoreboard(record)
     for said in (status, board):
         assert "slower" in said and "because" in said, said
+
+
+def test_point_4_the_lanes_take_turns_and_each_is_timed_by_its_own_slices():
+    """Given an engine per lane, the race alternates the lanes in short slices (the arrivals interleave), each lane's
+    time is the sum of its own slices (together at most the race's wall time), and the outputs stay identical."""
+    import time
+
+    from app.device import DeviceThread
+    from app.race import Race, Transcriber, consume
+    from app.record import Lane, RunRecord
+    from sage_engine import SpecEngine, make_policy, prepare_input
+    from sage_engine.tiny_pairs import image, qwen25_pair
+
+    pair = qwen25_pair("noisy")
+    prepared = prepare_input(pair, "describe the image", images=[image(0)])
+    t0 = time.perf_counter()
+    race = Race(SpecEngine(pair), prepared, make_policy("sage"), 200, DeviceThread(), ar_engine=SpecEngine(pair))
+    race.start()
+    record, transcriber, order = RunRecord("p", "q", 200, "sage", {}, {}, spec=Lane("spec", "sage")), Transcriber(), []
+    started = time.perf_counter()
+    for batch in race.batches(every=lambda: 0.01):
+        consume(record, transcriber, batch)
+        order += [a.lane for a in batch if a.event is not None]
+    wall = time.perf_counter() - started
+    switches = sum(1 for a, b in zip(order, order[1:]) if a != b)
+    assert switches >= 3, order  # not one lane and then the other
+    assert record.ar.done and record.spec.done and record.ar.token_ids == record.spec.token_ids
+    assert record.ar.seconds + record.spec.seconds <= wall, (record.ar.seconds, record.spec.seconds, wall, t0)
