@@ -23,6 +23,19 @@ CSS = """
   -webkit-box-decoration-break: clone; box-decoration-break: clone; }
 #ar-text textarea { font-size: 14px; }
 #status { min-height: 2.2em; }
+.caption { font-size: 13px; color: #475569; }
+/* a phone: one list (inputs, Run, examples, results, then the settings); short text boxes, so that after Run both
+   texts and the speedup fit one screen; no plot toolbar over the titles */
+@media (max-width: 700px) {
+  #main-row { flex-direction: column; flex-wrap: nowrap; }
+  #main-row > .main-col { display: contents; }
+  #settings, #knobs { order: 10; }
+  #ar-text textarea { max-height: 9.5em; }
+  #spec-text .textfield { max-height: 10em; overflow-y: auto; }
+  #spec-text .legend { display: none; }
+  .modebar-container { display: none !important; }
+  #scoreboard .card .v { font-size: 20px; }
+}
 /* a refused run: the status box's own "Cannot run: ..." line says it; Gradio's "Error" pill would cover that line */
 #status [data-testid="status-tracker"]:has(.error), #compare-status [data-testid="status-tracker"]:has(.error) {
   display: none !important; }

@@ -131,6 +131,8 @@ def _knobs(cfg: SageConfig) -> Knobs:
                                      "policy takes plain steps (no draft); ours, not in the paper")
         prune = gr.Checkbox(False, label="Draft reads only 20% of the image tokens / 10% of the video tokens "
                                          "(the paper's draft-only pruning; every policy; the output is unchanged)")
+        with gr.Accordion("How sampling stays exact", open=False):
+            gr.Markdown(text.SAMPLING)
         gr.Markdown("Sampling, both lanes (0 = greedy). With the tree policies the target draws each token itself "
                     "at every tree node it reaches, so with the same seed both lanes write the same text; `chain` "
                     "samples its draft and keeps a token with probability min(1, p/q): the same distribution, a "
@@ -192,6 +194,9 @@ def _texts() -> dict:
                                        elem_id="spec-text")
     scoreboard = gr.HTML(text.scoreboard(None), css_template=text.SCOREBOARD_CSS, elem_id="scoreboard",
                          js_on_load=None)
+    with gr.Accordion("Why can speculation lose, or the two outputs differ? (and the colours)", open=False,
+                      elem_id="why"):
+        gr.Markdown(text.WHY_LOSE)
     replay_panel = gr.HTML(replay.replay_html(None), css_template=replay.CSS, js_on_load=replay.JS,
                            elem_id="replay")
     return dict(ar_text=ar_text, spec_text=spec_text, scoreboard=scoreboard, replay=replay_panel)
@@ -201,21 +206,28 @@ def _plots() -> dict:
     expert = gr.Checkbox(False, label="Expert view: every series (α of the root, D_max, node price; prefill, verify "
                                       "and overhead apart)", elem_id="expert")
     with gr.Row():
-        fig_alpha = gr.Plot(plots.placeholder("Draft confidence α per step", "run something first"),
-                            elem_id="plot-alpha", show_label=False)
-        fig_accepted = gr.Plot(plots.placeholder("Tokens per target forward", "run something first"),
-                               elem_id="plot-accepted", show_label=False)
+        with gr.Column():
+            fig_alpha = gr.Plot(plots.placeholder("How sure the draft was (α), and the tree it planned",
+                                                  "run something first"), elem_id="plot-alpha", show_label=False)
+            gr.Markdown(text.CAPTION_ALPHA, elem_classes="caption")
+        with gr.Column():
+            fig_accepted = gr.Plot(plots.placeholder("What each target forward wrote", "run something first"),
+                                   elem_id="plot-accepted", show_label=False)
+            gr.Markdown(text.CAPTION_ACCEPTED, elem_classes="caption")
     with gr.Row():
         with gr.Column(scale=3):
             step = StepSlider(1, 2, 1, step=1, label="Step: scrub through the speculative run's draft trees",
                               elem_id="step", interactive=False)
             fig_tree = gr.Plot(empty_tree("the draft tree of a step appears here after a run"),
                                elem_id="plot-tree", show_label=False)
+            gr.Markdown(text.CAPTION_TREE, elem_classes="caption")
         with gr.Column(scale=2):
-            fig_mapping = gr.Plot(plots.placeholder("SAGE's tree shape as a function of α", "run something first"),
-                                  elem_id="plot-mapping", show_label=False)
-            fig_time = gr.Plot(plots.placeholder("Where the time went", "run something first", 260),
+            fig_mapping = gr.Plot(plots.placeholder("SAGE's rule: the surer the draft (α), the deeper the tree",
+                                                    "run something first"), elem_id="plot-mapping", show_label=False)
+            gr.Markdown(text.CAPTION_MAPPING, elem_classes="caption")
+            fig_time = gr.Plot(plots.placeholder("Where each lane's time went", "run something first", 260),
                                elem_id="plot-time", show_label=False)
+            gr.Markdown(text.CAPTION_TIME, elem_classes="caption")
     return dict(fig_alpha=fig_alpha, fig_accepted=fig_accepted, step=step, fig_tree=fig_tree,
                 fig_mapping=fig_mapping, fig_time=fig_time, expert=expert)
 
@@ -223,6 +235,7 @@ def _plots() -> dict:
 def _compare() -> CompareUi:
     with gr.Accordion("Compare every policy on this input (ar, chain, static, eagle2, sage, the paper's SAGE)",
                       open=False, elem_id="compare-policies"):
+        gr.Markdown(text.TREE_VS_CHAIN)
         gr.Markdown("Each policy decodes the input above in turn (at most 128 new tokens), checked token for token "
                     "against the target alone: the speed of each, how big its trees were and how much of them the "
                     "target kept, and the trees the policies drew at the same point of the answer.")
@@ -253,11 +266,11 @@ def _compare() -> CompareUi:
 def build_layout(presets: Mapping[str, Preset], default_preset: str, cfg: SageConfig = SageConfig()) -> Ui:
     """Create every component inside the current gr.Blocks; returns their handles."""
     gr.Markdown(f"# {text.TITLE}\n{text.INTRO}")
-    with gr.Accordion("What am I looking at? (explanation and legend)", open=False):
-        gr.Markdown(text.EXPLAIN)
+    gr.Markdown(text.BASICS, elem_id="basics")
     # the first screen (1440 x 900): the upload, the prompt, Run and the examples; the settings below them
-    with gr.Row():
-        with gr.Column(scale=4, min_width=320):
+    # on a phone the two columns dissolve into one list (demo.CSS): the settings then come after the results
+    with gr.Row(elem_id="main-row"):
+        with gr.Column(scale=4, min_width=320, elem_classes="main-col"):
             inputs = _media()
             with gr.Row():
                 run = gr.Button("Run", variant="primary", elem_id="run")
@@ -265,9 +278,11 @@ def build_layout(presets: Mapping[str, Preset], default_preset: str, cfg: SageCo
             status = gr.Markdown("", elem_id="status")  # the page's load event says "loading" or "ready"
             model_info = gr.Markdown(elem_id="model-info")  # beside Run: a loading pair is seen without scrolling
             model_timer = gr.Timer(1.0)
-            inputs.update(_settings(presets, default_preset))
-            knobs = _knobs(cfg)
-        with gr.Column(scale=7, min_width=480):
+            with gr.Group(elem_id="settings"):
+                inputs.update(_settings(presets, default_preset))
+            with gr.Group(elem_id="knobs"):
+                knobs = _knobs(cfg)
+        with gr.Column(scale=7, min_width=480, elem_classes="main-col"):
             examples_row = gr.Row()  # filled by app/examples.py once every output exists
             outputs = _texts()
     figures = _plots()

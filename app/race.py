@@ -1,17 +1,19 @@
 """The race: autoregressive and speculative decoding of one prepared input, on the app's device thread (device.py).
 
-The device thread only decodes and timestamps step events; the Gradio handler drains them and draws
-at its own pace, so drawing never paces decoding. The two decoders NEVER run at the same time, and neither do two
-visitors' races (they queue on the one device thread): on a shared device a parallel run would slow both.
+The device thread only decodes and timestamps step events; the Gradio handler drains them and draws at its own pace,
+so drawing never paces decoding. The two decoders NEVER run at the same time, and neither do two visitors' races
+(they queue on the one device thread): on a shared device a parallel run would slow both.
 
-Given an engine for each lane (two engines on the same models: each holds one decode's caches), the lanes take
-turns in short slices (`SLICE_S` of decoding, at least one step each): a shared CPU's neighbours, busy one moment
-and idle the next, then slow both lanes alike instead of whichever lane happened to run at the time. Each lane's
-time is the sum of its own slices (the time spent inside its engine's `stream()`), so it is what that lane cost,
-measured on the same machine as the other. With one engine the lanes run one after the other, each timed like
-`SpecEngine.generate()` (the CLI). Before the lanes, the worker decodes a few plain tokens of the same input untimed
-(`WARM_TOKENS`): after the machine sat idle or ran other work, a decode runs ~10% slower for its first tens of
-milliseconds.
+Given an engine for each lane (two engines on the same models: each holds one decode's caches), the lanes take turns
+in short slices (`SLICE_S` of decoding, at least one step each): a shared CPU's neighbours, busy one moment and idle
+the next, then slow both lanes alike instead of whichever lane happened to run at the time. Each lane's time is the
+sum of its own slices (the time spent inside its engine's `stream()`), so it is what that lane cost, measured on the
+same machine as the other. Each lane's CPU time (the process's, in its own slices) is kept too: a neighbour that
+takes the core makes a lane wait, not compute, so CPU time is what the lane cost whatever the neighbours did (one
+decoding thread: the device's; the page's drawing meanwhile adds a little to both). With one engine the lanes run
+one after the other, each timed like `SpecEngine.generate()` (the CLI). Before the lanes, the worker decodes a few
+plain tokens of the same input untimed (`WARM_TOKENS`): after the machine sat idle or ran other work, a decode runs
+~10% slower for its first tens of milliseconds.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ class Arrival:
 
     lane: str  # "ar" | "spec"
     event: StepEvent | None
-    at: float  # seconds since the lane started
+    at: float  # seconds since the lane started (in turns: the lane's own slices)
+    cpu: float | None = None  # CPU seconds the process spent in the lane's own slices (in turns only)
 
 
 @dataclass(frozen=True)
@@ -141,7 +144,7 @@ class Race:
         """Both lanes in turns of SLICE_S; each lane's clock runs only inside its own engine's steps."""
         engines = {"ar": self.ar_engine, "spec": self.engine}
         turns = [[lane, iter(engines[lane].stream(self.prepared, policy, self.max_new_tokens, sampling=self.sampling)),
-                  0.0] for lane, policy in self.lanes]  # [lane, its step stream, its seconds so far]
+                  0.0, 0.0] for lane, policy in self.lanes]  # [lane, its step stream, its seconds, its CPU seconds]
         try:
             i = 0
             while turns:
@@ -149,11 +152,12 @@ class Race:
                 lane, steps = turn[0], turn[1]
                 start = time.perf_counter()
                 while True:
-                    t0 = time.perf_counter()
+                    t0, c0 = time.perf_counter(), time.process_time()
                     ev = next(steps, None)
-                    t1 = time.perf_counter()
+                    t1, c1 = time.perf_counter(), time.process_time()
                     turn[2] += t1 - t0
-                    self._queue.put(Arrival(lane, ev, turn[2]))
+                    turn[3] += c1 - c0
+                    self._queue.put(Arrival(lane, ev, turn[2], turn[3]))
                     if ev is None:
                         turns.remove(turn)
                         i -= 1  # the next lane has this index now
@@ -197,7 +201,7 @@ class Transcriber:
     def add(self, lane: Lane, arrival: Arrival) -> None:
         """Record one arrival in `lane`: the event, its time, the text and its origin segments."""
         if arrival.event is None:
-            lane.seconds = arrival.at
+            lane.seconds, lane.cpu_seconds = arrival.at, arrival.cpu
             return
         ev = arrival.event
         lane.steps.append(ev)

@@ -15,7 +15,7 @@ from .theme import AMBER, VIOLET, lane_title
 
 CSS = """
 .race { border: 1px solid #e2e8f0; border-radius: 10px; padding: 10px 12px; background: #fff; }
-.race-bar { display: flex; gap: 12px; align-items: center; margin-bottom: 8px; font-size: 13px; }
+.race-bar { display: flex; flex-wrap: wrap; gap: 12px; align-items: center; margin-bottom: 8px; font-size: 13px; }
 .race-bar button { background: #7c3aed; color: #fff; border: 0; border-radius: 6px; padding: 5px 12px;
   cursor: pointer; font-weight: 600; }
 .race-bar button:disabled { background: #cbd5e1; cursor: default; }

@@ -8,6 +8,11 @@ from .handlers import API_DESCRIPTION, Handlers
 from .layout import Ui
 from .view import View
 
+# After Run on a phone: the results (both texts, then the scoreboard) scrolled onto the screen.
+SHOW_RESULTS_ON_PHONE = """() => {
+  if (window.innerWidth <= 700) document.querySelector('#ar-text')?.scrollIntoView({block: 'start'});
+}"""
+
 DEVICE = "device"  # one run per device at a time: every model-using event shares this concurrency id
 
 # gr.Video's frontend toasts "Video not playable" as soon as the browser fails to decode an upload (e.g. 'mp4v').
@@ -54,6 +59,7 @@ def wire(demo: gr.Blocks, ui: Ui, h: Handlers) -> None:
     ).then(fn=h.release, outputs=buttons, queue=False, api_visibility="private").then(
         fn=h.redraw_expert, inputs=[ui.run_state, ui.expert], outputs=charts, api_visibility="private",
         queue=False, show_progress="hidden")
+    ui.run.click(None, js=SHOW_RESULTS_ON_PHONE, api_visibility="private", queue=False)
     ui.expert.change(h.redraw, [ui.run_state, ui.expert], charts, api_visibility="private", queue=False,
                      show_progress="hidden")
     # Compare policies: every policy on the same input, one queued job on the device like a run

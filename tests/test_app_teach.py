@@ -103,7 +103,9 @@ def test_defect_17_a_race_slower_than_ar_says_it_was_slower_and_why(client, serv
     with urllib.request.urlopen(f"{server.url}/gradio_api/file={final['export']['value']}") as r:
         record = RunRecord.from_export(json.loads(r.read()))
     record.ar.seconds = record.spec.seconds / 2  # the target alone, twice as fast: this race was lost
-    lost_by = record.speedup()
+    if record.ar.cpu_seconds:  # the lanes took turns: the page leads with the CPU-time speedup
+        record.ar.cpu_seconds = record.spec.cpu_seconds / 2
+    lost_by = record.headline_speedup()
     assert lost_by is not None and lost_by < 1
     status, board = text.status_done(record), text.scoreboard(record)
     for said in (status, board):

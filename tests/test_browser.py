@@ -580,3 +580,47 @@ def test_defect_16_an_empty_video_gets_one_message_on_upload_and_is_taken_out(pa
     page.click("#run")
     page.wait_for_function(f"{STATUS}.includes('image or a video') || {STATUS}.includes('Done')", timeout=60_000)
     assert "image or a video" in page.inner_text("#status")
+
+
+# The x axis's title and the annotations (the step's story) of a plot, as laid out boxes; and the plot's own box.
+AXIS_AND_NOTES = """(sel) => {
+  const plot = document.querySelector(sel + ' .js-plotly-plot');
+  const box = (e) => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
+  const title = plot.querySelector('.g-xtitle text');
+  return {title: title ? box(title) : null, notes: [...plot.querySelectorAll('.annotation')].map(box),
+          plot: box(plot.querySelector('.main-svg'))};
+}"""
+
+
+def overlap(a, b) -> bool:
+    return min(a[2], b[2]) - max(a[0], b[0]) > 1 and min(a[3], b[3]) - max(a[1], b[1]) > 1
+
+
+def test_defect_10_the_tree_story_sits_below_the_axis_title_and_inside_the_plot(page):
+    race(page, tokens=48)
+    page.wait_for_function("(document.querySelector('#plot-tree .gtitle') || {}).textContent?.startsWith('Step ')")
+    drawn = page.evaluate(AXIS_AND_NOTES, "#plot-tree")
+    assert drawn["title"] and drawn["notes"], drawn
+    assert not [n for n in drawn["notes"] if overlap(n, drawn["title"])], drawn
+    assert all(n[3] <= drawn["plot"][3] + 1 for n in drawn["notes"]), drawn  # not clipped at the bottom
+
+
+def test_defect_14_a_phone_shows_the_examples_before_the_settings_and_the_results_after_run(page):
+    """390 x 844: the examples come before the settings, and after Run both texts and the speedup are on the
+    screen."""
+    page.set_viewport_size({"width": 390, "height": 844})
+    try:
+        fresh(page)
+        examples, settings = (page.locator(s).bounding_box() for s in ("#image-examples", "#max-new-tokens"))
+        assert examples["y"] < settings["y"], (examples, settings)
+        page.set_input_files("#image input[type=file]", str(EXAMPLE_IMAGE))
+        page.wait_for_selector("#image img")
+        page.fill("#prompt textarea", "Describe the image in detail.")
+        run_to_the_end(page)
+        page.wait_for_timeout(500)
+        for sel in ("#ar-text", "#spec-text", "#scoreboard .card:nth-child(3)"):
+            box = page.locator(sel).bounding_box()
+            assert box and box["y"] >= -1 and box["y"] + box["height"] <= 845, (sel, box)
+        assert "Speedup" in page.locator("#scoreboard .card:nth-child(3)").inner_text()
+    finally:
+        page.set_viewport_size({"width": 1440, "height": 1100})
