@@ -27,6 +27,7 @@ CSS = """
 /* a phone: one list (inputs, Run, examples, results, then the settings); short text boxes, so that after Run both
    texts and the speedup fit one screen; no plot toolbar over the titles */
 @media (max-width: 700px) {
+  html, body { overflow-anchor: none; }  /* the results stay where Run scrolled them while the page grows below */
   #main-row { flex-direction: column; flex-wrap: nowrap; }
   #main-row > .main-col { display: contents; }
   #settings, #knobs { order: 10; }

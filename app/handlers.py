@@ -33,6 +33,7 @@ from .pool import Loaded, PairPool
 from .race import Race, RunControl, Transcriber, consume
 from .record import Lane, RunRecord
 from .served import NOTES, unavailable
+from .step_story import step_story
 from .theme import lane_title
 from .tree_plot import empty_tree, tree_figure
 from .view import View
@@ -327,13 +328,40 @@ class Handlers:
         control.stop()
 
     def scrub(self, record: RunRecord | None, step) -> tuple:
-        """The step box / slider: the tree of the step asked for, and the box set to the step shown (a number past
-        the last step shows the last; StepSlider lets such a number through instead of refusing it)."""
+        """The step box / slider: the tree of the step asked for, the box set to the step shown (a number past
+        the last step shows the last; StepSlider lets such a number through instead of refusing it), and the step
+        told in words."""
         steps = record.spec.decode_steps if record is not None else []
         if not steps:
-            return empty_tree("run something first"), gr.skip()
+            return empty_tree("run something first"), gr.skip(), step_story(None, "sage", None)
         want = min(max(int(step or 1), steps[0].step), steps[-1].step)
-        return self.show_step(record, want), (gr.skip() if want == step else want)
+        return self.show_step(record, want), (gr.skip() if want == step else want), self.story(record, want)
+
+    @staticmethod
+    def story(record: RunRecord | None, step) -> str:
+        """Speculative step `step` of the user's last run, opened (app/step_story.py)."""
+        steps = record.spec.decode_steps if record is not None else []
+        if not steps:
+            return step_story(None, "sage", None)
+        want = int(step or 1)
+        ev = next((s for s in steps if s.step == want), steps[-1])
+        return step_story(ev, record.spec.policy, record.sage_cfg or SageConfig())
+
+    @classmethod
+    def previous_step(cls, record: RunRecord | None, step):
+        return cls.nudge(record, step, -1)
+
+    @classmethod
+    def next_step(cls, record: RunRecord | None, step):
+        return cls.nudge(record, step, 1)
+
+    @staticmethod
+    def nudge(record: RunRecord | None, step, by: int):
+        """The step slider moved by `by` steps (the previous / next buttons), kept within the run's steps."""
+        steps = record.spec.decode_steps if record is not None else []
+        if not steps:
+            return gr.skip()
+        return min(max(int(step or 1) + by, steps[0].step), steps[-1].step)
 
     @staticmethod
     def redraw(record: RunRecord | None, expert: bool) -> tuple:

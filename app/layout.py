@@ -16,6 +16,8 @@ from .components import StepSlider, UploadedImage
 from .policy_compare import TREES, TREES_PER_ROW
 from .race import RunControl
 from .served import Preset
+from .step_story import CSS as STORY_CSS
+from .step_story import step_story
 from .theme import TOKEN_COLORS
 from .tree_plot import empty_tree
 
@@ -98,6 +100,9 @@ class Ui:
     fig_time: gr.Plot
     step: gr.Slider
     expert: gr.Checkbox  # the charts with every series (today's detail) instead of three per axis
+    story: gr.HTML  # the step shown, opened: told in words with its numbers (app/step_story.py)
+    prev_step: gr.Button
+    next_step: gr.Button
     export: gr.DownloadButton
     run_state: gr.State
     summary: gr.JSON
@@ -221,6 +226,10 @@ def _plots() -> dict:
             fig_tree = gr.Plot(empty_tree("the draft tree of a step appears here after a run"),
                                elem_id="plot-tree", show_label=False)
             gr.Markdown(text.CAPTION_TREE, elem_classes="caption")
+            with gr.Row():
+                prev_step = gr.Button("◀ previous step", size="sm", elem_id="prev-step")
+                next_step = gr.Button("next step ▶", size="sm", elem_id="next-step")
+            story = gr.HTML(step_story(None, "sage", None), css_template=STORY_CSS, elem_id="step-story")
         with gr.Column(scale=2):
             fig_mapping = gr.Plot(plots.placeholder("SAGE's rule: the surer the draft (α), the deeper the tree",
                                                     "run something first"), elem_id="plot-mapping", show_label=False)
@@ -229,7 +238,8 @@ def _plots() -> dict:
                                elem_id="plot-time", show_label=False)
             gr.Markdown(text.CAPTION_TIME, elem_classes="caption")
     return dict(fig_alpha=fig_alpha, fig_accepted=fig_accepted, step=step, fig_tree=fig_tree,
-                fig_mapping=fig_mapping, fig_time=fig_time, expert=expert)
+                fig_mapping=fig_mapping, fig_time=fig_time, expert=expert, story=story, prev_step=prev_step,
+                next_step=next_step)
 
 
 def _compare() -> CompareUi:
@@ -252,6 +262,8 @@ def _compare() -> CompareUi:
                              elem_id="compare-tokens", show_label=False)
         point = gr.Slider(0, 100, 50, step=1, label="Trees at this point of each answer (% of its tokens)",
                           elem_id="compare-point")
+        gr.Markdown(f"**In the trees:** {text.LEGEND}; depth = tokens ahead of the output; hover a node for its token "
+                    "and probability.", elem_id="compare-legend")
         trees = []
         for first in range(0, TREES, TREES_PER_ROW):  # rows of two: wide enough for a deep tree's labels
             with gr.Row():

@@ -10,7 +10,10 @@ from .view import View
 
 # After Run on a phone: the results (both texts, then the scoreboard) scrolled onto the screen.
 SHOW_RESULTS_ON_PHONE = """() => {
-  if (window.innerWidth <= 700) document.querySelector('#ar-text')?.scrollIntoView({block: 'start'});
+  if (window.innerWidth > 700) return;
+  const show = () => document.querySelector('#ar-text')?.scrollIntoView({block: 'start'});
+  show();
+  for (const ms of [300, 1000, 2000]) setTimeout(show, ms);  // again once the charts below have been drawn
 }"""
 
 DEVICE = "device"  # one run per device at a time: every model-using event shares this concurrency id
@@ -43,7 +46,7 @@ def wire(demo: gr.Blocks, ui: Ui, h: Handlers) -> None:
     c = ui.compare
     buttons = [ui.run, c.run]
     charts = [ui.fig_alpha, ui.fig_accepted, ui.fig_mapping, ui.fig_time]
-    gr.on(
+    race = gr.on(
         triggers=[ui.run.click, ui.prompt.submit], fn=h.arm, inputs=ui.control, outputs=buttons, queue=False,
         api_visibility="private",
     ).then(
@@ -56,23 +59,37 @@ def wire(demo: gr.Blocks, ui: Ui, h: Handlers) -> None:
         concurrency_id=DEVICE,
         concurrency_limit=1,
         show_progress_on=[ui.status],  # a progress overlay on the outputs would hide the streamed text
-    ).then(fn=h.release, outputs=buttons, queue=False, api_visibility="private").then(
+    )
+    race.failure(fn=h.release, outputs=buttons, queue=False, api_visibility="private")  # a refused run (below)
+    race.then(fn=h.release, outputs=buttons, queue=False, api_visibility="private").then(
+        fn=h.story, inputs=[ui.run_state, ui.step], outputs=ui.story, api_visibility="private", queue=False,
+        show_progress="hidden").then(
         fn=h.redraw_expert, inputs=[ui.run_state, ui.expert], outputs=charts, api_visibility="private",
-        queue=False, show_progress="hidden")
+        queue=False, show_progress="hidden").then(fn=None, js=SHOW_RESULTS_ON_PHONE, api_visibility="private",
+                                                  queue=False)  # the charts came in below: the results again
     ui.run.click(None, js=SHOW_RESULTS_ON_PHONE, api_visibility="private", queue=False)
     ui.expert.change(h.redraw, [ui.run_state, ui.expert], charts, api_visibility="private", queue=False,
                      show_progress="hidden")
     # Compare policies: every policy on the same input, one queued job on the device like a run
-    c.run.click(fn=h.arm, inputs=ui.control, outputs=buttons, queue=False, api_visibility="private").then(
+    comparison = c.run.click(fn=h.arm, inputs=ui.control, outputs=buttons, queue=False,
+                             api_visibility="private").then(
         fn=h.comparison.run, inputs=[ui.image, ui.video, ui.prompt, ui.max_new_tokens, ui.preset, ui.control],
         outputs=c.outputs(), api_name="compare_policies", concurrency_id=DEVICE, concurrency_limit=1,
-        show_progress_on=[c.status]).then(fn=h.release, outputs=buttons, queue=False, api_visibility="private")
+        show_progress_on=[c.status])
+    # the buttons back after the run: .then after a success or a Stop; Gradio 6.31's page does not run a .then after
+    # a queued event that raised (a refused input), .failure does
+    for done in (comparison.then, comparison.failure):
+        done(fn=h.release, outputs=buttons, queue=False, api_visibility="private")
     c.point.change(h.comparison.show, [c.lanes, c.point], c.trees, api_visibility="private", concurrency_limit=None,
                    show_progress="hidden", trigger_mode="always_last")
     # Stop flips the switch; the decoding thread checks it every step and the run then reports what it has
     # (a Gradio cancel would kill the handler before it could say so).
     ui.stop.click(h.stop, ui.control, None, api_visibility="private", queue=False)
-    ui.step.change(h.scrub, [ui.run_state, ui.step], [ui.fig_tree, ui.step], api_visibility="private",
+    ui.prev_step.click(h.previous_step, [ui.run_state, ui.step], ui.step, api_visibility="private", queue=False,
+                       show_progress="hidden")
+    ui.next_step.click(h.next_step, [ui.run_state, ui.step], ui.step, api_visibility="private", queue=False,
+                       show_progress="hidden")
+    ui.step.change(h.scrub, [ui.run_state, ui.step], [ui.fig_tree, ui.step, ui.story], api_visibility="private",
                    concurrency_limit=None, show_progress="hidden", trigger_mode="always_last")
     ui.video.change(h.preview_frames, [ui.video, ui.preset], [ui.video, ui.frames, ui.status],
                     api_visibility="private").then(
