@@ -127,7 +127,7 @@ def test_video_shows_the_frames_the_model_sees(page, tmp_path_factory):
     media = app_server.media(str(tmp_path_factory.mktemp("browser_video")))
     page.set_viewport_size({"width": 1440, "height": 900})
     try:
-        page.evaluate("window.scrollTo(0, 0)")
+        fresh(page)
         page.set_input_files("#video input[type=file]", media.video)
         page.wait_for_function("document.querySelectorAll('#frames img').length >= 2", timeout=30_000)
         assert "0.0" in page.inner_text("#frames")  # the frames' times, in the label
@@ -137,11 +137,8 @@ def test_video_shows_the_frames_the_model_sees(page, tmp_path_factory):
             .filter((c) => c.getBoundingClientRect().height > 0).length""")
         assert covered == 0
     finally:
-        page.locator("#video button[aria-label='Clear']").click()
-        page.wait_for_selector("#frames", state="hidden", timeout=10_000)
+        fresh(page)  # no video left in the input for the next test
         page.set_viewport_size({"width": 1440, "height": 1100})
-    page.locator("#video button[aria-label='Clear']").click()
-    page.wait_for_selector("#frames", state="hidden", timeout=10_000)
 
 
 def test_example_videos_play_in_the_browser(page):
@@ -158,6 +155,7 @@ def test_example_videos_play_in_the_browser(page):
 
 def test_bad_upload_shows_message_and_keeps_the_page(page, tmp_path_factory):
     media = app_server.media(str(tmp_path_factory.mktemp("browser_bad")))
+    race(page, tokens=16)  # a finished run whose text must survive the refused one
     page.fill("#prompt textarea", "   ")
     page.click("#run")
     page.wait_for_function("document.querySelector('#status').innerText.includes('Cannot run')", timeout=30_000)
@@ -285,8 +283,7 @@ def test_unplayable_video_is_previewed_and_runs(page, tmp_path_factory):
     import hostile_media as hm
 
     clip = hm.video(tmp_path_factory.mktemp("browser_mp4v") / "mp4v.mp4", "mp4v", frames=12, size=(160, 120))
-    if page.locator("#video button[aria-label='Clear']").count():  # a clip left by an earlier test
-        page.locator("#video button[aria-label='Clear']").click()
+    fresh(page)  # no image left by an earlier test (an image and a video together are refused)
     page.set_input_files("#video input[type=file]", clip)
     page.wait_for_function("document.querySelectorAll('#frames img').length >= 2", timeout=30_000)
     playing = ("(() => { const v = document.querySelector('#video video'); return !!v && "
