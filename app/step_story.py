@@ -140,8 +140,10 @@ def step_story(ev: StepEvent | None, policy: str, cfg: SageConfig | None) -> str
                      f"matched the draft along {path} ({len(acc)} token{'s' if len(acc) != 1 else ''}); after that "
                      f"it wanted {_tok(bonus)}, which it writes itself: the <b>bonus</b> token (blue). This step "
                      f"wrote {len(ev.new_token_ids)} tokens with one target forward.</li>")
+    rejected = len(tv.tokens) - len(acc)
     steps.append(f"<li><b>The caches</b>: both models keep the prompt, the output and these {len(ev.new_token_ids)} "
-                 f"tokens; the entries of the {len(tv.tokens) - len(acc)} rejected nodes are dropped.</li>")
+                 f"tokens; the entries of the {rejected} rejected node{'s' if rejected != 1 else ''} are "
+                 f"dropped.</li>")
     legend = (f"<span style='color:{GREEN}'>■</span> accepted · <span style='color:{BLUE}'>■</span> bonus · "
               f"<span style='color:{GREY}'>■</span> rejected")
     return f'<div class="story">{head}<ol>{"".join(steps)}</ol><div class="f">{legend}</div></div>'
