@@ -22,3 +22,13 @@ class UploadedImage(gr.Image):
         if payload is not None and payload.path and not (payload.url or "").startswith("data:"):
             return str(payload.path)
         return super().preprocess(payload)
+
+
+class StepSlider(gr.Slider):
+    """The step slider: a number typed past either end reaches the handler (which shows the nearest step) instead
+    of being refused by gr.Slider with an error toast and a server traceback."""
+
+    is_template = True  # rendered by the frontend as a plain gr.Slider
+
+    def preprocess(self, payload: float) -> float:
+        return payload

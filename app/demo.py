@@ -16,10 +16,42 @@ from .text import TITLE
 from .wiring import wire
 
 CSS = """
-#spec-text .textfield { font-size: 14px; line-height: 1.9; }
+#spec-text .textfield { font-size: 14px; line-height: 1.9; display: block; }
+/* the coloured chunks flow as text: inline, so a line breaks between words, never inside one or at a chunk's edge */
+#spec-text .token-container, #spec-text .token, #spec-text .text { display: inline; }
+#spec-text .token { padding: 0.15em 0; margin: 0; border-radius: 0; white-space: pre-wrap;
+  -webkit-box-decoration-break: clone; box-decoration-break: clone; }
 #ar-text textarea { font-size: 14px; }
 #status { min-height: 2.2em; }
+.caption { font-size: 13px; color: #475569; }
+/* a phone: one list (inputs, Run, examples, results, then the settings); short text boxes, so that after Run both
+   texts and the speedup fit one screen; no plot toolbar over the titles */
+@media (max-width: 700px) {
+  html, body { overflow-anchor: none; }  /* the results stay where Run scrolled them while the page grows below */
+  #main-row { flex-direction: column; flex-wrap: nowrap; }
+  #main-row > .main-col { display: contents; }
+  #settings, #knobs { order: 10; }
+  #ar-text textarea { max-height: 9.5em; }
+  #spec-text .textfield { max-height: 10em; overflow-y: auto; }
+  #spec-text .legend { display: none; }
+  .modebar-container { display: none !important; }
+  #scoreboard .card .v { font-size: 20px; }
+}
+/* a refused run: the status box's own "Cannot run: ..." line says it; Gradio's "Error" pill would cover that line */
+#status [data-testid="status-tracker"]:has(.error), #compare-status [data-testid="status-tracker"]:has(.error) {
+  display: none !important; }
 """
+
+# Gradio's client closes each finished event stream through a stand-in EventSource whose close() logs
+# "Method not implemented." (twice per race: the run and the buttons' release); that line alone is dropped.
+HEAD = """<script>
+(() => { const warn = console.warn.bind(console);
+  console.warn = (...args) => {
+    if (args.length === 1 && args[0] === 'Method not implemented.') return;
+    warn(...args);
+  };
+})();
+</script>"""
 
 
 PRELOAD_MODES = ("off", "now", "background")
@@ -83,5 +115,5 @@ def calm_queue(demo: gr.Blocks) -> None:
 
 def launch_options(max_file_size: str | int = "64mb") -> dict:
     """Keyword arguments for `demo.launch()` (Gradio 6 takes theme and css there, not in Blocks)."""
-    return dict(max_file_size=max_file_size, css=CSS, theme=gr.themes.Soft(primary_hue="violet"),
+    return dict(max_file_size=max_file_size, css=CSS, head=HEAD, theme=gr.themes.Soft(primary_hue="violet"),
                 footer_links=["api", "gradio"])

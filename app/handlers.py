@@ -1,7 +1,8 @@
 """Event handlers. They read inputs, call the engine through `Race`, and yield Views; no tensors here.
 
-`compare` is also the public API (`api_name="compare"`): parameters image, video, prompt,
-max_new_tokens, policy (then optional preset and SAGE knobs); its last output is the JSON summary.
+`compare` is also the public API (`api_name="compare"`, described by `API_DESCRIPTION`): parameters image or
+video (one of them), prompt, max_new_tokens, policy (then optional preset and SAGE knobs); its last output is the
+JSON summary.
 """
 
 from __future__ import annotations
@@ -24,14 +25,15 @@ from sage_engine.media import DEFAULT_NUM_FRAMES, sample_video, video_frames_for
 
 from . import plots, replay, text
 from .gpu import on_gpu, zero_gpu
-from .layout import MAX_NEW_TOKENS, POLICIES
-from .media import Previews, RunFiles, frame_strip
+from .layout import DEFAULT_NEW_TOKENS, MAX_NEW_TOKENS, POLICIES
+from .media import BOTH_MEDIA, Previews, RunFiles, check_media, frame_strip, frames_label
 from .pacing import Pacer
 from .policy_compare import PolicyComparison
 from .pool import Loaded, PairPool
 from .race import Race, RunControl, Transcriber, consume
 from .record import Lane, RunRecord
 from .served import NOTES, unavailable
+from .step_story import step_story
 from .theme import lane_title
 from .tree_plot import empty_tree, tree_figure
 from .view import View
@@ -47,6 +49,12 @@ FIGURES = ("fig_alpha", "fig_accepted", "fig_tree", "fig_mapping", "fig_time")
 log = logging.getLogger("sage.app")
 
 POLL = 0.03  # seconds between looks at the decoding thread's queue until the first token shows
+
+API_DESCRIPTION = (
+    "Race the target model alone (autoregressive) against speculative decoding with `policy` on one image OR one "
+    "video (give one of them, not both) and a prompt; streams both texts and the charts. The last output is the "
+    "JSON summary: {ar, speculative, identical, divergence, speedup, preset}.")
+
 
 
 def serialized(fig) -> PlotData:
@@ -141,13 +149,12 @@ class Handlers:
         self.comparison = PolicyComparison(self, new_tokens)  # the "Compare policies" mode (/compare_policies)
 
     # ------------------------------------------------------------------ compare (the API)
-    def compare(self, image, video, prompt, max_new_tokens, policy, preset=None, control: RunControl | None = None,
-                **knobs) -> Iterator[tuple]:
-        """Race autoregressive then speculative decoding on one input, streaming both.
-
-        The work runs in `self._on_device`, which is `_compare` behind ZeroGPU's `spaces.GPU` on a ZeroGPU
-        Space (a forked worker: only plain, picklable values cross, so the Stop switch stays here) and
-        `_compare` itself everywhere else."""
+    def compare(self, image=None, video=None, prompt="", max_new_tokens=DEFAULT_NEW_TOKENS, policy="sage",
+                preset=None, control: RunControl | None = None, **knobs) -> Iterator[tuple]:
+        # Race autoregressive then speculative decoding on one input, streaming both (the API page shows
+        # API_DESCRIPTION, not this). image and video default to None so that the API marks neither required.
+        # The work runs in `self._on_device`: `_compare` behind ZeroGPU's `spaces.GPU` on a ZeroGPU Space (a forked
+        # worker: only plain, picklable values cross, so the Stop switch stays here), `_compare` itself elsewhere.
         if zero_gpu():
             control = None
         video = self.previews.original(video)  # the page may show a re-encoded preview: decode the upload itself
@@ -181,14 +188,18 @@ class Handlers:
         n = new_tokens(max_new_tokens)
         pruning = VisualPruning() if knobs.pop("draft_prune", False) else None
         sampling = sampling_of(knobs)
+        if image and video:
+            raise InputError(BOTH_MEDIA)
         loaded = self.pool.get(preset)
+        if not loaded.text_only:
+            check_media(image, video)
         clip, prepared = self.pool.device.call(self._prepare, loaded.pair, prompt, image, video)
         media = {"image": os.path.basename(image) if image else None,
                  "video": os.path.basename(video) if video else None, "frames": len(clip.frames) if clip else 0}
         settings = {**(vars(cfg) if cfg is not None else {}),
                     "draft_pruning": None if pruning is None else vars(pruning), "sampling": vars(sampling)}
         record = RunRecord(preset, prepared.prompt, n, policy, settings, media, spec=Lane("spec", policy))
-        sage_cfg = cfg if name == "sage" else sage_config(knobs)
+        sage_cfg = record.sage_cfg = cfg if name == "sage" else sage_config(knobs)
         return Setup(loaded, prepared, make_policy(name, cfg), sampling, sage_cfg, pruning, record)
 
     @staticmethod
@@ -205,7 +216,10 @@ class Handlers:
         engine = s.loaded.engine(s.pruning)
         engine.check_trees(s.policy)  # a pair that cannot verify trees: one line before either lane decodes
         record.backends = engine.backends()
-        race = Race(engine, s.prepared, s.policy, record.max_new_tokens, self.pool.device, stop, s.sampling)
+        ar_engine = s.loaded.ar_engine(engine)  # the autoregressive lane's: the lanes decode in turns (race.py)
+        record.alternated = ar_engine is not None
+        race = Race(engine, s.prepared, s.policy, record.max_new_tokens, self.pool.device, stop, s.sampling,
+                    ar_engine=ar_engine)
         transcriber = Transcriber()
         view = self._reset_view(record)
         yield view.row()
@@ -296,15 +310,72 @@ class Handlers:
 
     # ------------------------------------------------------------------ other events
     @staticmethod
-    def arm(control: RunControl) -> None:
-        """Run was pressed: a fresh Stop switch, before the run waits in the queue (so Stop works there too)."""
+    def arm(control: RunControl) -> tuple:
+        """Run was pressed: a fresh Stop switch, before the run waits in the queue (so Stop works there too), and
+        both Run buttons greyed out until it ends (`release`)."""
         control.arm()
+        return gr.Button(interactive=False), gr.Button(interactive=False)
+
+    @staticmethod
+    def release() -> tuple:
+        """The run ended (done, stopped or refused): both Run buttons work again."""
+        return gr.Button(interactive=True), gr.Button(interactive=True)
 
     @staticmethod
     def stop(control: RunControl) -> None:
         """The Stop button: the running decoder ends after its current step, then the run reports what it has
         (the run writes the status itself: a reply from here could land after the run's last update)."""
         control.stop()
+
+    def scrub(self, record: RunRecord | None, step) -> tuple:
+        """The step box / slider: the tree of the step asked for, the box set to the step shown (a number past
+        the last step shows the last; StepSlider lets such a number through instead of refusing it), and the step
+        told in words."""
+        steps = record.spec.decode_steps if record is not None else []
+        if not steps:
+            return empty_tree("run something first"), gr.skip(), step_story(None, "sage", None)
+        want = min(max(int(step or 1), steps[0].step), steps[-1].step)
+        return self.show_step(record, want), (gr.skip() if want == step else want), self.story(record, want)
+
+    @staticmethod
+    def story(record: RunRecord | None, step) -> str:
+        """Speculative step `step` of the user's last run, opened (app/step_story.py)."""
+        steps = record.spec.decode_steps if record is not None else []
+        if not steps:
+            return step_story(None, "sage", None)
+        want = int(step or 1)
+        ev = next((s for s in steps if s.step == want), steps[-1])
+        return step_story(ev, record.spec.policy, record.sage_cfg or SageConfig())
+
+    @classmethod
+    def previous_step(cls, record: RunRecord | None, step):
+        return cls.nudge(record, step, -1)
+
+    @classmethod
+    def next_step(cls, record: RunRecord | None, step):
+        return cls.nudge(record, step, 1)
+
+    @staticmethod
+    def nudge(record: RunRecord | None, step, by: int):
+        """The step slider moved by `by` steps (the previous / next buttons), kept within the run's steps."""
+        steps = record.spec.decode_steps if record is not None else []
+        if not steps:
+            return gr.skip()
+        return min(max(int(step or 1) + by, steps[0].step), steps[-1].step)
+
+    @staticmethod
+    def redraw(record: RunRecord | None, expert: bool) -> tuple:
+        """The four run charts again from the user's last run, plain (three series per axis) or `expert`."""
+        if record is None or not record.spec.decode_steps:
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        cfg, lane, e = record.sage_cfg or SageConfig(), record.spec, bool(expert)
+        return (plots.alpha_figure(lane, e), plots.accepted_figure(lane, e), plots.mapping_figure(lane, cfg, e),
+                plots.time_figure(record, e))
+
+    @classmethod
+    def redraw_expert(cls, record: RunRecord | None, expert: bool) -> tuple:
+        """After a run: the expert charts if the box is ticked (the run draws the plain ones)."""
+        return cls.redraw(record, True) if expert else (gr.skip(),) * 4
 
     def show_step(self, record: RunRecord | None, step) -> object:
         """The draft tree of speculative step `step` of the user's last run."""
@@ -315,13 +386,21 @@ class Handlers:
         return tree_figure(ev, ev.bonus_text or "")
 
     def preview_frames(self, video: str | None, preset: str | None) -> tuple:
-        """(the video shown, the frame strip) when a video is chosen: a video the browser cannot play is shown
-        through a re-encoded preview (media.Previews), and the strip holds the frames the model will see (a run
-        samples them the same way, from the upload itself)."""
+        """(the video shown, the frame strip, the status box) when a video is chosen: a video the browser cannot play
+        is shown through a re-encoded preview (media.Previews), and the strip holds the frames the model will see (a
+        run samples them the same way, from the upload itself). A video the model cannot read (empty, broken, too
+        long) is taken out of the input at once and the status box says why, in one line (no toast besides)."""
         if not video:
-            return gr.skip(), gr.Gallery(value=[], visible=False)
+            return gr.skip(), gr.Gallery(value=[], visible=False), gr.skip()
         if self.previews.is_preview(video):  # our own preview coming back through the change event
-            return gr.skip(), gr.skip()
+            return gr.skip(), gr.skip(), gr.skip()
+        name = preset or self.default_preset
+        n = video_frames_for(self.pool.get(name).pair.processor) if self.pool.is_loaded(name) else DEFAULT_NUM_FRAMES
+        try:
+            clip = sample_video(video, n)
+        except SageError as e:
+            return (gr.Video(value=None), gr.Gallery(value=[], visible=False),
+                    text.status_error(f"{e} (the video was taken out; choose another)"))
         try:
             preview = self.previews.make(video)
         except Exception:  # noqa: BLE001 - a preview is a courtesy: without one the run still works
@@ -330,14 +409,8 @@ class Handlers:
         if preview:
             gr.Info("Your browser cannot play this video's codec: the page shows a re-encoded preview (VP8); "
                     "the model reads your file.")
-        name = preset or self.default_preset
-        n = video_frames_for(self.pool.get(name).pair.processor) if self.pool.is_loaded(name) else DEFAULT_NUM_FRAMES
-        try:
-            clip = sample_video(video, n)
-        except SageError as e:
-            gr.Warning(str(e))
-            return gr.skip(), gr.Gallery(value=[], visible=False)
-        return (gr.Video(value=preview) if preview else gr.skip()), gr.Gallery(value=frame_strip(clip), visible=True)
+        strip = gr.Gallery(value=frame_strip(clip), visible=True, label=frames_label(clip), columns=len(clip.frames))
+        return (gr.Video(value=preview) if preview else gr.skip()), strip, gr.skip()
 
     def describe_model(self, preset: str | None) -> str:
         """The model info line: the pair's size (or why it is not loaded) and what it knows (presets.NOTES)."""
@@ -353,7 +426,24 @@ class Handlers:
         missing = unavailable(self.pool.presets[name]) if name in self.pool.presets else "not configured"
         return f"**{name}**: " + (f"not available ({missing})" if missing else "loads on the first run") + note
 
-    def model_tick(self, preset: str | None) -> tuple:
-        """The page's timer: the model line again, and the timer stays on only while the pair is loading."""
+    def page_status(self, preset: str | None) -> str:
+        """The status box beside Run before any run: whether the pair is loading, failed, or ready."""
         name = preset or self.default_preset
-        return self.describe_model(name), gr.Timer(active=self.pool.loading_for(name) is not None)
+        waited = self.pool.loading_for(name)
+        if waited is not None:
+            return text.status_loading(name, waited)
+        if name in self.pool.failed:
+            return text.status_error(f"the model pair {name} failed to load ({self.pool.failed[name]})")
+        return text.READY
+
+    def on_load(self, preset: str | None) -> tuple:
+        """The page has loaded: (the model line, the status box)."""
+        return self.describe_model(preset), self.page_status(preset)
+
+    def model_tick(self, preset: str | None, status: str | None = None) -> tuple:
+        """The page's timer: the model line and the status box again (the status only while it speaks of the
+        loading: a run's own status is left alone), and the timer stays on only while the pair is loading."""
+        name = preset or self.default_preset
+        loading = self.pool.loading_for(name) is not None
+        mine = loading or text.is_loading_status(status)
+        return (self.describe_model(name), self.page_status(name) if mine else gr.skip(), gr.Timer(active=loading))

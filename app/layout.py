@@ -12,10 +12,12 @@ from sage_engine import SageConfig
 from sage_engine.config import ALPHA_SOURCES, SPECULATIVE_POLICIES  # config: the names without the policies (torch)
 
 from . import plots, replay, text
-from .components import UploadedImage
+from .components import StepSlider, UploadedImage
 from .policy_compare import TREES, TREES_PER_ROW
 from .race import RunControl
 from .served import Preset
+from .step_story import CSS as STORY_CSS
+from .step_story import step_story
 from .theme import TOKEN_COLORS
 from .tree_plot import empty_tree
 
@@ -97,6 +99,10 @@ class Ui:
     fig_mapping: gr.Plot
     fig_time: gr.Plot
     step: gr.Slider
+    expert: gr.Checkbox  # the charts with every series (today's detail) instead of three per axis
+    story: gr.HTML  # the step shown, opened: told in words with its numbers (app/step_story.py)
+    prev_step: gr.Button
+    next_step: gr.Button
     export: gr.DownloadButton
     run_state: gr.State
     summary: gr.JSON
@@ -123,21 +129,25 @@ def _knobs(cfg: SageConfig) -> Knobs:
             source = gr.Dropdown(list(ALPHA_SOURCES), value=cfg.alpha_source,
                                  label="α for the next tree comes from")
         threshold = gr.Dropdown([("the paper's: θ_l and N_max", "paper"),
-                                 ("also this machine's measured costs: a node must pay for its verification, "
-                                  "a level for its draft forward, and plain steps (no draft) while drafting "
-                                  "loses (ours, not in the paper; the default)", "cost")],
-                                value=cfg.threshold, label="Which nodes are worth drafting")
+                                 ("priced by this machine (the default)", "cost")],
+                                value=cfg.threshold, label="Which nodes are worth drafting", elem_id="knob-threshold",
+                                info="priced: a node must pay for its verification and a level for its draft "
+                                     "forward, with this machine's measured costs, and while drafting loses the "
+                                     "policy takes plain steps (no draft); ours, not in the paper")
         prune = gr.Checkbox(False, label="Draft reads only 20% of the image tokens / 10% of the video tokens "
                                          "(the paper's draft-only pruning; every policy; the output is unchanged)")
+        with gr.Accordion("How sampling stays exact", open=False):
+            gr.Markdown(text.SAMPLING)
         gr.Markdown("Sampling, both lanes (0 = greedy). With the tree policies the target draws each token itself "
                     "at every tree node it reaches, so with the same seed both lanes write the same text; `chain` "
                     "samples its draft and keeps a token with probability min(1, p/q): the same distribution, a "
                     "different draw (SAGE can do either, below).")
-        draw = gr.Dropdown([("SAGE's tree from the draft's top candidates; the target draws at each node "
-                             "(same seed, same text as the autoregressive lane)", "top"),
-                            ("SAGE's children drawn from the draft's q without replacement, kept with "
-                             "probability min(1, p/q) (same distribution, a different draw)", "sample")],
-                           value=cfg.draw, label="When sampling, SAGE's draft")
+        draw = gr.Dropdown([("top candidates (same text as AR)", "top"),
+                            ("drawn from q (a different draw)", "sample")],
+                           value=cfg.draw, label="When sampling, SAGE's draft", elem_id="knob-draw",
+                           info="top: the tree from the draft's top candidates, the target draws at each node (same "
+                                "seed, same text as the autoregressive lane); q: children drawn from the draft's q "
+                                "without replacement, kept with probability min(1, p/q) (same distribution)")
         with gr.Row():
             temperature = gr.Slider(0.0, 2.0, 0.0, step=0.05, label="temperature")
             top_p = gr.Slider(0.05, 1.0, 1.0, step=0.05, label="top-p")
@@ -153,8 +163,9 @@ def _media() -> dict:
                               elem_id="image", height=200)
         video = gr.Video(sources=["upload"], format=None, include_audio=True, label="Video", elem_id="video",
                          height=200)
-    frames = gr.Gallery(label="Video frames the model sees (sampled uniformly)", columns=4, height="auto",
-                        elem_id="frames", allow_preview=False, interactive=False, visible=False)
+    frames = gr.Gallery(label="Video frames the model sees (sampled uniformly)", columns=8, rows=1, height=130,
+                        elem_id="frames", allow_preview=False, interactive=False, visible=False, object_fit="contain",
+                        buttons=[])
     prompt = gr.Textbox(label="Prompt", lines=2, placeholder="Ask something about the image or video",
                         elem_id="prompt")
     return dict(image=image, video=video, frames=frames, prompt=prompt)
@@ -188,35 +199,53 @@ def _texts() -> dict:
                                        elem_id="spec-text")
     scoreboard = gr.HTML(text.scoreboard(None), css_template=text.SCOREBOARD_CSS, elem_id="scoreboard",
                          js_on_load=None)
+    with gr.Accordion("Why can speculation lose, or the two outputs differ? (and the colours)", open=False,
+                      elem_id="why"):
+        gr.Markdown(text.WHY_LOSE)
     replay_panel = gr.HTML(replay.replay_html(None), css_template=replay.CSS, js_on_load=replay.JS,
                            elem_id="replay")
     return dict(ar_text=ar_text, spec_text=spec_text, scoreboard=scoreboard, replay=replay_panel)
 
 
 def _plots() -> dict:
+    expert = gr.Checkbox(False, label="Expert view: every series (α of the root, D_max, node price; prefill, verify "
+                                      "and overhead apart)", elem_id="expert")
     with gr.Row():
-        fig_alpha = gr.Plot(plots.placeholder("Draft confidence α per step", "run something first"),
-                            elem_id="plot-alpha", show_label=False)
-        fig_accepted = gr.Plot(plots.placeholder("Tokens per target forward", "run something first"),
-                               elem_id="plot-accepted", show_label=False)
+        with gr.Column():
+            fig_alpha = gr.Plot(plots.placeholder("How sure the draft was (α), and the tree it planned",
+                                                  "run something first"), elem_id="plot-alpha", show_label=False)
+            gr.Markdown(text.CAPTION_ALPHA, elem_classes="caption")
+        with gr.Column():
+            fig_accepted = gr.Plot(plots.placeholder("What each target forward wrote", "run something first"),
+                                   elem_id="plot-accepted", show_label=False)
+            gr.Markdown(text.CAPTION_ACCEPTED, elem_classes="caption")
     with gr.Row():
         with gr.Column(scale=3):
-            step = gr.Slider(1, 2, 1, step=1, label="Step: scrub through the speculative run's draft trees",
-                             elem_id="step", interactive=False)
+            step = StepSlider(1, 2, 1, step=1, label="Step: scrub through the speculative run's draft trees",
+                              elem_id="step", interactive=False)
             fig_tree = gr.Plot(empty_tree("the draft tree of a step appears here after a run"),
                                elem_id="plot-tree", show_label=False)
+            gr.Markdown(text.CAPTION_TREE, elem_classes="caption")
+            with gr.Row():
+                prev_step = gr.Button("◀ previous step", size="sm", elem_id="prev-step")
+                next_step = gr.Button("next step ▶", size="sm", elem_id="next-step")
+            story = gr.HTML(step_story(None, "sage", None), css_template=STORY_CSS, elem_id="step-story")
         with gr.Column(scale=2):
-            fig_mapping = gr.Plot(plots.placeholder("SAGE's tree shape as a function of α", "run something first"),
-                                  elem_id="plot-mapping", show_label=False)
-            fig_time = gr.Plot(plots.placeholder("Where the time went", "run something first", 260),
+            fig_mapping = gr.Plot(plots.placeholder("SAGE's rule: the surer the draft (α), the deeper the tree",
+                                                    "run something first"), elem_id="plot-mapping", show_label=False)
+            gr.Markdown(text.CAPTION_MAPPING, elem_classes="caption")
+            fig_time = gr.Plot(plots.placeholder("Where each lane's time went", "run something first", 260),
                                elem_id="plot-time", show_label=False)
+            gr.Markdown(text.CAPTION_TIME, elem_classes="caption")
     return dict(fig_alpha=fig_alpha, fig_accepted=fig_accepted, step=step, fig_tree=fig_tree,
-                fig_mapping=fig_mapping, fig_time=fig_time)
+                fig_mapping=fig_mapping, fig_time=fig_time, expert=expert, story=story, prev_step=prev_step,
+                next_step=next_step)
 
 
 def _compare() -> CompareUi:
     with gr.Accordion("Compare every policy on this input (ar, chain, static, eagle2, sage, the paper's SAGE)",
                       open=False, elem_id="compare-policies"):
+        gr.Markdown(text.TREE_VS_CHAIN)
         gr.Markdown("Each policy decodes the input above in turn (at most 128 new tokens), checked token for token "
                     "against the target alone: the speed of each, how big its trees were and how much of them the "
                     "target kept, and the trees the policies drew at the same point of the answer.")
@@ -233,6 +262,8 @@ def _compare() -> CompareUi:
                              elem_id="compare-tokens", show_label=False)
         point = gr.Slider(0, 100, 50, step=1, label="Trees at this point of each answer (% of its tokens)",
                           elem_id="compare-point")
+        gr.Markdown(f"**In the trees:** {text.LEGEND}; depth = tokens ahead of the output; hover a node for its token "
+                    "and probability.", elem_id="compare-legend")
         trees = []
         for first in range(0, TREES, TREES_PER_ROW):  # rows of two: wide enough for a deep tree's labels
             with gr.Row():
@@ -249,21 +280,23 @@ def build_layout(presets: Mapping[str, Preset], default_preset: str,
                  cfg: SageConfig = SageConfig(threshold="cost")) -> Ui:
     """Create every component inside the current gr.Blocks; returns their handles."""
     gr.Markdown(f"# {text.TITLE}\n{text.INTRO}")
-    with gr.Accordion("What am I looking at? (explanation and legend)", open=False):
-        gr.Markdown(text.EXPLAIN)
+    gr.Markdown(text.BASICS, elem_id="basics")
     # the first screen (1440 x 900): the upload, the prompt, Run and the examples; the settings below them
-    with gr.Row():
-        with gr.Column(scale=4, min_width=320):
+    # on a phone the two columns dissolve into one list (demo.CSS): the settings then come after the results
+    with gr.Row(elem_id="main-row"):
+        with gr.Column(scale=4, min_width=320, elem_classes="main-col"):
             inputs = _media()
             with gr.Row():
                 run = gr.Button("Run", variant="primary", elem_id="run")
                 stop = gr.Button("Stop", variant="stop", elem_id="stop")
-            status = gr.Markdown("Ready.", elem_id="status")
-            inputs.update(_settings(presets, default_preset))
-            knobs = _knobs(cfg)
-            model_info = gr.Markdown(elem_id="model-info")
+            status = gr.Markdown("", elem_id="status")  # the page's load event says "loading" or "ready"
+            model_info = gr.Markdown(elem_id="model-info")  # beside Run: a loading pair is seen without scrolling
             model_timer = gr.Timer(1.0)
-        with gr.Column(scale=7, min_width=480):
+            with gr.Group(elem_id="settings"):
+                inputs.update(_settings(presets, default_preset))
+            with gr.Group(elem_id="knobs"):
+                knobs = _knobs(cfg)
+        with gr.Column(scale=7, min_width=480, elem_classes="main-col"):
             examples_row = gr.Row()  # filled by app/examples.py once every output exists
             outputs = _texts()
     figures = _plots()

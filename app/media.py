@@ -15,18 +15,37 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
+from sage_engine import InputError
 from sage_engine.media import MAX_VIDEO_PIXELS, VideoClip
 from sage_engine.presets import ASSETS
+
+NO_MEDIA = "no image and no video: upload an image or a video (or click an example) for the model to answer about"
+BOTH_MEDIA = ("both an image and a video were given: clear one of them (the model reads one picture or one clip, "
+              "and would mix the two)")
+
+
+def check_media(image, video) -> None:
+    """One image or one video (InputError in one line otherwise); a text-only pair's callers skip this."""
+    if image and video:
+        raise InputError(BOTH_MEDIA)
+    if not image and not video:
+        raise InputError(NO_MEDIA)
+
 
 EXAMPLES_DIR = ASSETS / "examples"  # the one place that knows where the assets are: presets.ASSETS
 
 
-def frame_strip(clip: VideoClip | None) -> list[tuple]:
-    """Gallery items (frame, caption) for the frames the model actually sees."""
-    if clip is None:
-        return []
+def frame_strip(clip: VideoClip | None) -> list:
+    """Gallery items for the frames the model actually sees (no captions: a caption covers a small thumbnail; their
+    times are in the strip's label, frames_label)."""
+    return [] if clip is None else list(clip.frames)
+
+
+def frames_label(clip: VideoClip) -> str:
+    """The frame strip's label: how many frames the model sees, and at which times."""
     fps = clip.fps or 1.0
-    return [(frame, f"frame {i} · {i / fps:.1f} s") for frame, i in zip(clip.frames, clip.frames_indices)]
+    times = ", ".join(f"{i / fps:.1f}" for i in clip.frames_indices)
+    return f"The {len(clip.frames)} frames the model sees (sampled uniformly), at {times} s"
 
 
 # Codecs (OpenCV's FOURCC, lower case) and containers a browser's <video> element plays.

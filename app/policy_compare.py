@@ -20,6 +20,7 @@ import gradio as gr
 from sage_engine import SageError, StepEvent
 from sage_engine.config import PAPER_SAGE as PAPER
 
+from .media import BOTH_MEDIA, check_media
 from .race import RACING, WARM_TOKENS, RunControl
 from .theme import figure
 from .tree_plot import empty_tree, tree_figure
@@ -112,9 +113,15 @@ def steps_figure(lanes: list[PolicyLane], what: str):
         ys = [len(s.tree.tokens) if what == "nodes" else len(s.new_token_ids) for s in x.decode_steps]
         traces.append({"type": "scatter", "mode": "lines+markers", "name": x.policy.replace(PAPER, "sage (paper)"),
                        "x": list(range(1, len(ys) + 1)), "y": ys})
-    title = "Draft tree size per step (nodes verified)" if what == "nodes" else "Tokens per target forward"
-    return figure(traces, {"title": {"text": title}, "height": 300, "xaxis": {"title": {"text": "step"}},
-                           "margin": {"t": 50}, "legend": {"orientation": "h"}})
+    title = ("How big each policy's tree was, step by step (nodes the target checked)" if what == "nodes" else
+             "What each target forward wrote, per policy (tokens per step)")
+    return figure(traces, {"title": {"text": title, "x": 0.01, "xanchor": "left", "y": 1.0, "yref": "container",
+                                     "yanchor": "top", "pad": {"t": 10}, "font": {"size": 14}},
+                           "height": 320, "xaxis": {"title": {"text": "step of the answer"}},
+                           "yaxis": {"title": {"text": "nodes" if what == "nodes" else "tokens"}},
+                           "hoverlabel": {"namelength": -1}, "hovermode": "x unified",
+                           "margin": {"t": 80, "b": 50},  # the legend above the plot, clear of the axis title
+                           "legend": {"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 0}})
 
 
 def step_at(lane: PolicyLane, fraction: float) -> StepEvent | None:
@@ -134,14 +141,16 @@ def trees_at(lanes: list[PolicyLane], percent: float) -> list:
     an empty figure for a policy that did not run."""
     by_policy = {x.policy: x for x in lanes}
     out = []
-    for policy in COMPARED[1:]:
+    for i, policy in enumerate(COMPARED[1:]):
         name, lane = policy.replace(PAPER, "sage (paper)"), by_policy.get(policy)
         ev = None if lane is None else step_at(lane, percent / 100)
         if ev is None or ev.tree is None:
             out.append(empty_tree(f"{name}: no tree"))
             continue
         title = f"{name}, step {ev.step}: {len(ev.tree.tokens)} nodes, {len(ev.accepted_tokens)} accepted"
-        out.append(tree_figure(ev, ev.bonus_text or "", width_px=TREE_WIDTH_PX, compact=True, title=title))
+        alone = i == TREES - 1 and TREES % TREES_PER_ROW == 1  # the last tree has its row to itself
+        width = TREES_PER_ROW * TREE_WIDTH_PX + ROW_GAP_PX if alone else TREE_WIDTH_PX
+        out.append(tree_figure(ev, ev.bonus_text or "", width_px=width, compact=True, title=title))
     return out
 
 
@@ -174,6 +183,7 @@ def verdict(lanes: list[PolicyLane]) -> str:
 TREES = len(COMPARED) - 1  # one tree plot per speculative policy
 TREES_PER_ROW = 2  # side by side; five in a row left each ~200 px, too narrow for a 64-node tree's labels
 TREE_WIDTH_PX = 520  # one of them on a ~1100-px page
+ROW_GAP_PX = 40  # between two plots of a row
 
 
 class PolicyComparison:
@@ -189,7 +199,11 @@ class PolicyComparison:
             if not (prompt or "").strip():
                 raise SageError("the prompt is empty: type a question about the image or video")
             n = min(MAX_TOKENS, self.new_tokens(max_new_tokens))
+            if image and video:
+                raise SageError(BOTH_MEDIA)
             loaded = self.h.pool.get(preset or self.h.default_preset)
+            if not loaded.text_only:
+                check_media(image, video)
             video = self.h.previews.original(video)
             _, prepared = self.h.pool.device.call(self.h._prepare, loaded.pair, prompt, image, video)
             engine = loaded.engine(None)

@@ -52,6 +52,9 @@ def _log_failure(done) -> None:
         log.error("engine setup failed", exc_info=done.exception())
 
 
+AR_LANE = "ar-lane"  # Loaded.engines' key of the race's autoregressive engine
+
+
 @dataclass
 class Loaded:
     """A ready pair and its engines (one per draft-pruning setting; they share the models)."""
@@ -74,6 +77,27 @@ class Loaded:
                 engine = self.engines[draft_pruning] = self.device.call(SpecEngine, self.pair,
                                                                         draft_pruning=draft_pruning)
             return engine
+
+    def ar_engine(self, like: SpecEngine, attempts: int = 3) -> SpecEngine | None:
+        """A second engine on the same models, for the autoregressive lane of a race: the two lanes decode in turns
+        (app/race.py), and each engine holds one decode's caches. Its target must run on the backend `like`'s does
+        (auto picks among backends by timing them: a rebuild may pick another); None if `attempts` builds did not."""
+        from sage_engine import SpecEngine
+
+        with self._building:
+            engine = self.engines.get(AR_LANE)
+            for _ in range(attempts):
+                if engine is not None and engine.backends()["target"] == like.backends()["target"]:
+                    return engine
+                engine = self.engines[AR_LANE] = self.device.call(SpecEngine, self.pair)
+            return engine if engine.backends()["target"] == like.backends()["target"] else None
+
+    @property
+    def text_only(self) -> bool:
+        """A text-only pair (its processor is a bare tokenizer): it reads no image or video."""
+        from sage_engine.families import is_tokenizer
+
+        return is_tokenizer(self.pair.processor)
 
     def describe(self) -> str:
         d = self.pair.describe()

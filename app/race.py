@@ -1,13 +1,19 @@
-"""The race: autoregressive, then speculative, on one prepared input, on the app's device thread (device.py).
+"""The race: autoregressive and speculative decoding of one prepared input, on the app's device thread (device.py).
 
-The device thread only decodes and timestamps step events; the Gradio handler drains them and draws
-at its own pace, so drawing never paces decoding. The two decoders NEVER overlap, and neither do two
-visitors' races (they queue on the one device thread): on a shared device a parallel run would slow
-both and make the speed comparison meaningless. Each lane is timed like `SpecEngine.generate()` (the
-CLI): from the call to `stream()` to its last event. Before the lanes, the worker decodes a few plain tokens of the
-same input untimed (`WARM_TOKENS`): after the machine sat idle or ran other work, a decode runs ~10% slower for its
-first tens of milliseconds, and the autoregressive lane, which goes first, would take all of it and make the race's
-speedup look larger than the CLI's.
+The device thread only decodes and timestamps step events; the Gradio handler drains them and draws at its own pace,
+so drawing never paces decoding. The two decoders NEVER run at the same time, and neither do two visitors' races
+(they queue on the one device thread): on a shared device a parallel run would slow both.
+
+Given an engine for each lane (two engines on the same models: each holds one decode's caches), the lanes take turns
+in short slices (`SLICE_S` of decoding, at least one step each): a shared CPU's neighbours, busy one moment and idle
+the next, then slow both lanes alike instead of whichever lane happened to run at the time. Each lane's time is the
+sum of its own slices (the time spent inside its engine's `stream()`), so it is what that lane cost, measured on the
+same machine as the other. Each lane's CPU time (the process's, in its own slices) is kept too: a neighbour that
+takes the core makes a lane wait, not compute, so CPU time is what the lane cost whatever the neighbours did (one
+decoding thread: the device's; the page's drawing meanwhile adds a little to both). With one engine the lanes run
+one after the other, each timed like `SpecEngine.generate()` (the CLI). Before the lanes, the worker decodes a few
+plain tokens of the same input untimed (`WARM_TOKENS`): after the machine sat idle or ran other work, a decode runs
+~10% slower for its first tens of milliseconds.
 """
 
 from __future__ import annotations
@@ -38,7 +44,8 @@ class Arrival:
 
     lane: str  # "ar" | "spec"
     event: StepEvent | None
-    at: float  # seconds since the lane started
+    at: float  # seconds since the lane started (in turns: the lane's own slices)
+    cpu: float | None = None  # CPU seconds the process spent in the lane's own slices (in turns only)
 
 
 @dataclass(frozen=True)
@@ -51,6 +58,7 @@ class Failure:
 _END = object()
 RACING = "sage-race"  # the device thread's name while it decodes a race
 WARM_TOKENS = 8  # the untimed plain decode before the lanes (a few target forwards: warms the caches)
+SLICE_S = 0.02  # a lane decodes this long (at least one step) before the other lane's turn
 
 
 class RunControl:
@@ -75,10 +83,14 @@ class Race:
     """One Run's decoding. `start()` queues it on the device thread, then iterate `batches()`; `stop()` ends it."""
 
     def __init__(self, engine: SpecEngine, prepared: PreparedInput, spec_policy: Policy, max_new_tokens: int,
-                 device: DeviceThread, stop: threading.Event | None = None, sampling: Sampling | None = None):
+                 device: DeviceThread, stop: threading.Event | None = None, sampling: Sampling | None = None,
+                 ar_engine: SpecEngine | None = None):
+        """`engine` decodes the speculative lane; `ar_engine`, a second engine on the same pair, the autoregressive
+        one, the two in turns (None: `engine` decodes both, one after the other)."""
         from sage_engine.policies import make_policy
 
         self.engine, self.prepared, self.max_new_tokens = engine, prepared, max_new_tokens
+        self.ar_engine = ar_engine if ar_engine is not engine else None
         self.sampling = sampling  # both lanes sample with it (the same seed: the same text)
         self.lanes = (("ar", make_policy("ar")), ("spec", spec_policy))
         self.device = device  # decodes the lanes, after any run queued before this one
@@ -106,7 +118,10 @@ class Race:
         thread = threading.current_thread()
         idle_name, thread.name = thread.name, RACING  # while it decodes a race (a profiler, or a test, can tell)
         try:
-            self.engine.generate(self.prepared, "ar", WARM_TOKENS)  # untimed: the lanes start on a warm machine
+            (self.ar_engine or self.engine).generate(self.prepared, "ar", WARM_TOKENS)  # untimed: a warm machine
+            if self.ar_engine is not None:
+                self._alternate()
+                return
             for lane, policy in self.lanes:
                 if not self._run_lane(lane, policy):
                     return
@@ -124,6 +139,37 @@ class Race:
                 return False
         self._queue.put(Arrival(lane, None, time.perf_counter() - t0))
         return True
+
+    def _alternate(self) -> None:
+        """Both lanes in turns of SLICE_S; each lane's clock runs only inside its own engine's steps."""
+        engines = {"ar": self.ar_engine, "spec": self.engine}
+        turns = [[lane, iter(engines[lane].stream(self.prepared, policy, self.max_new_tokens, sampling=self.sampling)),
+                  0.0, 0.0] for lane, policy in self.lanes]  # [lane, its step stream, its seconds, its CPU seconds]
+        try:
+            i = 0
+            while turns:
+                turn = turns[i % len(turns)]
+                lane, steps = turn[0], turn[1]
+                start = time.perf_counter()
+                while True:
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    ev = next(steps, None)
+                    t1, c1 = time.perf_counter(), time.process_time()
+                    turn[2] += t1 - t0
+                    turn[3] += c1 - c0
+                    self._queue.put(Arrival(lane, ev, turn[2], turn[3]))
+                    if ev is None:
+                        turns.remove(turn)
+                        i -= 1  # the next lane has this index now
+                        break
+                    if self._switch.is_set() or self._quit.is_set():
+                        return
+                    if t1 - start >= SLICE_S:
+                        break
+                i += 1
+        finally:
+            for turn in turns:
+                turn[1].close()
 
     def batches(self, every: Callable[[], float]) -> Iterator[list[Arrival]]:
         """Everything that arrived since the last batch, polled every `every()` s (a batch may be []).
@@ -155,7 +201,7 @@ class Transcriber:
     def add(self, lane: Lane, arrival: Arrival) -> None:
         """Record one arrival in `lane`: the event, its time, the text and its origin segments."""
         if arrival.event is None:
-            lane.seconds = arrival.at
+            lane.seconds, lane.cpu_seconds = arrival.at, arrival.cpu
             return
         ev = arrival.event
         lane.steps.append(ev)

@@ -29,6 +29,7 @@ class Lane:
     text: str = ""
     text_ends: list[int] = field(default_factory=list)  # len(text) after each step (race replay)
     seconds: float | None = None  # wall time of the whole lane; None while it runs
+    cpu_seconds: float | None = None  # CPU time of the lane's own slices when the lanes took turns (race.py)
 
     @property
     def decode_steps(self) -> list[StepEvent]:
@@ -72,6 +73,8 @@ class RunRecord:
     spec: Lane = field(default_factory=lambda: Lane("spec", "sage"))
     stopped: bool = False  # the user pressed Stop: the lanes may be incomplete
     backends: dict = field(default_factory=dict)  # what each model ran on, and why a faster path was turned down
+    alternated: bool = False  # the lanes decoded in turns (race.py), not one after the other
+    sage_cfg: object = None  # the knobs panel's SageConfig, drawn by the alpha -> (D, W) chart (not exported)
 
     @property
     def done(self) -> bool:
@@ -98,6 +101,26 @@ class RunRecord:
             return None
         return ss.tokens_per_second / sa.tokens_per_second
 
+    def cpu_speedup(self) -> float | None:
+        """Tokens per CPU second, speculative over autoregressive (the lanes took turns; else None): what each lane
+        cost the processor, which a busy neighbour does not change (it makes a lane wait, not compute)."""
+        a, s = self.ar, self.spec
+        if not (self.done and a.cpu_seconds and s.cpu_seconds and a.token_ids and s.token_ids):
+            return None
+        return (len(s.token_ids) / s.cpu_seconds) / (len(a.token_ids) / a.cpu_seconds)
+
+    def headline_speedup(self) -> float | None:
+        """The speedup the page leads with: in CPU time when the lanes took turns, else by the clock."""
+        cpu = self.cpu_speedup()
+        return self.speedup() if cpu is None else cpu
+
+    def forwards_ratio(self) -> float | None:
+        """Target forwards of the autoregressive lane over the speculative lane's (machine-independent)."""
+        sa, ss = self.ar.stats(), self.spec.stats()
+        if sa is None or ss is None or not ss.target_forwards:
+            return None
+        return sa.target_forwards / ss.target_forwards
+
     def summary(self) -> dict:
         """The API's JSON summary: {"ar": {...}, "speculative": {...}} plus the comparison."""
         div = self.divergence()
@@ -111,6 +134,8 @@ class RunRecord:
             "sampling": self.policy_config.get("sampling"),  # temperature, top_p, seed (temperature 0: greedy)
             "divergence": None if div is None else vars(div),
             "speedup": self.speedup(),
+            "cpu_speedup": self.cpu_speedup(),
+            "forwards_ratio": self.forwards_ratio(),
             "preset": self.preset,
             "stopped": self.stopped,
             "backends": self.backends,
@@ -119,7 +144,7 @@ class RunRecord:
     def export(self) -> dict:
         """The full run for download: settings, both lanes' step events with arrival times, stats."""
         def lane(x: Lane) -> dict:
-            return {**x.summary(), "seconds": x.seconds,
+            return {**x.summary(), "seconds": x.seconds, "cpu_seconds": x.cpu_seconds,
                     "steps": [{**s.to_dict(), "arrival_s": t} for s, t in zip(x.steps, x.arrivals)]}
 
         return {
@@ -130,7 +155,10 @@ class RunRecord:
             "max_new_tokens": self.max_new_tokens,
             "policy": self.policy,
             "policy_config": self.policy_config,
-            "note": "the two decoders ran one after the other on the same input, never at the same time",
+            "note": ("the two decoders took turns in short slices on the same input, never at the same time; each "
+                     "lane's seconds are the sum of its own slices" if self.alternated else
+                     "the two decoders ran one after the other on the same input, never at the same time"),
+            "alternated": self.alternated,
             "ar": lane(self.ar),
             "speculative": lane(self.spec),
             **{k: v for k, v in self.summary().items() if k not in ("ar", "speculative")},
@@ -148,10 +176,11 @@ class RunRecord:
                 tree = d.pop("tree")
                 steps.append(StepEvent(**d, tree=TreeView(**tree) if tree else None))
             return Lane(name, x.get("policy", "ar"), steps=steps, token_ids=list(x["token_ids"]), arrivals=arrivals,
-                        text=x["text"], seconds=x["seconds"])
+                        text=x["text"], seconds=x["seconds"], cpu_seconds=x.get("cpu_seconds"))
 
         if run.get("format") != "sage-run/1":
             raise ValueError(f"not a sage-run/1 export: {run.get('format')!r}")
         return cls(run["preset"], run["prompt"], run["max_new_tokens"], run["policy"], run["policy_config"],
                    run["media"], ar=lane("ar", run["ar"]), spec=lane("spec", run["speculative"]),
-                   stopped=bool(run.get("stopped")), backends=run.get("backends") or {})
+                   stopped=bool(run.get("stopped")), backends=run.get("backends") or {},
+                   alternated=bool(run.get("alternated")))

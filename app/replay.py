@@ -15,7 +15,7 @@ from .theme import AMBER, VIOLET, lane_title
 
 CSS = """
 .race { border: 1px solid #e2e8f0; border-radius: 10px; padding: 10px 12px; background: #fff; }
-.race-bar { display: flex; gap: 12px; align-items: center; margin-bottom: 8px; font-size: 13px; }
+.race-bar { display: flex; flex-wrap: wrap; gap: 12px; align-items: center; margin-bottom: 8px; font-size: 13px; }
 .race-bar button { background: #7c3aed; color: #fff; border: 0; border-radius: 6px; padding: 5px 12px;
   cursor: pointer; font-weight: 600; }
 .race-bar button:disabled { background: #cbd5e1; cursor: default; }
@@ -44,12 +44,14 @@ element.addEventListener('click', (e) => {
   const t0 = performance.now();
   if (timer) cancelAnimationFrame(timer);
   const frame = () => {
+    const boxes = root.querySelectorAll('.lane');
+    if (!root.isConnected || boxes.length < data.lanes.length) { timer = null; return; }  // a new run redrew it
     const t = (performance.now() - t0) / 1000 * speed;
     data.lanes.forEach((lane, i) => {
       let k = -1;
       while (k + 1 < lane.times.length && lane.times[k + 1] <= t) k++;
       const chars = k < 0 ? 0 : lane.ends[k];
-      const box = root.querySelectorAll('.lane')[i];
+      const box = boxes[i];
       box.querySelector('.lane-text').textContent = lane.text.slice(0, chars);
       box.querySelector('.lane-fill').style.width = (100 * chars / Math.max(1, lane.text.length)) + '%';
       box.querySelector('.lane-time').textContent = t >= lane.seconds ? '✓ ' + fmt(lane.seconds) : fmt(t);

@@ -18,9 +18,11 @@ INTRO = (
 )
 
 FAIRNESS = (
-    "**Fair timing:** the two decoders run **one after the other** on the same input and the same device, "
-    "never at the same time, so neither slows the other. The *race replay* below starts both together, "
-    "each at the speed it measured in its own run."
+    "**Fair timing:** the two decoders **take turns** on the same input and device, in slices of about 20 ms, never "
+    "at the same time: a busy neighbour on a shared CPU slows both alike, and each lane's time is the sum of its own "
+    "slices. **Target forwards** (one pass of the big model each) do not depend on the machine at all: the "
+    "autoregressive lane needs one per token, the speculative lane one per step. The *race replay* below starts "
+    "both together, each at the speed it measured."
 )
 
 
@@ -38,29 +40,38 @@ LEGEND = " ".join([
     _chip(ORANGE, "overhead"),
 ])
 
-EXPLAIN = f"""
-**Speculative decoding in four lines.** A big *target* model writes text one token per forward pass
-(left column). A small *draft* model is much cheaper: it guesses several tokens ahead, as a tree of
-alternatives. The target then scores the whole tree in **one** forward pass and keeps the longest branch
-it agrees with, plus one token of its own (the *bonus*). The answer is exactly what the target would have
-written alone; it just needed fewer target passes. The mean number of tokens per target pass is **τ**.
+BASICS = (
+    "**How it works.** A big *target* model writes one token per forward pass. A small *draft* model guesses a "
+    "*tree* of next tokens; the target checks the whole tree in **one** pass and keeps the longest branch that is "
+    "exactly what it would have written (at each node its *argmax*: its most likely next token), plus one token of "
+    "its own, the *bonus*. Same answer, fewer target passes; **τ** is the mean number of tokens per target pass. "
+    "**SAGE** shapes each tree by how sure the draft is, **α** (0 unsure … 1 sure): deep and narrow when sure, "
+    "shallow and wide when not.")
 
-**What SAGE adds.** How big should the tree be? SAGE reads the draft's *confidence* **α = 1 − H / log k**
-(H: entropy of the draft's top-k next-token probabilities). Confident (α near 1): a **deep, narrow** tree,
-betting on one long branch. Unsure (α near 0): a **shallow, wide** tree, covering alternatives.
-A history controller also moves the maximum depth D_max when recent steps accept more or fewer tokens.
-*Policies to compare:* `chain` (classic: one line of k guesses), `static` (a fixed 25-node tree),
-`eagle2` (grows the most probable nodes), `sage` (the tree shape follows α).
+CAPTION_ALPHA = (
+    "**α** = 1 − H / log k: H is the entropy of the draft's k most likely next tokens (k = 10 by default), so α = 1 "
+    "when the draft puts all its weight on one token and 0 when it cannot choose. **D** = tree depth (tokens "
+    "guessed ahead), **W** = root width (alternatives tried for the first token). A step with D = 0 is a *plain "
+    "step*: no draft, the target alone (SAGE does that while drafting does not pay). *Expert view* adds D_max (the "
+    "deepest tree allowed; a history controller moves it) and the node price (the least path probability a node "
+    "needed to be worth checking, from this machine's measured costs).")
+CAPTION_ACCEPTED = (
+    "Green: draft tokens the target accepted. Blue: the *bonus*, the target's own next token after the last accepted "
+    "one (every step writes one). Ticks: the tree nodes the target checked in that pass. The dashed line is **τ**.")
+CAPTION_TREE = (
+    "The root (slate) is the newest token of the output. Each column is one token further ahead; each node is a "
+    "draft guess. Green: the path the target accepted; grey: rejected; blue star: the bonus. Hover a node for its "
+    "draft probability p and its path probability (the product of p along the path). A label's leading space "
+    "shows as ␣. Under the tree, this step in words.")
+CAPTION_MAPPING = (
+    "SAGE's rule: depth **D(α) = D_min + α (D_max − D_min)** rises with α, root width **W(α) = W_min + (1 − α) "
+    "(W_max − W_min)** falls. The points are this run's steps (their α and the depth they got).")
+CAPTION_TIME = (
+    "*Prefill* is a model reading the prompt (image tokens included) before its first token. The autoregressive lane "
+    "spends its time in target forwards; the speculative lane also in the draft's forwards and in planning and "
+    "bookkeeping (everything else).")
 
-**Reading the plots.**
-- *Confidence per step*: α (violet) and the depth D / width W it chose (bars).
-- *Tokens per target forward*: green = accepted draft tokens, blue = the target's bonus token.
-- *Draft tree*: scrub with the step slider; hover a node for its draft probability and depth.
-- *α → (D, W)*: SAGE's rule as curves, this run's steps as points.
-- *Time*: prefill, draft model, target verification, and the overhead of planning and bookkeeping.
-
-**Legend.** {LEGEND}
-
+WHY_LOSE = f"""
 **Why does a short or unfamiliar answer gain less?** Speculation pays only when the draft guesses right.
 Every drafted step costs more than a plain one: the draft's forwards, and a target pass over several
 tokens, which on a CPU costs more than a pass over one. The draft also has to read the prompt once (its
@@ -68,36 +79,35 @@ tokens, which on a CPU costs more than a pass over one. The draft also has to re
 has not learnt, its guesses are mostly rejected. So by
 default `sage` prices every node and draft level with this machine's measured costs and how often the
 draft has recently been right, and when drafted steps keep losing to plain ones it decodes **plain steps**
-(no draft, shown as steps without a tree) and retries the draft now and then: the draft first reads the
-tokens it missed and counts how many it would have guessed, and drafts again only if that would pay (then
-for four steps before it is judged again). A plain-only run never pays for the draft's prefill. The note
-under the scoreboard shows how many steps of this run were plain, and how well α predicted the accepted length
-(*α → accepted*: the correlation of each step's α with the tokens it accepted; SAGE's premise is that confident
-steps accept more).
+(no draft) and retries the draft now and then. The note under the scoreboard says how many steps were plain,
+and how well α predicted the accepted length (a correlation: +1 = the surer the draft, the more it got accepted).
 
+**Why could the two outputs differ?** Greedy speculative decoding is exact in exact arithmetic. In bfloat16 or
+float16, the target scoring a token inside a tree (many positions in one pass) can round differently from
+scoring it alone, so when two candidate tokens are nearly tied the argmax can flip, and the texts part ways
+from there. In float32 (this demo's default pair) they match token for token.
+
+**Legend.** {LEGEND}
+"""
+
+TREE_VS_CHAIN = """
 **When does a tree beat a chain?** A tree spends verification on alternatives: it pays where checking one more
 token costs the target almost nothing (large models on GPUs, the paper's setting) and where the draft's
 confidence tells its likely misses from its likely hits. On this CPU every extra token the target checks costs
 time, and the embedded draft is right more than nine tokens in ten, so depth is what pays: type `chain:k=14` in the
-policy box and race it against `sage` on the same picture: they come out close. A chain that stopped exactly
-where the draft first goes wrong would beat the default chain (`chain`, five guesses) by about a third on fresh
-scenes; SAGE gets about half of that from the draft's probabilities.
+policy box and race it against `sage` on the same picture: they come out close. *Policies:* `chain` (one line of k
+guesses), `static` (a fixed 25-node tree), `eagle2` (grows the most probable nodes), `sage` (the shape follows α).
+"""
 
+SAMPLING = """
 **Sampling (temperature above 0).** The target then draws each token from its own distribution p (tempered,
 cut to the top-p nucleus) and the draft proposes from its distribution q, tempered the same way, so hotter
 sampling lowers α and SAGE plans wider, shallower trees. The output keeps exactly the target's distribution
 under either of two rules, both shown with this step's numbers under the draft tree (hover a node for its
 p, q and u). *Tree rule* (`sage`, `static`, `eagle2`, `chain:draw=top`): at each node on the path the target
 draws a token with a uniform u; if the draw is a drafted child it descends, otherwise the draw ends the step.
-The target draws exactly as it would alone, so with the same seed both lanes write the identical text.
 *Ratio rule* (`chain`): the draft samples its chain, and the target keeps a token x when u·q(x) < p(x), that
-is with probability min(1, p/q); at the first rejection it draws from the leftover max(0, p − q). Same
-distribution as the target alone, but a different draw for a seed.
-
-**Why could the two outputs differ?** Greedy speculative decoding is exact in exact arithmetic. In bfloat16 or
-float16, the target scoring a token inside a tree (many positions in one pass) can round differently from
-scoring it alone, so when two candidate tokens are nearly tied the argmax can flip, and the texts part ways
-from there. In float32 (this demo's default pair) they match token for token.
+is with probability min(1, p/q); at the first rejection it draws from the leftover max(0, p − q).
 """
 
 SCOREBOARD_CSS = """
@@ -119,13 +129,13 @@ def _card(key: str, value: str, sub: str, cls: str = "", color: str | None = Non
             f'<div class="s">{sub}</div></div>')
 
 
-def _lane_card(title: str, lane, color: str) -> str:
+def _lane_card(title: str, lane, color: str, stopped: bool = False) -> str:
     if not lane.steps:
-        return _card(title, "–", "waiting", color=color)
+        return _card(title, "–", "not started: stopped" if stopped else "waiting", color=color)
     n = len(lane.token_ids)
     stats = lane.stats()
     if stats is None:
-        return _card(title, f"{n} <small>tokens</small>", "decoding…", color=color)
+        return _card(title, f"{n} <small>tokens</small>", "stopped here" if stopped else "decoding…", color=color)
     extra = f" · τ = {stats.mean_accepted:.2f}" if lane.name == "spec" else ""
     return _card(title, f"{stats.tokens_per_second:.1f} <small>tok/s</small>",
                  f"{n} tokens · {stats.seconds:.2f} s · {stats.target_forwards} target forwards{extra}", color=color)
@@ -154,15 +164,35 @@ def scoreboard(record: RunRecord | None, token_text=None) -> str:
     if record is None:
         return '<div class="sb-note">Press Run to race the two decoders.</div>'
     ar_title, spec_title = "Autoregressive", f"Speculative ({record.spec.policy})"
-    cards = [_lane_card(ar_title, record.ar, AMBER), _lane_card(spec_title, record.spec, VIOLET)]
-    speedup, note = record.speedup(), ""
-    if speedup is None:
+    cards = [_lane_card(ar_title, record.ar, AMBER, record.stopped),
+             _lane_card(spec_title, record.spec, VIOLET, record.stopped)]
+    speedup, note = record.headline_speedup(), ""
+    if record.stopped:  # a stopped run is not a race: its lanes were cut at different points
+        cards.append(_card("Speedup", "–", "stopped: no race to compare"))
+        cards.append(_card("Same output?", "–", "stopped before the end"))
+    elif speedup is None:
         cards.append(_card("Speedup", "–", "after both runs"))
         cards.append(_card("Same output?", "–", "after both runs"))
     else:
         stats = record.spec.stats()
-        cards.append(_card("Speedup", f"{speedup:.2f}×",
-                           f"τ = {stats.mean_accepted:.2f} tokens per target forward", "ok" if speedup >= 1 else ""))
+        ar_forwards = record.ar.stats().target_forwards
+        cpu, clock = record.cpu_speedup(), record.speedup()
+        lines = []
+        if cpu is not None:  # the lanes took turns: the CPU-time ratio is the headline, the clock's beside it
+            lines.append(f"<span title='tokens per CPU second, speculative over autoregressive: what each lane cost "
+                         f"the processor. A busy neighbour makes a lane wait, not compute, so this holds on a shared "
+                         f"machine'>in CPU time</span> · by the clock {clock:.2f}×")
+        else:
+            lines.append("<span title='tokens per second, speculative over autoregressive, by the clock'>by the "
+                         "clock</span>")
+        lines.append(f"τ = {stats.mean_accepted:.2f} <span title='τ: the mean number of tokens each forward pass of "
+                     f"the target wrote (accepted draft tokens + 1 bonus)'>tokens per target forward</span>")
+        lines.append(f"<span title='one forward pass of the big model each: the autoregressive lane needs one per "
+                     f"token, the speculative one per step; this does not depend on the machine'>target forwards: "
+                     f"{stats.target_forwards} vs {ar_forwards} alone "
+                     f"({ar_forwards / max(1, stats.target_forwards):.1f}× fewer, any machine)</span>")
+        cards.append(_card("Speedup", f"{speedup:.2f}×" + ("" if speedup >= 1 else " <small>slower</small>"),
+                           "<br>".join(lines), "ok" if speedup >= 1 else "bad"))
         div = record.divergence()
         n = len(record.ar.token_ids)
         if div is None:
@@ -175,6 +205,8 @@ def scoreboard(record: RunRecord | None, token_text=None) -> str:
             cards.append(_card("Same output?", "✗ differs", f"from token {div.index} of {n}", "bad"))
             note = f'<div class="sb-note">{divergence_note(div, token_text or str)}</div>'
         note += run_note(record.spec)
+        if speedup < 1:
+            note = f'<div class="sb-note"><b>{escape(lost_line(record))}</b></div>' + note
     return f'<div class="sb">{"".join(cards)}</div>{note}'
 
 
@@ -185,12 +217,19 @@ def run_note(lane) -> str:
         return ""
     plain = sum(1 for s in decode if s.depth == 0)
     fit = premise([lane.steps])
-    corr = "–" if fit.current_root is None else f"{fit.current_root:+.2f}"
-    return (f'<div class="sb-note">{len(decode) - plain} drafted and {plain} plain steps (no draft: drafting '
-            f'was not paying here); α → accepted: {corr} over {fit.steps} drafted steps.</div>')
+    why = (f", {plain} plain (no draft, the target alone: drafting was not paying at those steps)" if plain else
+           ", none plain")
+    said = f"{len(decode) - plain} steps drafted a tree{why}."
+    if fit.current_root is not None:
+        said += (f" How well α predicted the accepted length over the {fit.steps} drafted steps: "
+                 f"{fit.current_root:+.2f} (a correlation: +1 = the surer the draft, the more the target kept).")
+    return f'<div class="sb-note">{said}</div>'
 
 
 def status_running(record: RunRecord) -> str:
+    if record.alternated:
+        return (f"Running: the two lanes take turns… autoregressive {_tokens(len(record.ar.token_ids))}, "
+                f"speculative ({record.spec.policy}) {_tokens(len(record.spec.token_ids))}")
     if not record.ar.done:
         return f"Running 1/2: autoregressive decoding… {_tokens(len(record.ar.token_ids))}"
     return f"Running 2/2: speculative decoding ({record.spec.policy})… {_tokens(len(record.spec.token_ids))}"
@@ -208,12 +247,50 @@ def status_done(record: RunRecord) -> str:
 
 
 def _outcome(record: RunRecord) -> str:
-    speedup = record.speedup()
+    speedup = record.headline_speedup()
     same = ("token-identical" if record.divergence() is None else
             "the same distribution with a different draw (see the scoreboard)" if record.rule == "ratio" else
             "outputs differ (see the scoreboard)")
+    if speedup is not None and speedup < 1:
+        return f"{lost_line(record)} Outputs: {same}"
     faster = f"{speedup:.2f}× the autoregressive speed" if speedup is not None else ""
+    if speedup is not None and record.cpu_speedup() is not None:
+        faster += f" in CPU time ({record.speedup():.2f}× by the clock)"
     return f"Speculative ({record.spec.policy}) ran at {faster}, {same}"
+
+
+SHORT_ANSWER = 24  # tokens: below this the draft's own prefill is rarely earned back
+
+
+def loss_reasons(record: RunRecord) -> list[str]:
+    """Why a speculative lane lost to the target alone, from its own steps (most telling first)."""
+    lane, reasons = record.spec, []
+    decode = lane.decode_steps
+    stats = lane.stats()
+    n = len(lane.token_ids)
+    plain = sum(1 for s in decode if s.depth == 0)
+    if decode and plain * 2 >= len(decode):
+        reasons.append(f"{plain} of its {len(decode)} steps were plain steps (no draft: the target alone), because "
+                       "drafting was not paying here, so it could at best match the target alone")
+    if stats is not None and stats.mean_accepted < 2:
+        alphas = [s.alpha for s in decode if s.alpha is not None]
+        unsure = f", mean draft confidence α = {sum(alphas) / len(alphas):.2f}" if alphas else ""
+        reasons.append(f"the draft was often wrong (τ = {stats.mean_accepted:.2f} tokens per target forward"
+                       f"{unsure}): too few accepted tokens to pay for drafting and for checking a tree")
+    if n < SHORT_ANSWER:
+        reasons.append(f"the answer is short ({n} tokens): the draft's reading of the prompt and the first drafts "
+                       "are not earned back")
+    if not reasons:
+        reasons.append("each drafted step (the draft's forwards and a target pass over the tree) cost more on this "
+                       "machine than the tokens it saved")
+    return reasons
+
+
+def lost_line(record: RunRecord) -> str:
+    """One sentence: the speculative lane was slower, by how much, and why."""
+    speedup = record.headline_speedup() or 0.0
+    return (f"Speculative ({record.spec.policy}) was slower than the target alone ({speedup:.2f}×) because "
+            f"{'; and '.join(loss_reasons(record))}.")
 
 
 CACHED = "**Cached result**"  # how a status line shown from the example cache starts
@@ -239,6 +316,19 @@ def no_step_slider(status: str) -> str:
 def status_waiting(preset: str, seconds: float) -> str:
     return (f"Waiting: the model pair **{preset}** is still loading ({seconds:.0f} s so far); "
             "this run starts as soon as it is ready.")
+
+
+READY = "Ready: upload an image or a video (or click an example), ask, press **Run**."
+LOADING = "Loading the model pair"
+
+
+def status_loading(preset: str, seconds: float) -> str:
+    return (f"{LOADING} **{preset}** ({seconds:.0f} s so far): you can fill in the inputs and press Run meanwhile; "
+            "the run starts once it is loaded.")
+
+
+def is_loading_status(status: str | None) -> bool:
+    return (status or "").startswith(LOADING)
 
 
 def status_error(message: str) -> str:

@@ -46,6 +46,7 @@ def layout(title: str, height: int = 340, **extra) -> dict:
         paper_bgcolor="white", plot_bgcolor="white", font=dict(family="Inter, system-ui, sans-serif", size=12,
                                                                color="#0f172a"),
         margin=dict(l=10, r=10, t=TOP_PX, b=40), hovermode="x unified",
+        hoverlabel=dict(namelength=-1),  # a series' whole name in a hover, never "D_max (histo…"
         legend=dict(orientation="h", y=1.0, yanchor="bottom", x=0, font=dict(size=11)),
         xaxis=dict(axis), yaxis=dict(axis),
         template=dict(layout=dict()),  # no named template: this layout is the whole theme

@@ -113,7 +113,9 @@ LABEL_PX, ROW_PX, CHAR_PX, MARKER_PX = 11, 20, 7.5, 18
 STAGGER_ROWS = 2.4  # staggered labels sit above and below their nodes: rows that far apart keep them clear
 SIDE_PX = 40  # what the plot's side margins and axis take of its width
 STORY_CHAR_PX = 6.5  # the story's 11-px text, per character on average
+STORY_GAP_PX = 62  # from the plot area's bottom to the story: the x axis's tick labels and title sit above it
 X_PAD_LEFT, X_PAD_RIGHT = 0.4, 1.2  # x range beyond the root and the deepest node (its label needs the room)
+MAX_LABEL = 12  # characters of a node label at most ("␣background" whole)
 RACE_WIDTH_PX = 640  # the race view's tree plot (3/5 of a 1100-px row); the compare view passes its own
 
 
@@ -126,9 +128,9 @@ def label_plan(max_depth: int, width_px: int) -> tuple[str, int]:
     column = (width_px - SIDE_PX) / (max_depth + X_PAD_LEFT + X_PAD_RIGHT)
     side = int((column - MARKER_PX) // CHAR_PX)
     if side >= 3:
-        return "side", min(side, 10)
+        return "side", min(side, MAX_LABEL)
     stagger = int((2 * column - 8) // CHAR_PX)
-    return ("stagger", min(stagger, 10)) if stagger >= 3 else ("hover", 0)
+    return ("stagger", min(stagger, MAX_LABEL)) if stagger >= 3 else ("hover", 0)
 
 
 def tree_figure(ev: StepEvent, bonus_text: str = "", width_px: int = RACE_WIDTH_PX, compact: bool = False,
@@ -174,14 +176,15 @@ def tree_figure(ev: StepEvent, bonus_text: str = "", width_px: int = RACE_WIDTH_
                            [_hover(bonus_text, ev.bonus_token, depth[BONUS_NODE], None, None,
                                    "the target's own next token")], labels, symbol="star", size=18))
     where = labels[0]
-    title = (title or f"Step {ev.step}: {len(tv.tokens)} drafted nodes (D={ev.depth}, W={ev.width}), "
-             f"{len(accepted)} accepted + 1 bonus") + ("; tokens on hover" if where == "hover" else "")
+    title = (title or f"Step {ev.step}: {len(tv.tokens)} drafted nodes (depth D={ev.depth}, root width "
+             f"W={ev.width}), {len(accepted)} accepted + 1 bonus") + ("; tokens on hover" if where == "hover" else "")
     rows = round(max(y.values()) - min(y.values())) + 1  # the leaves: every node sits within a row of them
     story = "" if compact else _wrap(rule_story(ev, bonus_text), int((width_px - SIDE_PX) / STORY_CHAR_PX))
     lines = story.count("<br>") + 1 if story else 0
-    notes = [dict(text=story, showarrow=False, x=0, y=0, xref="paper", yref="paper", yshift=-48, align="left",
-                  xanchor="left", yanchor="top", font=dict(size=11, color="#334155"))] if story else []
-    bottom = 60 + 16 * lines
+    # the story under the x axis's ticks and title (about 45 px), never over them
+    notes = [dict(text=story, showarrow=False, x=0, y=0, xref="paper", yref="paper", yshift=-STORY_GAP_PX,
+                  align="left", xanchor="left", yanchor="top", font=dict(size=11, color="#334155"))] if story else []
+    bottom = STORY_GAP_PX + 14 + 16 * lines
     row_px = ROW_PX * (STAGGER_ROWS if where == "stagger" else 1)
     out = layout(title, TOP_PX + bottom + max(row_px * rows, 240), hovermode="closest", annotations=notes,
                  showlegend=not compact,

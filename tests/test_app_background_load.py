@@ -29,7 +29,7 @@ def test_a_run_pressed_while_the_pair_loads_says_it_waits_then_decodes_exactly(t
     handlers = Handlers(pool, RunFiles(), preset.name)
     thread = pool.load_in_background(preset.name)
     assert "loading in the background" in handlers.describe_model(preset.name)
-    _, timer = handlers.model_tick(preset.name)
+    timer = handlers.model_tick(preset.name)[-1]
     assert timer.active  # the page's model line keeps counting while it loads
 
     image = tmp_path / "scene.png"
@@ -40,7 +40,7 @@ def test_a_run_pressed_while_the_pair_loads_says_it_waits_then_decodes_exactly(t
     assert summary["identical"] and summary["speculative"]["token_ids"] == summary["ar"]["token_ids"]
     thread.join(30)
     assert pool.loading_for(preset.name) is None and "loading" not in handlers.describe_model(preset.name)
-    assert not handlers.model_tick(preset.name)[1].active  # loaded: the timer stops
+    assert not handlers.model_tick(preset.name)[-1].active  # loaded: the timer stops
 
 
 def test_a_pair_that_fails_to_load_in_the_background_is_named_on_the_page():

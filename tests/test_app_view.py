@@ -72,8 +72,8 @@ def test_alpha_figure_draws_the_node_price_only_when_the_steps_carry_one():
 
     plain = [_event(i + 1, 0.5, 5, 6, 8) for i in range(3)]
     priced = [replace(e, node_price=0.02 * (i + 1), level_price=0.5) for i, e in enumerate(plain)]
-    names = [t.name for t in go.Figure(alpha_figure(Lane("spec", "sage", steps=plain)).to_dict()).data]
-    fig = go.Figure(alpha_figure(Lane("spec", "sage", steps=priced)).to_dict())  # validated
+    names = [t.name for t in go.Figure(alpha_figure(Lane("spec", "sage", steps=plain), expert=True).to_dict()).data]
+    fig = go.Figure(alpha_figure(Lane("spec", "sage", steps=priced), expert=True).to_dict())  # validated
     price, = [t for t in fig.data if t.name not in names]
     assert list(price.y) == [0.02, 0.04, 0.06] and list(price.customdata) == [0.5] * 3
 
@@ -85,6 +85,37 @@ def test_mapping_figure_whether_or_not_d_max_moved(d_maxes):
     from sage_engine import SageConfig
 
     lane = Lane("spec", "sage", steps=[_event(i + 1, 0.5, 5, 6, dm) for i, dm in enumerate(d_maxes)])
-    fig = go.Figure(mapping_figure(lane, SageConfig(d_max=d_maxes[0])).to_dict())  # validated; the run started there
+    fig = go.Figure(mapping_figure(lane, SageConfig(d_max=d_maxes[0]), expert=True).to_dict())  # the run started there
     curves = [t for t in fig.data if t.name and t.name.startswith("D(α)")]
     assert len(curves) == len(set(d_maxes)) and sum(bool(t.showlegend is not False) for t in curves) <= 2
+
+
+def test_point_3_each_chart_has_at_most_three_series_per_axis_and_readable_hovers_unless_expert():
+    """Issue 81: the run's charts tell one story each (at most three series on an axis, hovers with at most two
+    decimals and whole names); the expert view keeps today's detail (more series)."""
+    import re
+    from dataclasses import replace
+
+    from app.plots import accepted_figure, alpha_figure, mapping_figure, time_figure
+    from app.record import Lane, RunRecord
+    from sage_engine import SageConfig
+
+    steps = [replace(_event(i + 1, 0.3 + 0.2 * i, 5 + i, 6 - i, 8 + i), node_price=0.01, level_price=0.5)
+             for i in range(3)]
+    lane = Lane("spec", "sage", steps=steps, seconds=1.0, arrivals=[0.1, 0.2, 0.3])
+    record = RunRecord("p", "q", 8, "sage", {}, {}, ar=Lane("ar", "ar", steps=steps, seconds=2.0), spec=lane)
+
+    def figures(expert):
+        return [go.Figure(f.to_dict()) for f in (alpha_figure(lane, expert), accepted_figure(lane, expert),
+                                                 mapping_figure(lane, SageConfig(), expert),
+                                                 time_figure(record, expert))]
+
+    for fig in figures(False):
+        per_axis = {}
+        for t in fig.data:
+            per_axis[getattr(t, "yaxis", None) or "y"] = per_axis.get(getattr(t, "yaxis", None) or "y", 0) + 1
+        assert max(per_axis.values()) <= 3, (fig.layout.title.text, per_axis)
+        for t in fig.data:
+            assert not re.search(r":\.[3-9]f", t.hovertemplate or ""), (fig.layout.title.text, t.hovertemplate)
+        assert fig.layout.hoverlabel.namelength == -1  # whole names in hovers
+    assert sum(len(f.data) for f in figures(True)) > sum(len(f.data) for f in figures(False))
