@@ -106,7 +106,8 @@ def test_bench_runs_the_hf_references_against_ar(saved_qwen_pair, inputs, tmp_pa
 
 
 @pytest.mark.parametrize("policies,draft,needle", [
-    ("sage,beam", None, "unknown policy 'beam'; choose one of ar, chain, static, eagle2, specvlm, sage, svip, ddd, hf_generate"),
+    ("sage,beam", None,
+     "unknown policy 'beam'; choose one of ar, chain, static, eagle2, specvlm, sage, svip, ddd, hf_generate"),
     ("hf_assisted:foo=1", None, "'foo' is not a knob of hf_assisted"),
     ("hf_assisted:schedule=fast", None, "schedule must be one of"),
     ("sage:n_max=many", None, "n_max must be an integer"),
