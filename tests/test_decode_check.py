@@ -166,7 +166,7 @@ def test_a_model_generate_cannot_run_on_is_refused():
     """Where transformers' own generate() fails, the decode cannot be proved: refused in one line that says so."""
     pair = pair_of("llama")
 
-    def fails(model, inputs, n):
+    def fails(model, inputs, n, device=None):
         raise RuntimeError("no generate here\nsecond line")
 
     with mock.patch.object(ar_check, "reference", fails):
