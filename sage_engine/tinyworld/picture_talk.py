@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 import re
 
+from . import language
 from .language import Example
 from .pixels import PALETTE, ClipFacts, PictureFacts
 from .world import POSITIONS, SHAPES
@@ -29,20 +30,10 @@ BRIGHTNESS = {"dark": "It is mostly dark.", "light": "It is mostly light.",
               "medium": "It is neither very light nor very dark."}
 ROW_WORDS = ("top", "middle", "bottom")
 
-DESCRIBE_PROMPTS = (
-    "Describe the image in detail.", "Describe this image.", "What is in this image?",
-    "Give a detailed description of the picture.", "What do you see?", "Tell me about this picture.",
-    "Describe everything you can see.", "Caption this image in detail.", "Explain what the image shows.",
-    "Can you describe the scene?", "Write a description of this image.", "What does this picture show?",
-    "What is in this picture?", "Describe the photo.",
-)
-CLIP_DESCRIBE_PROMPTS = (
-    "Describe the video in detail.", "Describe this video.", "What is in this video?",
-    "Give a detailed description of the clip.", "What do you see in the video?", "Tell me about this video.",
-    "Describe everything that happens.", "Caption this video in detail.", "Explain what the video shows.",
-)
-CHANGE_PROMPTS = ("What happens in the video?", "What changes in this video?", "What happens?",
-                  "Describe the change in the video.")
+# the world's prompts (so that a prompt never tells a picture from a scene), and two more for photos
+DESCRIBE_PROMPTS = language.DESCRIBE_PROMPTS + ("What is in this picture?", "Describe the photo.")
+CLIP_DESCRIBE_PROMPTS = language.DESCRIBE_VIDEO_PROMPTS
+CHANGE_PROMPTS = language.MOTION_PROMPTS
 OTHER_PROMPTS = (
     "What animal is this?", "What is happening in this photo?", "How many coins are there?", "Who is this?",
     "Is this photo in colour?", "What is this object?", "What is the person doing?", "Where was this taken?",

@@ -105,6 +105,40 @@ def scene_stream(seed: int, n_images: int, n_videos: int, per_image: int = 3, pe
         yield "video", i, clip, noise, [video_example(clip, rng, k) for k in sample_kind(rng, VIDEO_WEIGHTS, per_video)]
 
 
+class ExampleRows:
+    """The examples of a cache as its builders collect them (media, index of the picture or clip, prompt, answer,
+    kind), and their tokens in examples.pt's layout."""
+
+    def __init__(self):
+        self.prompts: list[str] = []
+        self.answers: list[str] = []
+        self.media: list[int] = []
+        self.index: list[int] = []
+        self.kinds: list[int] = []
+
+    def add(self, m: str, i: int, examples) -> None:
+        """The examples of picture or clip `i` (m: "image" or "video")."""
+        for ex in examples:
+            self.prompts.append(user_turn(m, ex.prompt))
+            self.answers.append(ex.answer)
+            self.media.append(int(m == "video"))
+            self.index.append(i)
+            self.kinds.append(KINDS.index(ex.kind))
+
+    def tokenized(self, tok) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """(examples.pt's dict for these examples alone, each example's length in tokens)."""
+        p_ids = tok([expand_pads(p) for p in self.prompts], add_special_tokens=False)["input_ids"]
+        a_ids = tok([a + "<|im_end|>" for a in self.answers], add_special_tokens=False)["input_ids"]
+        seqs = [p + a for p, a in zip(p_ids, a_ids)]
+        lens = torch.tensor([len(s) for s in seqs])
+        return {
+            "tokens": torch.tensor([t for s in seqs for t in s], dtype=torch.int32),
+            "offsets": torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)]),
+            "prompt_len": torch.tensor([len(p) for p in p_ids]),
+            "media": torch.tensor(self.media), "index": torch.tensor(self.index), "kind": torch.tensor(self.kinds),
+        }, lens
+
+
 def build_cache(out: Path, tok, seed: int, n_images: int, n_videos: int, per_image: int = 3, per_video: int = 2,
                 log=print, occlusion: float = OCCLUSION) -> None:
     out.mkdir(parents=True, exist_ok=True)
@@ -114,7 +148,7 @@ def build_cache(out: Path, tok, seed: int, n_images: int, n_videos: int, per_ima
     image_dom = np.zeros((n_images, IMAGE_TOKENS), np.int8)
     video_labels = np.zeros((n_videos, VIDEO_TOKENS, N_LABELS), np.uint8)
     video_dom = np.zeros((n_videos, VIDEO_TOKENS), np.int8)
-    prompts, answers, media, index, kinds = [], [], [], [], []
+    rows = ExampleRows()
     with tempfile.TemporaryDirectory() as tmp:
         for m, i, sc, noise, exs in scene_stream(seed, n_images, n_videos, per_image, per_video, occlusion):
             if m == "image":
@@ -125,29 +159,16 @@ def build_cache(out: Path, tok, seed: int, n_images: int, n_videos: int, per_ima
                 write_mp4(render_clip(sc, noise_seed=noise), path)
                 videos[i] = np.stack(read_video(path)[0])
                 video_labels[i], video_dom[i] = clip_targets(sc)
-            for ex in exs:
-                prompts.append(user_turn(m, ex.prompt))
-                answers.append(ex.answer)
-                media.append(int(m == "video"))
-                index.append(i)
-                kinds.append(KINDS.index(ex.kind))
+            rows.add(m, i, exs)
             if (i + 1) % (5000 if m == "image" else 2000) == 0:
                 log(f"  rendered {i + 1}/{n_images if m == 'image' else n_videos} {m}s")
     images.flush()
     videos.flush()
     np.save(out / "image_labels.npy", labels)
     np.savez(out / "vision_targets.npz", image_dom=image_dom, video_labels=video_labels, video_dom=video_dom)
-    p_ids = tok([expand_pads(p) for p in prompts], add_special_tokens=False)["input_ids"]
-    a_ids = tok([a + "<|im_end|>" for a in answers], add_special_tokens=False)["input_ids"]
-    seqs = [p + a for p, a in zip(p_ids, a_ids)]
-    lens = torch.tensor([len(s) for s in seqs])
-    torch.save({
-        "tokens": torch.tensor([t for s in seqs for t in s], dtype=torch.int32),
-        "offsets": torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)]),
-        "prompt_len": torch.tensor([len(p) for p in p_ids]),
-        "media": torch.tensor(media), "index": torch.tensor(index), "kind": torch.tensor(kinds),
-    }, out / "examples.pt")
-    log(f"  cache: {len(seqs)} examples, mean length {lens.float().mean():.1f} tokens, max {lens.max()}")
+    examples, lens = rows.tokenized(tok)
+    torch.save(examples, out / "examples.pt")
+    log(f"  cache: {len(lens)} examples, mean length {lens.float().mean():.1f} tokens, max {lens.max()}")
     build_retrieval_targets(out, tok, seed, n_images, n_videos, per_image, per_video, occlusion)
 
 

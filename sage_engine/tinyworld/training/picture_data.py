@@ -17,9 +17,8 @@ import torch
 from ..picture_talk import CLIP_WEIGHTS, PICTURE_WEIGHTS, clip_example, picture_example
 from ..pictures import sample_clip_frames, sample_picture
 from ..pixels import clip_facts, picture_facts
-from ..tokenizer import user_turn
 from ..world import read_video, write_mp4
-from .data import HARD_FILE, KINDS, expand_pads, sample_kind
+from .data import HARD_FILE, ExampleRows, sample_kind
 from .retrieval import PROMPT_TARGETS_FILE, TARGETS_FILE
 
 STREAM_OFFSET = 7_777_777   # picture seeds never coincide with the world's scene stream of the same seed
@@ -54,15 +53,10 @@ def _append_npy(path: Path, rows: np.ndarray) -> int:
 def add_pictures(cache: Path, tok, seed: int, n_pictures: int, n_clips: int, log=print) -> None:
     """Append n_pictures pictures (3 questions each) and n_clips clips (2 each) of the training split to the
     cache built by data.build_cache (with its hard flags and retrieval targets)."""
-    images, videos, prompts, answers, media, index, kinds = [], [], [], [], [], [], []
+    images, videos, rows = [], [], ExampleRows()
     for m, i, pix, exs in picture_stream(seed, n_pictures, n_clips):
         (images if m == "image" else videos).append(pix)
-        for ex in exs:
-            prompts.append(user_turn(m, ex.prompt))
-            answers.append(ex.answer)
-            media.append(int(m == "video"))
-            index.append(i)
-            kinds.append(KINDS.index(ex.kind))
+        rows.add(m, i, exs)
         if (i + 1) % 2000 == 0:
             log(f"  made {i + 1}/{n_pictures if m == 'image' else n_clips} picture {m}s")
     n_img = _append_npy(cache / "images.npy", np.stack(images))
@@ -78,25 +72,17 @@ def add_pictures(cache: Path, tok, seed: int, n_pictures: int, n_clips: int, log
     np.savez(cache / "vision_targets.npz", **tg)
 
     ex = torch.load(cache / "examples.pt")
-    p_ids = tok([expand_pads(p) for p in prompts], add_special_tokens=False)["input_ids"]
-    a_ids = tok([a + "<|im_end|>" for a in answers], add_special_tokens=False)["input_ids"]
-    seqs = [p + a for p, a in zip(p_ids, a_ids)]
-    lens = torch.tensor([len(s) for s in seqs])
-    new_tokens = torch.tensor([t for s in seqs for t in s], dtype=torch.int32)
-    offset = torch.tensor(index) + torch.where(torch.tensor(media) == 1, n_vid, n_img)
-    torch.save({
-        "tokens": torch.cat([ex["tokens"], new_tokens]),
-        "offsets": torch.cat([ex["offsets"], ex["offsets"][-1] + lens.cumsum(0)]),
-        "prompt_len": torch.cat([ex["prompt_len"], torch.tensor([len(p) for p in p_ids])]),
-        "media": torch.cat([ex["media"], torch.tensor(media)]), "index": torch.cat([ex["index"], offset]),
-        "kind": torch.cat([ex["kind"], torch.tensor(kinds)]),
-    }, cache / "examples.pt")
+    new, lens = rows.tokenized(tok)
+    new["index"] = new["index"] + torch.where(new["media"] == 1, n_vid, n_img)   # after the cache's own
+    new["offsets"] = ex["offsets"][-1] + new["offsets"][1:]
+    torch.save({k: torch.cat([ex[k], new[k]]) for k in ex}, cache / "examples.pt")
+    new_tokens = new["tokens"]
     for name in (TARGETS_FILE, PROMPT_TARGETS_FILE):   # no object to look at
         if (cache / name).exists():
             torch.save(torch.cat([torch.load(cache / name), torch.zeros(len(new_tokens), dtype=torch.long)]),
                        cache / name)
     if (cache / HARD_FILE).exists():
-        torch.save(torch.cat([torch.load(cache / HARD_FILE), torch.zeros(len(seqs), dtype=torch.bool)]),
+        torch.save(torch.cat([torch.load(cache / HARD_FILE), torch.zeros(len(lens), dtype=torch.bool)]),
                    cache / HARD_FILE)
     (cache / "pictures.txt").write_text(f"seed {seed} pictures {n_pictures} clips {n_clips}\n")
-    log(f"  added {len(seqs)} picture examples (mean length {lens.float().mean():.1f} tokens)")
+    log(f"  added {len(lens)} picture examples (mean length {lens.float().mean():.1f} tokens)")
