@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def facts_text(ex) -> str:
-    from sage_engine.tinyworld.pixels import POSITIONS
+    from sage_engine.tinyworld.world import POSITIONS
     f = ex.facts["picture"]
     rows = " / ".join(", ".join(f.row(r)) for r in range(3))
     text = f"{f.brightness}; main {' and '.join(f.main)}; rows {rows}"

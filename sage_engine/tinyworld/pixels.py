@@ -32,7 +32,7 @@ import cv2
 import numpy as np
 
 from ..media import squeeze_to_square
-from .world import POSITIONS, SIZE
+from .world import SIZE
 
 PALETTE = ("black", "white", "grey", "red", "orange", "yellow", "green", "blue", "purple", "pink", "brown")
 ACHROMATIC = 10.0    # chroma C* below which a pixel is white, grey or black by its lightness alone
@@ -44,7 +44,6 @@ NEAR_L = 4.0         # L* margin within which a cell counts as the brightest or 
 CHANGE_L = 10.0      # L* change of a cell's mean that makes it lighter or darker in a clip
 SHIFT_PX = 3.0       # horizontal shift (canvas pixels) that counts as the picture moving
 CELL = SIZE // 3
-ROWS = ("top", "middle", "bottom")
 
 
 def canvas(rgb: np.ndarray) -> np.ndarray:
@@ -204,7 +203,3 @@ def clip_facts(frames: list[np.ndarray]) -> ClipFacts:
         motion=motion, shift=float(dx),
     )
 
-
-def cell_name(cell: int) -> str:
-    """'top left', ..., 'centre', ... (world.POSITIONS)."""
-    return POSITIONS[cell]
