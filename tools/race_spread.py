@@ -12,13 +12,14 @@ that checkout's race the same way (issue 81 measured the race before and after t
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
-import subprocess
 import sys
 from contextlib import contextmanager
 from pathlib import Path
+
+sys.path.append(str(Path(__file__).resolve().parent))  # its sibling in tools/, run as a script or with -m
+from slow_machine import neighbours  # noqa: E402
 
 # one neighbour: busy for 50-600 ms, then idle for 50-600 ms, forever (seeded per core: the same pattern every time)
 BURSTY = """
@@ -32,22 +33,9 @@ while True:
 """
 
 
-@contextmanager
 def bursty_neighbours():
-    procs = []
-
-    def pin(cpu: int):
-        return lambda: os.sched_setaffinity(0, {cpu})
-
-    try:
-        for cpu in sorted(os.sched_getaffinity(0)):
-            procs.append(subprocess.Popen([sys.executable, "-c", BURSTY.format(seed=cpu)], preexec_fn=pin(cpu)))
-        yield procs
-    finally:
-        for p in procs:
-            p.kill()
-        for p in procs:
-            p.wait()
+    """slow_machine's neighbours, each busy and idle in turn (BURSTY, seeded by its core)."""
+    return neighbours(command=lambda cpu: [sys.executable, "-c", BURSTY.format(seed=cpu)])
 
 
 def main(argv=None) -> int:

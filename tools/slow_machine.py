@@ -31,9 +31,9 @@ BENCH = ["-m", "sage_engine", "bench", "--inputs", "assets/examples", "--policie
 
 
 @contextmanager
-def neighbours(nice: int = 0):
+def neighbours(nice: int = 0, command=None):
     """One busy process per usable core, pinned to it at niceness `nice`, for the duration of the block (which gets
-    the list of them)."""
+    the list of them). command(cpu): the argv each one runs (default: a shell loop that never rests)."""
     procs = []
 
     def pin(cpu: int):
@@ -44,7 +44,8 @@ def neighbours(nice: int = 0):
 
     try:
         for cpu in sorted(os.sched_getaffinity(0)):
-            procs.append(subprocess.Popen(["sh", "-c", "while :; do :; done"], preexec_fn=pin(cpu)))
+            argv = command(cpu) if command else ["sh", "-c", "while :; do :; done"]
+            procs.append(subprocess.Popen(argv, preexec_fn=pin(cpu)))
         yield procs
     finally:
         for p in procs:
