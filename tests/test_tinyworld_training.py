@@ -247,3 +247,41 @@ def test_training_script_runs_a_few_steps(tmp_path, options):
             assert model.config.text_config.num_hidden_layers == draft_layers
         sections = model.config.text_config.rope_parameters["mrope_section"]
         assert (len(sections) > 3) == ("--no-interleaved-rope" not in options)   # interleaved by default
+
+
+def test_pixel_aux_asks_each_visual_token_for_its_cell_s_colours_and_lightness(tok, tmp_path):
+    """Batches of a cache with world scenes and pictures carry each shown picture's cell stats (mirrored with the
+    picture), and PixelAux's loss reaches the vision tower through the merged tokens."""
+    from sage_engine.tinyworld.architecture import TINY, build_model
+    from sage_engine.tinyworld.pixels import PALETTE, cell_stats, picture_facts
+    from sage_engine.tinyworld.training.data import build_cache
+    from sage_engine.tinyworld.training.picture_data import add_pictures
+    from sage_engine.tinyworld.training.pixel_aux import N_OUT, PixelAux, pixel_targets
+    from sage_engine.tinyworld.training.trainset import TrainSet
+    build_cache(tmp_path, tok, seed=0, n_images=6, n_videos=2, log=lambda *a: None)
+    add_pictures(tmp_path, tok, seed=0, n_pictures=4, n_clips=2, log=lambda *a: None)
+    data = TrainSet.load(tmp_path, tok, pixel_labels=True)
+    media, index = data.ex["media"], data.ex["index"]
+    images = [i for i in range(len(data)) if int(media[i]) == 0][-3:]   # pictures (appended last)
+    videos = [i for i in range(len(data)) if int(media[i]) == 1][-2:]
+    flips = [True, False, False, True, False]
+    batch = data.collate(images + videos, flips)
+    px = batch.pop("pixel_targets")
+    assert px["image"].shape == (3, 9, N_OUT) and px["video"].shape == (2, 18, N_OUT)
+    shown = np.array(data.images[int(index[images[0]])])[:, ::-1]    # the first item is shown mirrored
+    assert torch.allclose(px["image"][0], torch.from_numpy(pixel_targets(np.ascontiguousarray(shown))))
+    shares, light = cell_stats(np.ascontiguousarray(shown))
+    facts = picture_facts(np.ascontiguousarray(shown))
+    assert [PALETTE[int(k)] for k in shares.argmax(1)] == list(facts.cells)   # the facts' cells come from the stats
+    assert np.allclose(light, facts.cell_l) and torch.allclose(px["image"][0, :, -1], torch.from_numpy(light) / 100)
+    assert torch.allclose(px["image"][0, :, :-1].sum(-1), torch.ones(9))
+    batch.pop("vision_targets", None), batch.pop("retrieval_targets", None)
+    model = build_model(TINY, tok)
+    head = PixelAux(model)
+    model(**batch)
+    loss = head.loss(px["image"], px["video"])
+    loss.backward()
+    assert torch.isfinite(loss) and loss > 0
+    assert model.model.visual.patch_embed.proj.weight.grad.abs().sum() > 0
+    assert head.loss(px["image"], None).item() == 0   # nothing captured since the last loss
+    head.remove()

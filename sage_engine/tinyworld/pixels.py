@@ -136,24 +136,31 @@ def _cells(a: np.ndarray) -> np.ndarray:
     return a.reshape(3, CELL, 3, CELL, *rest).swapaxes(1, 2).reshape(9, CELL * CELL, *rest)
 
 
+def cell_stats(img: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Of a picture already on the canvas (SIZE, SIZE, 3): (shares (9, len(PALETTE)): the share of each cell's pixels
+    named by each palette colour, mean L* (9,) of each cell), cells in reading order. Every fact of `picture_facts`
+    about a cell is read from these two, and so is the training loss that makes the vision towers see them
+    (training/pixel_aux.py)."""
+    names = _cells(colour_names(img)).astype(np.int64)
+    shares = np.stack([np.bincount(c, minlength=len(PALETTE)) for c in names]) / CELL ** 2
+    return shares, _cells(lab(img)[..., 0]).mean(1)
+
+
 def picture_facts(rgb: np.ndarray) -> PictureFacts:
     """The facts of any RGB uint8 picture (H, W, 3), seen as the pair sees it (`canvas`)."""
     img = canvas(rgb)
-    L = lab(img)[..., 0]
-    names = colour_names(img)
-    cell_names = _cells(names)
-    counts = np.stack([np.bincount(c.astype(np.int64), minlength=len(PALETTE)) for c in cell_names]) / CELL ** 2
-    total = np.bincount(names.reshape(-1).astype(np.int64), minlength=len(PALETTE)) / names.size
+    counts, cell_l = cell_stats(img)
+    total = counts.mean(0)
     order = np.argsort(-total, kind="stable")
     main = [PALETTE[order[0]]] + ([PALETTE[order[1]]] if total[order[1]] >= SECOND_MAIN else [])
-    mean_l = float(L.mean())
+    mean_l = float(cell_l.mean())
     return PictureFacts(
         brightness="dark" if mean_l < DARK else "light" if mean_l > LIGHT else "medium",
         lightness=mean_l,
         cells=tuple(PALETTE[int(np.argmax(c))] for c in counts),
         shows=tuple(frozenset(PALETTE[i] for i in np.flatnonzero(c >= SHOWS)) | {PALETTE[int(np.argmax(c))]}
                     for c in counts),
-        cell_l=tuple(float(x) for x in _cells(L).mean(1)),
+        cell_l=tuple(float(x) for x in cell_l),
         main=tuple(main),
         shares={PALETTE[i]: float(total[i]) for i in order if total[i] > 0},
     )

@@ -51,6 +51,7 @@ def cmd_finetune(a) -> None:
     ft = FinetuneConfig(seed=a.seed)
     sizes = {"world_images": a.world_images, "world_videos": a.world_videos, "pictures": a.pictures,
              "picture_clips": a.picture_clips, "target_steps": a.steps, "draft_steps": a.draft_steps}
+    sizes |= {"target_lr": a.lr, "draft_lr": a.lr, "pixel_weight": a.pixel_weight, "describe_weight": a.describe_weight}
     ft = dataclasses.replace(ft, **{k: v for k, v in sizes.items() if v is not None})
     cache = Path(a.cache) if a.cache else Path(tempfile.gettempdir()) / (
         f"tinyworld-finetune-s{ft.seed}-{ft.world_images}-{ft.world_videos}-{ft.pictures}-{ft.picture_clips}")
@@ -170,6 +171,9 @@ def add_finetune_command(sub, assets: Path) -> None:
     f.add_argument("--seed", type=int, default=0)
     for name in ("world-images", "world-videos", "pictures", "picture-clips", "steps", "draft-steps"):
         f.add_argument(f"--{name}", type=int, default=None, help="default: finetune.FinetuneConfig's")
+    for name in ("lr", "pixel-weight", "describe-weight"):
+        f.add_argument(f"--{name}", type=float, default=None,
+                       help="default: finetune.FinetuneConfig's" + (" (target and draft)" if name == "lr" else ""))
     f.add_argument("--only-draft", action="store_true", help="distil the draft from the target already in --out")
     f.set_defaults(fn=cmd_finetune)
 

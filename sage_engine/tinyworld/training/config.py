@@ -74,6 +74,9 @@ class TrainConfig:
     # kinds whose question tokens the retrieval loss also supervises once the question has named its object
     # (retrieval.prompt_targets)
     prompt_targets: tuple[str, ...] = PROMPT_KINDS   # every kind that has question targets
+    # weight of the towers' loss on each cell's colour shares and lightness from the pixels (pixel_aux.PixelAux),
+    # target and draft alike (0 = off)
+    pixel_weight: float = 0.0
     mirror: float = 0.5           # share of training examples shown left-right mirrored (trainset.TrainSet.collate)
     target: M.PairMember = M.TARGET
     draft: M.PairMember = M.DRAFT

@@ -6,7 +6,8 @@ outside it (picture_data.py): `python -m sage_engine.tinyworld finetune --out DI
    tokenised with the pair's own tokenizer (its vocabulary, and so its embeddings, stay);
 2. the target trained on from its weights: the answers' cross-entropy and the retrieval loss on the world's
    examples (train.train_target), no vision-only stage and no auxiliary or PlaceAux heads (they need per-object
-   labels a photo does not have);
+   labels a photo does not have), and pixel_aux.PixelAux on both towers (each cell's colours and lightness from
+   the pixels, which every picture has);
 3. the draft distilled on from its weights, from the new target (train.distil_draft);
 4. both saved with the processor and summary.json; `ship` stores them in bf16.
 """
@@ -36,19 +37,25 @@ class FinetuneConfig:
     draft_steps: int = 4_000
     draft_lr: float = 5e-4
     warmup: int = 100
-    picture_weight: float = 2.5     # drawing weight of each picture kind (the world's kinds keep TrainConfig's)
+    picture_weight: float = 2.5     # drawing weight of each picture kind
+    describe_weight: float = 3.5    # drawing weight of the world's descriptions, images and clips (the other world
+    #                                 kinds keep TrainConfig's): the long answers the pictures' kinds crowd out
+    pixel_weight: float = 0.5       # TrainConfig.pixel_weight: the towers' loss on each cell's colours and lightness
 
 
 def recipe(ft: FinetuneConfig) -> TrainConfig:
     """TrainConfig of the fine-tune: the shipped recipe's draw and retrieval loss, no vision stage, no aux heads."""
     from ..picture_talk import CLIP_KINDS, PICTURE_KINDS
     base = TrainConfig(seed=ft.seed)
-    kinds = base.kind_weights + tuple((k, ft.picture_weight) for k in PICTURE_KINDS + CLIP_KINDS)
+    described = ("describe", "describe_video")
+    kinds = (tuple(kw for kw in base.kind_weights if kw[0] not in described)
+             + tuple((k, ft.describe_weight) for k in described)
+             + tuple((k, ft.picture_weight) for k in PICTURE_KINDS + CLIP_KINDS))
     return dataclasses.replace(
         base, n_images=ft.world_images, n_videos=ft.world_videos, target_steps=ft.target_steps,
         target_lr=ft.target_lr, draft_steps=ft.draft_steps, draft_lr=ft.draft_lr, warmup=ft.warmup, eval_every=0,
         aux_weight=0.0, place_weight=0.0, draft_place_weight=0.0, vision_steps=0, draft_vision_steps=0,
-        whiten_eps=0.0, kind_weights=kinds)
+        whiten_eps=0.0, kind_weights=kinds, pixel_weight=ft.pixel_weight)
 
 
 def build(cache: Path, tok, ft: FinetuneConfig, cfg: TrainConfig, log=print) -> None:
@@ -80,7 +87,7 @@ def run(src: Path, out: Path, cache: Path, ft: FinetuneConfig, log=print, only_d
         log(f"[data] cache built in {seconds['cache']:.0f}s")
     else:
         log(f"[data] reusing cache {cache}")
-    data = TrainSet.load(cache, tok, cfg.prompt_targets)
+    data = TrainSet.load(cache, tok, cfg.prompt_targets, pixel_labels=cfg.pixel_weight > 0)
     log(f"[data] {len(data)} training examples")
     load = lambda p: AutoModelForImageTextToText.from_pretrained(p, dtype=torch.float32)  # noqa: E731
     summary = {"finetune": dataclasses.asdict(ft), "from": str(src), "threads": torch.get_num_threads()}

@@ -35,6 +35,7 @@ from .data import (
 from .losses import Smoothed, aux_loss, content_tokens, cosine, weighted_lm_loss
 from .retrieval import PROMPT_TARGETS_FILE, TARGETS_FILE, RetrievalAux
 from .trainset import TrainSet
+from .pixel_aux import PixelAux
 from .vision_aux import LABELS_VERSION, PlaceAux, VisionAux, whiten_patch_embed
 
 SUMMARY = "summary.json"
@@ -77,7 +78,8 @@ def prepare(cache: Path, cfg: TrainConfig, log=print):
         log(f"[data] cache built in {built:.0f}s")
     processor = M.build_processor(tok)
     check_against_processor(processor)
-    return tok, processor, TrainSet.load(cache, tok, cfg.prompt_targets if cfg.retrieval_weight > 0 else ()), built
+    return tok, processor, TrainSet.load(cache, tok, cfg.prompt_targets if cfg.retrieval_weight > 0 else (),
+                                         pixel_labels=cfg.pixel_weight > 0), built
 
 
 
@@ -180,12 +182,25 @@ def _drop_heads(model, heads: tuple, retrieval: RetrievalAux | None) -> None:
         model.set_attn_implementation("sdpa")
 
 
-def _target_step(model, batch: dict, aux, place, retrieval, content, cfg: TrainConfig) -> dict:
-    """One forward of the target on `batch` -> its losses: lm, aux, place, retrieval (tensors or 0.0) and the
-    retrieval heads' share of visual attention on the targets (nan when no position was supervised)."""
-    if aux:
-        aux.clear()
+def make_pixel_aux(model, cfg: TrainConfig) -> PixelAux | None:
+    return PixelAux(model) if cfg.pixel_weight > 0 else None
+
+
+def _pixel_loss(pixel: PixelAux | None, targets: dict | None) -> torch.Tensor:
+    """PixelAux's loss of the forward just run (0 without the head or its targets)."""
+    if pixel is None or targets is None:
+        return torch.zeros(())
+    return pixel.loss(targets["image"], targets["video"])
+
+
+def _target_step(model, batch: dict, aux, place, retrieval, content, cfg: TrainConfig, pixel=None) -> dict:
+    """One forward of the target on `batch` -> its losses: lm, aux, place, retrieval, pixel (tensors or 0.0) and
+    the retrieval heads' share of visual attention on the targets (nan when no position was supervised)."""
+    for head in (aux, pixel):
+        if head:
+            head.clear()
     vis_labels = batch.pop("vision_targets", None)
+    px_targets = batch.pop("pixel_targets", None)
     ret_targets = batch.pop("retrieval_targets", None)
     if place:
         place.input_ids = batch["input_ids"]
@@ -194,7 +209,8 @@ def _target_step(model, batch: dict, aux, place, retrieval, content, cfg: TrainC
     a_loss = aux_loss(aux, vis_labels)
     p_loss = _place_loss(place, vis_labels)
     r_loss, share = retrieval.loss(out.attentions, batch["input_ids"], ret_targets) if retrieval else (0.0, 0.0)
-    return {"lm": lm, "aux": a_loss, "place": p_loss, "retrieval": r_loss, "share": share}
+    return {"lm": lm, "aux": a_loss, "place": p_loss, "retrieval": r_loss, "share": share,
+            "pixel": _pixel_loss(pixel, px_targets)}
 
 
 def train_target(model, data: TrainSet, processor, cfg: TrainConfig, log=print, items=None,
@@ -204,9 +220,10 @@ def train_target(model, data: TrainSet, processor, cfg: TrainConfig, log=print, 
     content = content_tokens(processor.tokenizer) if cfg.content_weight != 1.0 else None
     vision = pretrain_vision(model, aux, data, cfg, "target", log)
     place, retrieval = _language_heads(model, data, cfg)
+    pixel = make_pixel_aux(model, cfg)
     tower = list(model.model.visual.parameters())
     rest = [p for p in model.parameters() if all(p is not t for t in tower)]
-    rest += (list(aux.parameters()) if aux else []) + (list(place.parameters()) if place else [])
+    rest += [p for m in (aux, place, pixel) if m for p in m.parameters()]
     params = rest + tower
     opt = torch.optim.AdamW([{"params": rest, "scale": 1.0}, {"params": tower, "scale": cfg.tower_lr_scale}],
                             lr=cfg.target_lr, betas=(0.9, 0.98), weight_decay=0.05)
@@ -217,21 +234,22 @@ def train_target(model, data: TrainSet, processor, cfg: TrainConfig, log=print, 
     for step in range(cfg.target_steps):
         for g in opt.param_groups:
             g["lr"] = cfg.target_lr * g["scale"] * cosine(step, cfg.target_steps, cfg.warmup)
-        ls = _target_step(model, next(batches), aux, place, retrieval, content, cfg)
+        ls = _target_step(model, next(batches), aux, place, retrieval, content, cfg, pixel)
         opt.zero_grad(set_to_none=True)
         (ls["lm"] + cfg.aux_weight * ls["aux"] + cfg.place_weight * ls["place"]
-         + cfg.retrieval_weight * ls["retrieval"]).backward()
+         + cfg.retrieval_weight * ls["retrieval"] + cfg.pixel_weight * ls["pixel"]).backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         measured = retrieval is not None and ls["share"] == ls["share"]   # nan: no supervised position in this batch
         smooth.add(loss=ls["lm"].item(), aux=ls["aux"].item(), place=ls["place"].item() if place else None,
-                   retrieval=ls["retrieval"].item() if measured else None, share=ls["share"] if measured else None)
+                   retrieval=ls["retrieval"].item() if measured else None, share=ls["share"] if measured else None,
+                   pixel=ls["pixel"].item() if pixel else None)
         _progress(log, "target", step, cfg.target_steps, smooth, t0, f"lr {opt.param_groups[0]['lr']:.2e} ")
         if items and cfg.eval_every and (step + 1) % cfg.eval_every == 0:
             _quick_eval(model, processor, items, "target", log)
             if ckpt is not None:   # resumable: `train --only-draft` can start from here
                 save(model, processor, ckpt)
-    _drop_heads(model, (aux, place), retrieval)
+    _drop_heads(model, (aux, place, pixel), retrieval)
     return {"vision": vision, "steps": cfg.target_steps, "final": smooth.values}
 
 
@@ -252,7 +270,8 @@ def distil_draft(draft, target, data: TrainSet, processor, cfg: TrainConfig, log
     if cfg.draft_retrieval_weight > 0 and data.retrieval is not None:
         retrieval = _retrieval_heads(draft, cfg.draft_retrieval_heads, data)
     place = _place_head(draft, data, cfg.draft_place_layer) if cfg.draft_place_weight > 0 else None
-    params = [p for m in (draft, aux, place) if m for p in m.parameters()]
+    pixel = make_pixel_aux(draft, cfg)
+    params = [p for m in (draft, aux, place, pixel) if m for p in m.parameters()]
     opt = torch.optim.AdamW(params, lr=cfg.draft_lr, betas=(0.9, 0.98), weight_decay=0.01)
     batches = data.batches(cfg.batch_size, random.Random(cfg.seed + 2), kind_weights=dict(cfg.draft_kind_weights),
                            mirror=cfg.mirror)
@@ -266,11 +285,13 @@ def distil_draft(draft, target, data: TrainSet, processor, cfg: TrainConfig, log
         labels = batch.pop("labels")
         vis_labels = batch.pop("vision_targets", None)
         ret_targets = batch.pop("retrieval_targets", None)
+        px_targets = batch.pop("pixel_targets", None)
         mask = labels[:, 1:] != -100                                    # (B, L-1): positions predicting an answer token
         with torch.no_grad():
             p_logits = target(**batch).logits[:, :-1][mask]                     # (N, V)
-        if aux:
-            aux.clear()
+        for head in (aux, pixel):
+            if head:
+                head.clear()
         if place:
             place.input_ids = batch["input_ids"]
         out = draft(**batch, output_attentions=retrieval is not None)
@@ -280,18 +301,20 @@ def distil_draft(draft, target, data: TrainSet, processor, cfg: TrainConfig, log
         a_loss = aux_loss(aux, vis_labels)
         r_loss, _ = retrieval.loss(out.attentions, batch["input_ids"], ret_targets) if retrieval else (0.0, 0.0)
         p_loss = _place_loss(place, vis_labels)
+        x_loss = _pixel_loss(pixel, px_targets)
         opt.zero_grad(set_to_none=True)
-        total = loss + cfg.aux_weight * a_loss + cfg.draft_retrieval_weight * r_loss + cfg.draft_place_weight * p_loss
+        total = (loss + cfg.aux_weight * a_loss + cfg.draft_retrieval_weight * r_loss + cfg.draft_place_weight * p_loss
+                 + cfg.pixel_weight * x_loss)
         total.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         smooth.add(kl=loss.item(), top1_agree=(q_logits.argmax(-1) == p_logits.argmax(-1)).float().mean().item(),
                    aux=a_loss.item(), **({"retrieval": r_loss.item()} if retrieval else {}),
-                   **({"place": p_loss.item()} if place else {}))
+                   **({"place": p_loss.item()} if place else {}), **({"pixel": x_loss.item()} if pixel else {}))
         _progress(log, "draft", step, cfg.draft_steps, smooth, t0)
         if items and cfg.eval_every and (step + 1) % cfg.eval_every == 0:
             _quick_eval(draft, processor, items, "draft", log)
-    _drop_heads(draft, (aux, place), retrieval)
+    _drop_heads(draft, (aux, place, pixel), retrieval)
     return {"vision": vision, "steps": cfg.draft_steps, "final": smooth.values}
 
 

@@ -17,6 +17,7 @@ from ..language import DESCRIPTION_KINDS
 from ..picture_talk import CLIP_KINDS, PICTURE_KINDS
 from ..world import mirror_cell
 from .data import HARD_FILE, IMAGE_TOKENS, KINDS, MODEL_FRAMES, PATCH, SIZE, TEMPORAL, VIDEO_TOKENS, patchify
+from .pixel_aux import clip_pixel_targets, pixel_targets
 from .retrieval import PROMPT_TARGETS_FILE, TARGETS_FILE
 
 MIRROR_WORDS = ("left", "right")
@@ -60,11 +61,13 @@ class TrainSet:
     retrieval: torch.Tensor | None = None   # retrieval.TARGETS_FILE: per cached token, a visual-token bit mask
     swap: torch.Tensor | None = None        # mirror_vocab(tok): the left / right swap of a mirrored example
     hard: torch.Tensor | None = None        # HARD_FILE: bool per example (retrieval.confusable)
+    pixel_labels: bool = False              # collate adds each item's pixel_aux targets (batch["pixel_targets"])
 
     @classmethod
-    def load(cls, path: Path, tok, prompt_kinds: tuple[str, ...] = ()) -> TrainSet:
+    def load(cls, path: Path, tok, prompt_kinds: tuple[str, ...] = (), pixel_labels: bool = False) -> TrainSet:
         """prompt_kinds: for the examples of these kinds the retrieval targets also cover the question
-        (retrieval.prompt_targets; needs PROMPT_TARGETS_FILE, build_prompt_targets)."""
+        (retrieval.prompt_targets; needs PROMPT_TARGETS_FILE, build_prompt_targets); pixel_labels: batches carry
+        pixel_aux targets."""
         lab, tg = None, None
         if (path / "image_labels.npy").exists() and (path / "vision_targets.npz").exists():
             lab, tg = np.load(path / "image_labels.npy"), dict(np.load(path / "vision_targets.npz"))
@@ -82,7 +85,8 @@ class TrainSet:
         hard = torch.load(path / HARD_FILE) if (path / HARD_FILE).exists() else None
         return cls(np.load(path / "images.npy", mmap_mode="r"), np.load(path / "videos.npy", mmap_mode="r"),
                    torch.load(path / "examples.pt"), tok.convert_tokens_to_ids("<|image_pad|>"),
-                   tok.convert_tokens_to_ids("<|video_pad|>"), tok.pad_token_id, lab, tg, ret, swap, hard)
+                   tok.convert_tokens_to_ids("<|video_pad|>"), tok.pad_token_id, lab, tg, ret, swap, hard,
+                   pixel_labels)
 
     def vision_targets(self, img_ids: list[int], vid_ids: list[int]) -> dict:
         """Aux targets of a batch: {"image": (labels, dom) or None, "video": (labels, dom) or None}."""
@@ -206,6 +210,7 @@ class TrainSet:
         labels = torch.full((len(ids), L), -100, dtype=torch.long)
         retrieval = torch.zeros((len(ids), L), dtype=torch.long)
         img_pix, vid_pix, n_img, n_vid, img_ids, vid_ids = [], [], 0, 0, [], []
+        img_px, vid_px = [], []   # pixel_aux targets of the pictures as shown (mirrored or not)
         for b, (i, s) in enumerate(zip(ids, seqs)):
             input_ids[b, :len(s)] = s
             attn[b, :len(s)] = 1
@@ -219,11 +224,16 @@ class TrainSet:
                 img = torch.from_numpy(np.array(self.images[j]))
                 img = img.flip(1) if flips[b] else img
                 img_pix.append(patchify(img.unsqueeze(0).expand(TEMPORAL, -1, -1, -1)))
+                if self.pixel_labels:
+                    img_px.append(torch.from_numpy(pixel_targets(img.numpy())))
                 n_img += 1
                 img_ids.append(j)
             else:
                 vid = torch.from_numpy(np.array(self.videos[j]))
-                vid_pix.append(patchify(vid.flip(2) if flips[b] else vid))
+                vid = vid.flip(2) if flips[b] else vid
+                vid_pix.append(patchify(vid))
+                if self.pixel_labels:
+                    vid_px.append(torch.from_numpy(clip_pixel_targets(vid.numpy(), TEMPORAL)))
                 n_vid += 1
                 vid_ids.append(j)
         mm = torch.zeros_like(input_ids)
@@ -241,6 +251,9 @@ class TrainSet:
         if self.labels is not None:   # not a model input: train.py pops it for the auxiliary loss
             batch["vision_targets"] = self._mirrored(self.vision_targets(img_ids, vid_ids), [
                 [f for f, i in zip(flips, ids) if int(ex["media"][i]) == m] for m in (0, 1)])
+        if self.pixel_labels:   # not a model input: pixel_aux.PixelAux's targets
+            batch["pixel_targets"] = {"image": torch.stack(img_px) if img_px else None,
+                                      "video": torch.stack(vid_px) if vid_px else None}
         if self.retrieval is not None:   # not a model input either: retrieval.RetrievalAux's targets
             batch["retrieval_targets"] = retrieval
         return batch

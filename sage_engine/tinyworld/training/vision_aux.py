@@ -142,15 +142,15 @@ def whiten_patch_embed(model, pixels: torch.Tensor, eps: float = 1e-3, seed: int
         w.copy_(full.to(w.dtype))
 
 
-class VisionAux(torch.nn.Module):
-    """Linear head on the merged visual tokens of `model`; `loss(...)` after a forward pass.
+class TowerHead(torch.nn.Module):
+    """A training-only linear head (`n_out` outputs) on the merged visual tokens of `model`'s vision tower: a
+    forward hook collects the tower's image calls (grid t == 1) in `_feats` and its video calls in `_vfeats`,
+    until `clear()`."""
 
-    Image calls of the vision tower (grid t == 1) are collected in `_feats`, video calls in `_vfeats`."""
-
-    def __init__(self, model):
+    def __init__(self, model, n_out: int):
         super().__init__()
         hidden = model.config.text_config.hidden_size
-        self.head = torch.nn.Linear(hidden, N_LABELS)
+        self.head = torch.nn.Linear(hidden, n_out)
         self._feats: list[torch.Tensor] = []
         self._vfeats: list[torch.Tensor] = []
         self._hook = model.model.visual.register_forward_hook(self._capture, with_kwargs=True)
@@ -163,6 +163,28 @@ class VisionAux(torch.nn.Module):
             self._feats.append(output.pooler_output)
         else:
             self._vfeats.append(output.pooler_output)
+
+    def take(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(image features, video features) collected since the last clear(), each None if none; clears."""
+        feats = torch.cat(self._feats) if self._feats else None
+        vfeats = torch.cat(self._vfeats) if self._vfeats else None
+        self.clear()
+        return feats, vfeats
+
+    def clear(self) -> None:
+        self._feats = []
+        self._vfeats = []
+
+    def remove(self) -> None:
+        self._hook.remove()
+
+
+class VisionAux(TowerHead):
+    """The world's per-token labels (colours, shapes, sizes, triples, empty) from a head on the merged visual
+    tokens; `loss(...)` after a forward pass."""
+
+    def __init__(self, model):
+        super().__init__(model, N_LABELS)
 
     def _one(self, feats: torch.Tensor, labels: torch.Tensor, dom: torch.Tensor) -> torch.Tensor:
         """BCE_WEIGHT x mean BCE of the colour / size / empty labels + cross-entropy of the block's dominant shape
@@ -182,9 +204,7 @@ class VisionAux(torch.nn.Module):
         """The loss of the forwards since the last clear(): `image` = (labels (n_images, GRID^2, N_LABELS),
         dom (n_images, GRID^2)) in the batch's image order, `video` = the same for the clips (2 GRID^2 tokens
         each); a term is left out when its targets are None or the tower saw no such input."""
-        feats = torch.cat(self._feats) if self._feats else None
-        vfeats = torch.cat(self._vfeats) if self._vfeats else None
-        self.clear()
+        feats, vfeats = self.take()
         total = torch.zeros(())
         if feats is not None and image is not None and image[0].numel():
             total = total + self._one(feats, *image)
@@ -208,13 +228,6 @@ class VisionAux(torch.nn.Module):
         d = dom.long()
         shape = float((lg[..., SHAPE].argmax(-1)[d >= 0] == d[d >= 0]).float().mean())
         return exact(slice(0, len(COLOURS))), exact(SIZE_LABELS), shape, exact(TRIPLES)
-
-    def clear(self) -> None:
-        self._feats = []
-        self._vfeats = []
-
-    def remove(self) -> None:
-        self._hook.remove()
 
 
 # ---------------------------------------------------------------- where each visual token is, inside the LM
