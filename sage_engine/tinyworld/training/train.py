@@ -33,9 +33,9 @@ from .data import (
     replay_image_labels,
 )
 from .losses import Smoothed, aux_loss, content_tokens, cosine, weighted_lm_loss
+from .pixel_aux import PixelAux
 from .retrieval import PROMPT_TARGETS_FILE, TARGETS_FILE, RetrievalAux
 from .trainset import TrainSet
-from .pixel_aux import PixelAux
 from .vision_aux import LABELS_VERSION, PlaceAux, VisionAux, whiten_patch_embed
 
 SUMMARY = "summary.json"
