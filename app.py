@@ -50,7 +50,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "default %(default)s)")
     p.add_argument("--policy-module", action="append", default=[], metavar="FILE",
                    help="a Python file that registers policies with sage_engine.register_policy (repeatable), loaded "
-                        "before the app is built")
+                        "before the app is built: the policy dropdown and the API offer them after the engine's own")
     return p.parse_args(argv)
 
 
@@ -88,11 +88,12 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     t0 = time.perf_counter()
     try:
+        registered = []
         if args.policy_module:
             from sage_engine.policies import load_policy_module
 
             for path in args.policy_module:
-                load_policy_module(path)
+                registered += load_policy_module(path)
         presets = served(args.presets.split(","))
         # ZeroGPU: the pair must be on cuda before launch (a lazy load would happen in the GPU worker); elsewhere the
         # page is served at once and the pair loads behind it
@@ -101,7 +102,7 @@ def main(argv=None) -> None:
         if preload == "now":  # the load, and so the engine's setup before it, runs before launch: it cannot wait
             served_page.set()
         demo = build_demo(presets, default_preset=args.preset, preload=preload, cache_examples=args.cache_examples,
-                          setup=engine_setup(args.threads, served_page))
+                          setup=engine_setup(args.threads, served_page), policies=tuple(registered))
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
     logging.getLogger("sage.app").info("app built in %.1f s", time.perf_counter() - t0)

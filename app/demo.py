@@ -8,7 +8,7 @@ import gradio as gr
 
 from .examples import CACHE_MODES, add_examples
 from .handlers import Handlers
-from .layout import build_layout
+from .layout import build_layout, policy_choices
 from .media import Example, RunFiles, load_examples
 from .pool import PairFactory, PairPool, load_preset
 from .served import Preset, pick, served
@@ -61,7 +61,7 @@ def build_demo(presets: Mapping[str, Preset] | None = None, default_preset: str 
                pair_factory: PairFactory = load_preset, examples: list[Example] | None = None,
                preload: str = "off", text_every: float = 0.25, plot_every: float = 1.0, queue_size: int = 32,
                pool_capacity: int = 1, cache_examples: str = "lazy",
-               setup: Callable[[], None] | None = None) -> gr.Blocks:
+               setup: Callable[[], None] | None = None, policies: tuple[str, ...] = ()) -> gr.Blocks:
     """The demo over `presets` (default: app.served.SERVED; the UI offers only these; the first is the default
     unless `default_preset` names another). `pair_factory(preset) -> ModelPair` loads a pair;
     tests pass one that builds tiny models. `preload`: "off" loads the default pair on first use, "now" before
@@ -71,7 +71,9 @@ def build_demo(presets: Mapping[str, Preset] | None = None, default_preset: str 
     app/pacing.py); `pool_capacity` is how many pairs stay loaded at once. `cache_examples`: "lazy" (an example's
     first click races it with the defaults and stores the result; later clicks show it, labelled as cached:
     app/examples.py) or "off" (a click only fills the inputs). `setup`: queued first on the device thread, so that
-    every pair load comes after it (PairPool's `setup`; app.py: torch's thread count and Numba's background compile)."""
+    every pair load comes after it (PairPool's `setup`; app.py: torch's thread count and Numba's background compile).
+    `policies`: names registered with sage_engine.register_policy (app.py's --policy-module) that the dropdown and
+    the API offer after the engine's own."""
     if preload not in PRELOAD_MODES:
         raise ValueError(f"preload must be one of {', '.join(PRELOAD_MODES)} (got {preload!r})")
     if cache_examples not in CACHE_MODES:
@@ -79,9 +81,10 @@ def build_demo(presets: Mapping[str, Preset] | None = None, default_preset: str 
     presets = served() if presets is None else presets
     preset = pick(presets, default_preset)
     pool = PairPool(presets, pair_factory, capacity=pool_capacity, setup=setup)
-    handlers = Handlers(pool, RunFiles(), preset.name, text_every=text_every, plot_every=plot_every)
+    choices = policy_choices(policies)
+    handlers = Handlers(pool, RunFiles(), preset.name, text_every=text_every, plot_every=plot_every, policies=choices)
     with gr.Blocks(title=TITLE, delete_cache=(3600, 3600)) as demo:
-        ui = build_layout(presets, preset.name)
+        ui = build_layout(presets, preset.name, policies=choices)
         add_examples(ui, load_examples() if examples is None else examples, handlers, cache_examples)
         wire(demo, ui, handlers)
     demo.queue(max_size=queue_size)

@@ -78,13 +78,13 @@ def sampling_of(knobs: dict) -> Sampling:
         raise InputError(f"sampling: {e}") from None
 
 
-def speculative_policy(spec: str, knobs: dict):
-    """(name, config) of the speculative lane from the API's `policy`: a name of the list, or a name with knobs
-    as `bench` and `generate` take them (`chain:k=3`, `sage:n_max=16`); for sage the knobs panel's settings,
-    with the spec's own knobs on top. InputError (one line) for anything else."""
+def speculative_policy(spec: str, knobs: dict, policies: tuple[str, ...] = POLICIES):
+    """(name, config) of the speculative lane from the API's `policy`: a name of `policies` (the dropdown's), or a name
+    with knobs as `bench` and `generate` take them (`chain:k=3`, `sage:n_max=16`); for sage the knobs panel's
+    settings, with the spec's own knobs on top. InputError (one line) for anything else."""
     name = spec.split(":")[0] if isinstance(spec, str) else spec
-    if name not in POLICIES:
-        raise InputError(f"unknown policy {spec!r}; choose one of {', '.join(POLICIES)}, optionally with knobs "
+    if name not in policies:
+        raise InputError(f"unknown policy {spec!r}; choose one of {', '.join(policies)}, optionally with knobs "
                          "(e.g. chain:k=3)")
     try:
         name, changes = spec_knobs(spec)
@@ -140,8 +140,9 @@ class Handlers:
     """The app's behaviour; one instance per demo (owns the model pool and the export directory)."""
 
     def __init__(self, pool: PairPool, files: RunFiles, default_preset: str, text_every: float = 0.25,
-                 plot_every: float = 1.0, previews: Previews | None = None):
+                 plot_every: float = 1.0, previews: Previews | None = None, policies: tuple[str, ...] = POLICIES):
         self.pool, self.files, self.default_preset = pool, files, default_preset
+        self.policies = policies  # the speculative lane's names: the dropdown's (layout.policy_choices)
         self.previews = previews or Previews()  # browser-playable stand-ins for uploaded videos
         self.text_every = text_every  # seconds between streamed text updates
         self.plot_every = plot_every  # seconds between streamed figure updates (a final full update follows)
@@ -184,7 +185,7 @@ class Handlers:
 
         if not (prompt or "").strip():
             raise InputError("the prompt is empty: type a question about the image or video")
-        name, cfg = speculative_policy(policy, knobs)
+        name, cfg = speculative_policy(policy, knobs, self.policies)
         n = new_tokens(max_new_tokens)
         pruning = VisualPruning() if knobs.pop("draft_prune", False) else None
         sampling = sampling_of(knobs)

@@ -22,6 +22,12 @@ from .theme import TOKEN_COLORS
 from .tree_plot import empty_tree
 
 POLICIES = tuple(sorted(SPECULATIVE_POLICIES, key=lambda name: name != "sage"))  # the dropdown: sage first
+
+
+def policy_choices(registered=()) -> tuple[str, ...]:
+    """The dropdown's policies: the engine's own (sage first), then `registered`, the names a `--policy-module` file
+    of app.py registered (sage_engine.register_policy)."""
+    return POLICIES + tuple(n for n in registered if n not in POLICIES)
 MAX_NEW_TOKENS = 512
 DEFAULT_NEW_TOKENS = 96
 
@@ -171,12 +177,12 @@ def _media() -> dict:
     return dict(image=image, video=video, frames=frames, prompt=prompt)
 
 
-def _settings(presets: Mapping[str, Preset], default_preset: str) -> dict:
+def _settings(presets: Mapping[str, Preset], default_preset: str, policies: tuple[str, ...]) -> dict:
     """How the run decodes: its length, the speculative policy, the model pair."""
     with gr.Row():
         max_new = gr.Slider(1, MAX_NEW_TOKENS, DEFAULT_NEW_TOKENS, step=1, label="Max new tokens",
                             elem_id="max-new-tokens")
-        policy = gr.Dropdown(list(POLICIES), value="sage", label="Speculative policy", elem_id="policy",
+        policy = gr.Dropdown(list(policies), value="sage", label="Speculative policy", elem_id="policy",
                              allow_custom_value=True,  # or a spec with knobs, as bench takes it: chain:k=3
                              info="or type one with knobs, as the CLI takes it: chain:k=3, sage:n_max=16")
     preset = gr.Dropdown(list(presets), value=default_preset, label="Model pair (configured presets only)",
@@ -277,7 +283,7 @@ def _compare() -> CompareUi:
 
 # the knobs panel's settings: `sage` priced by this machine (threshold "cost", i.e. `priced:sage`), what pays here
 def build_layout(presets: Mapping[str, Preset], default_preset: str,
-                 cfg: SageConfig = SageConfig(threshold="cost")) -> Ui:
+                 cfg: SageConfig = SageConfig(threshold="cost"), policies: tuple[str, ...] = POLICIES) -> Ui:
     """Create every component inside the current gr.Blocks; returns their handles."""
     gr.Markdown(f"# {text.TITLE}\n{text.INTRO}")
     gr.Markdown(text.BASICS, elem_id="basics")
@@ -293,7 +299,7 @@ def build_layout(presets: Mapping[str, Preset], default_preset: str,
             model_info = gr.Markdown(elem_id="model-info")  # beside Run: a loading pair is seen without scrolling
             model_timer = gr.Timer(1.0)
             with gr.Group(elem_id="settings"):
-                inputs.update(_settings(presets, default_preset))
+                inputs.update(_settings(presets, default_preset, policies))
             with gr.Group(elem_id="knobs"):
                 knobs = _knobs(cfg)
         with gr.Column(scale=7, min_width=480, elem_classes="main-col"):

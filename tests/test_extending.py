@@ -169,3 +169,36 @@ def test_a_policy_module_runs_by_name_in_generate_and_bench(saved_qwen_pair, med
     bad.write_text("raise RuntimeError('no')\n")
     code, _, err = run_main(capsys, *gen, "--policy", "ar", "--policy-module", str(bad))
     assert code == 2 and err.startswith("error: --policy-module") and "RuntimeError: no" in err
+
+
+def test_a_policy_module_s_policy_is_in_the_app_s_dropdown_and_races_exactly(media, tmp_path):  # noqa: F811
+    """app.py --policy-module: the dropdown offers the registered name after the engine's own, and the race runs it
+    (with knobs) token for token like `ar`; a demo without the module refuses the name in one line."""
+    from dataclasses import fields
+
+    import app_server
+
+    from app.demo import build_demo
+    from app.handlers import Handlers, InputError, speculative_policy
+    from app.layout import POLICIES, policy_choices
+    from app.media import RunFiles
+    from app.pool import PairPool
+    from app.view import View
+    from sage_engine.policies import load_policy_module
+
+    module = tmp_path / "my_policy.py"
+    module.write_text(POLICY_FILE)
+    names = tuple(load_policy_module(str(module)))
+    assert names == ("sure-chain",)
+    tiny = {app_server.TINY.name: app_server.TINY}
+    demo = build_demo(tiny, pair_factory=app_server.pair_factory, examples=[], cache_examples="off", policies=names)
+    dropdown = next(c for c in demo.config["components"] if c.get("props", {}).get("elem_id") == "policy")
+    choices = [c[0] if isinstance(c, (list, tuple)) else c for c in dropdown["props"]["choices"]]
+    assert choices == [*POLICIES, "sure-chain"] and choices[0] == "sage"
+    h = Handlers(PairPool(tiny, app_server.pair_factory), RunFiles(), app_server.TINY.name,
+                 policies=policy_choices(names))
+    *_, last = h.compare(str(media / "a.png"), None, "describe the image", 16, "sure-chain:depth=4")
+    record = dict(zip([f.name for f in fields(View)], last))["run_state"]
+    assert record.spec.done and record.spec.token_ids == record.ar.token_ids and len(record.ar.token_ids) == 16
+    with pytest.raises(InputError, match="unknown policy 'sure-chain'"):
+        speculative_policy("sure-chain", {}, POLICIES)
