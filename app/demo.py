@@ -16,10 +16,18 @@ from .text import TITLE
 from .wiring import wire
 
 CSS = """
-#spec-text .textfield { font-size: 14px; line-height: 1.9; display: block; }
+/* Gradio's field is a wrapping flex box with word-break: break-all, which cuts words anywhere; here it is a block
+   of inline chunks that breaks lines only at the text's own spaces (a word longer than the line alone may break).
+   Its template puts spaces between and inside the chunks, outside their .text: at font size 0 and nowrap they are
+   neither seen nor a place to break; only .text has a size and keeps its own spaces (pre-wrap). */
+#spec-text .textfield { font-size: 0; line-height: 1.9; display: block; white-space: nowrap; word-break: normal;
+  overflow-wrap: break-word; }
+#spec-text .line-break { display: block; }  /* a newline of the text (a flex-basis in Gradio's own layout) */
 /* the coloured chunks flow as text: inline, so a line breaks between words, never inside one or at a chunk's edge */
 #spec-text .token-container, #spec-text .token, #spec-text .text { display: inline; }
-#spec-text .token { padding: 0.15em 0; margin: 0; border-radius: 0; white-space: pre-wrap;
+/* the chunk's colour (Gradio sets it on .token, whose box has no height at font size 0) is painted behind its text */
+#spec-text .token { padding: 0; margin: 0; border-radius: 0; white-space: nowrap; }
+#spec-text .text { font-size: 14px; white-space: pre-wrap; background-color: inherit; padding: 2px 0;
   -webkit-box-decoration-break: clone; box-decoration-break: clone; }
 #ar-text textarea { font-size: 14px; }
 #status { min-height: 2.2em; }
@@ -32,7 +40,7 @@ CSS = """
   #main-row > .main-col { display: contents; }
   #settings, #knobs { order: 10; }
   #ar-text textarea { max-height: 9.5em; }
-  #spec-text .textfield { max-height: 10em; overflow-y: auto; }
+  #spec-text .textfield { max-height: 140px; overflow-y: auto; }  /* ten lines (its own font size is 0) */
   #spec-text .legend { display: none; }
   .modebar-container { display: none !important; }
   #scoreboard .card .v { font-size: 20px; }

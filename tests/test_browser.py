@@ -167,6 +167,7 @@ def test_bad_upload_shows_message_and_keeps_the_page(page, tmp_path_factory):
 
 
 EXAMPLE_IMAGE = Path(__file__).resolve().parent.parent / "assets" / "examples" / "shapes_1.png"
+EXAMPLE_PHOTO = EXAMPLE_IMAGE.parent / "photo_1.jpg"  # a held-out photo: its answers have long words
 # A run long enough to press Stop in: with this seeded random pair, this image and this prompt, the model
 # emits no EOS for 512 tokens (checked: 512 tokens, finish "length").
 LONG_IMAGE = EXAMPLE_IMAGE
@@ -447,9 +448,29 @@ FLOW = r"""(sel) => {
   const edge = field.getBoundingClientRect().right - parseFloat(getComputedStyle(field).paddingRight);
   const texts = [...field.querySelectorAll('.text')].filter((t) => t.textContent.length);
   const bad = [];
+  // every character in reading order: a line that ends between two letters has cut a word, inside a chunk or not
+  const chars = [];
+  for (const t of texts) {
+    const node = t.firstChild;
+    for (let k = 0; k < node.length; k++) {
+      const r = document.createRange(); r.setStart(node, k); r.setEnd(node, k + 1);
+      const box = r.getClientRects()[0];
+      if (box) chars.push([node.data[k], box.top]);
+    }
+  }
+  for (let k = 1; k < chars.length; k++) {
+    const [a, ya] = chars[k - 1], [b, yb] = chars[k];
+    if (yb - ya > 3 && /\S/.test(a) && /\S/.test(b)) {
+      bad.push(['a word cut', chars.slice(Math.max(0, k - 8), k).map((c) => c[0]).join(''),
+                chars.slice(k, k + 8).map((c) => c[0]).join('')]);
+    }
+  }
   for (let i = 1; i < texts.length; i++) {
     const a = texts[i - 1], b = texts[i];
     const ra = [...a.getClientRects()].pop(), rb = b.getClientRects()[0];
+    if (ra && rb && Math.abs(ra.top - rb.top) < 3 && rb.left - ra.right > 1) {  // the template's spaces, shown
+      bad.push(['a gap between chunks', a.textContent.slice(-12), b.textContent.slice(0, 12), rb.left - ra.right]);
+    }
     if (!ra || !rb || Math.abs(ra.top - rb.top) < 3) continue;  // the same line
     const at = a.textContent, bt = b.textContent;
     if (/\n$/.test(at) || /^\n/.test(bt)) continue;  // the text's own line break
@@ -475,12 +496,14 @@ def race(page, image=EXAMPLE_IMAGE, prompt="Describe the image in detail.", toke
     run_to_the_end(page)
 
 
-def test_defect_1_the_speculative_text_flows_like_text(page):
-    """The speculative text, coloured by origin, wraps like the plain text beside it: no word cut between two
-    chunks, no chunk pushed to a new line while its first word still fitted (1400 px, the first example)."""
-    page.set_viewport_size({"width": 1400, "height": 900})
+@pytest.mark.parametrize("width, image", [(1400, EXAMPLE_IMAGE), (1400, EXAMPLE_PHOTO), (390, EXAMPLE_PHOTO)])
+def test_defect_1_the_speculative_text_flows_like_text(page, width, image):
+    """The speculative text, coloured by origin, wraps like the plain text beside it: no word cut, inside a chunk or
+    between two, no chunk pushed to a new line while its first word still fitted (a shapes example and a photo
+    example, desktop and phone)."""
+    page.set_viewport_size({"width": width, "height": 900})
     try:
-        race(page)
+        race(page, image)
         flow = page.evaluate(FLOW, "#spec-text")
         assert flow["count"] >= 3, flow
         assert not flow["bad"], flow["bad"][:5]
