@@ -6,8 +6,8 @@ outside it (picture_data.py): `python -m sage_engine.tinyworld finetune --out DI
    tokenised with the pair's own tokenizer (its vocabulary, and so its embeddings, stay);
 2. the target trained on from its weights: the answers' cross-entropy and the retrieval loss on the world's
    examples (train.train_target), no vision-only stage and no auxiliary or PlaceAux heads (they need per-object
-   labels a photo does not have), and pixel_aux.PixelAux on both towers (each cell's colours and lightness from
-   the pixels, which every picture has);
+   labels a photo does not have); with pixel_weight > 0 also pixel_aux.PixelAux on both towers (each cell's colours
+   and lightness from the pixels, which every picture has; tried in run P2 of RUNS.md, not shipped);
 3. the draft distilled on from its weights, from the new target (train.distil_draft);
 4. both saved with the processor and summary.json; `ship` stores them in bf16.
 """
@@ -38,19 +38,20 @@ class FinetuneConfig:
     draft_lr: float = 5e-4
     warmup: int = 100
     picture_weight: float = 2.5     # drawing weight of each picture kind
-    describe_weight: float = 3.5    # drawing weight of the world's descriptions, images and clips (the other world
-    #                                 kinds keep TrainConfig's): the long answers the pictures' kinds crowd out
-    pixel_weight: float = 0.5       # TrainConfig.pixel_weight: the towers' loss on each cell's colours and lightness
+    # drawing weight of the world's descriptions, images and clips (None: TrainConfig's, like the world's other kinds)
+    describe_weight: float | None = None
+    pixel_weight: float = 0.0       # TrainConfig.pixel_weight: the towers' loss on each cell's colours and lightness
 
 
 def recipe(ft: FinetuneConfig) -> TrainConfig:
     """TrainConfig of the fine-tune: the shipped recipe's draw and retrieval loss, no vision stage, no aux heads."""
     from ..picture_talk import CLIP_KINDS, PICTURE_KINDS
     base = TrainConfig(seed=ft.seed)
-    described = ("describe", "describe_video")
-    kinds = (tuple(kw for kw in base.kind_weights if kw[0] not in described)
-             + tuple((k, ft.describe_weight) for k in described)
-             + tuple((k, ft.picture_weight) for k in PICTURE_KINDS + CLIP_KINDS))
+    kinds = base.kind_weights
+    if ft.describe_weight is not None:
+        described = ("describe", "describe_video")
+        kinds = tuple(kw for kw in kinds if kw[0] not in described) + tuple((k, ft.describe_weight) for k in described)
+    kinds += tuple((k, ft.picture_weight) for k in PICTURE_KINDS + CLIP_KINDS)
     return dataclasses.replace(
         base, n_images=ft.world_images, n_videos=ft.world_videos, target_steps=ft.target_steps,
         target_lr=ft.target_lr, draft_steps=ft.draft_steps, draft_lr=ft.draft_lr, warmup=ft.warmup, eval_every=0,
