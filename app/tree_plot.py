@@ -113,6 +113,7 @@ LABEL_PX, ROW_PX, CHAR_PX, MARKER_PX = 11, 20, 7.5, 18
 STAGGER_ROWS = 2.4  # staggered labels sit above and below their nodes: rows that far apart keep them clear
 SIDE_PX = 40  # what the plot's side margins and axis take of its width
 STORY_CHAR_PX = 6.5  # the story's 11-px text, per character on average
+STORY_CHARS = 52  # the story's longest line: it fits a phone's plot (about 340 px), where the figure is scaled down
 STORY_GAP_PX = 62  # from the plot area's bottom to the story: the x axis's tick labels and title sit above it
 X_PAD_LEFT, X_PAD_RIGHT = 0.4, 1.2  # x range beyond the root and the deepest node (its label needs the room)
 MAX_LABEL = 12  # characters of a node label at most ("␣background" whole)
@@ -176,23 +177,27 @@ def tree_figure(ev: StepEvent, bonus_text: str = "", width_px: int = RACE_WIDTH_
                            [_hover(bonus_text, ev.bonus_token, depth[BONUS_NODE], None, None,
                                    "the target's own next token")], labels, symbol="star", size=18))
     where = labels[0]
-    title = (title or f"Step {ev.step}: {len(tv.tokens)} drafted nodes (depth D={ev.depth}, root width "
-             f"W={ev.width}), {len(accepted)} accepted + 1 bonus") + ("; tokens on hover" if where == "hover" else "")
+    # two short lines: the figure is drawn for the race view's width, and a phone shows it about half as wide
+    title = (title or f"Step {ev.step}: {len(tv.tokens)} drafted nodes, {len(accepted)} accepted<br>"
+             f"+ 1 bonus; depth D={ev.depth}, root width W={ev.width}")
+    title += "; tokens on hover" if where == "hover" else ""
     rows = round(max(y.values()) - min(y.values())) + 1  # the leaves: every node sits within a row of them
-    story = "" if compact else _wrap(rule_story(ev, bonus_text), int((width_px - SIDE_PX) / STORY_CHAR_PX))
+    story = "" if compact else _wrap(rule_story(ev, bonus_text), min(int((width_px - SIDE_PX) / STORY_CHAR_PX),
+                                                                     STORY_CHARS))
     lines = story.count("<br>") + 1 if story else 0
     # the story under the x axis's ticks and title (about 45 px), never over them
     notes = [dict(text=story, showarrow=False, x=0, y=0, xref="paper", yref="paper", yshift=-STORY_GAP_PX,
                   align="left", xanchor="left", yanchor="top", font=dict(size=11, color="#334155"))] if story else []
     bottom = STORY_GAP_PX + 14 + 16 * lines
     row_px = ROW_PX * (STAGGER_ROWS if where == "stagger" else 1)
-    out = layout(title, TOP_PX + bottom + max(row_px * rows, 240), hovermode="closest", annotations=notes,
+    top = TOP_PX + (0 if compact else 24)  # the title's second line
+    out = layout(title, top + bottom + max(row_px * rows, 240), hovermode="closest", annotations=notes,
                  showlegend=not compact,
                  xaxis=dict(title=dict(text="depth" if compact else "depth (tokens ahead of the output)"), dtick=1,
                             zeroline=False,
                             range=[-X_PAD_LEFT, deepest + X_PAD_RIGHT]),
                  yaxis=dict(visible=False, range=[min(y.values()) - 0.5, max(y.values()) + 0.5]))
-    out["margin"] = {**out["margin"], "b": bottom}
+    out["margin"] = {**out["margin"], "b": bottom, "t": top}
     if compact:  # the compare view's small multiples: a smaller title
         out["title"]["font"] = {**out["title"]["font"], "size": 12}
     return figure(data, out)

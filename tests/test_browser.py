@@ -628,8 +628,9 @@ AXIS_AND_NOTES = """(sel) => {
   const plot = document.querySelector(sel + ' .js-plotly-plot');
   const box = (e) => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
   const title = plot.querySelector('.g-xtitle text');
+  const head = plot.querySelector('.gtitle');
   return {title: title ? box(title) : null, notes: [...plot.querySelectorAll('.annotation')].map(box),
-          plot: box(plot.querySelector('.main-svg'))};
+          plot: box(plot.querySelector('.main-svg')), head: head ? box(head) : null};
 }"""
 
 
@@ -637,19 +638,26 @@ def overlap(a, b) -> bool:
     return min(a[2], b[2]) - max(a[0], b[0]) > 1 and min(a[3], b[3]) - max(a[1], b[1]) > 1
 
 
-def test_defect_10_the_tree_story_sits_below_the_axis_title_and_inside_the_plot(page):
-    race(page, tokens=48)
-    page.wait_for_function("(document.querySelector('#plot-tree .gtitle') || {}).textContent?.startsWith('Step ')")
-    drawn = page.evaluate(AXIS_AND_NOTES, "#plot-tree")
+@pytest.mark.parametrize("width", [1440, 390])
+def test_defect_10_the_tree_story_sits_below_the_axis_title_and_inside_the_plot(page, width):
+    """The tree's story under the axis title, and the story and the plot's title inside the plot, on a desktop and a
+    phone (where the figure drawn for the race view's width is narrower: on main its title and story ran out)."""
+    page.set_viewport_size({"width": width, "height": 1100})
+    try:
+        race(page, EXAMPLE_PHOTO, tokens=48)
+        page.wait_for_function("(document.querySelector('#plot-tree .gtitle') || {}).textContent?.startsWith('Step ')")
+        drawn = page.evaluate(AXIS_AND_NOTES, "#plot-tree")
+    finally:
+        page.set_viewport_size({"width": 1440, "height": 1100})
     assert drawn["title"] and drawn["notes"], drawn
     assert not [n for n in drawn["notes"] if overlap(n, drawn["title"])], drawn
     assert all(n[3] <= drawn["plot"][3] + 1 for n in drawn["notes"]), drawn  # not clipped at the bottom
+    inside = [drawn["head"], *drawn["notes"]]
+    assert all(b[0] >= drawn["plot"][0] - 1 and b[2] <= drawn["plot"][2] + 1 for b in inside), drawn  # nor at a side
 
 
 def test_defect_14_a_phone_shows_the_examples_before_the_settings(page):
-    """390 x 844: the page is one list, and the examples come before the settings (on main: after them). Not
-    checked: that both texts and the speedup stay on the screen after Run (issue 81 point 6 is not done: the page
-    scrolls away from them as the charts come in)."""
+    """390 x 844: the page is one list, and the examples come before the settings (on main: after them)."""
     page.set_viewport_size({"width": 390, "height": 844})
     try:
         fresh(page)
@@ -657,6 +665,24 @@ def test_defect_14_a_phone_shows_the_examples_before_the_settings(page):
         assert examples["y"] < settings["y"], (examples, settings)
     finally:
         page.set_viewport_size({"width": 1440, "height": 1100})
+
+
+def test_point_6_a_phone_sees_both_texts_and_the_speedup_after_run(page):
+    """390 x 844, a photo raced to its end: both answers and the speedup card are on the screen."""
+    page.set_viewport_size({"width": 390, "height": 844})
+    try:
+        race(page, EXAMPLE_PHOTO, tokens=64)
+        page.wait_for_timeout(1000)  # the charts that come in last must not push the results away
+        speedup = page.locator("#scoreboard .card", has_text="Speedup")
+        seen = {"ar": page.locator("#ar-text").bounding_box(), "spec": page.locator("#spec-text").bounding_box(),
+                "speedup": speedup.bounding_box()}
+        said = speedup.inner_text()
+    finally:
+        page.set_viewport_size({"width": 1440, "height": 1100})
+    for what, b in seen.items():  # each begins on the screen, and the speedup card is there whole
+        assert b and -1 <= b["y"] < 844, (what, b)
+    assert seen["speedup"]["y"] + seen["speedup"]["height"] <= 845, seen
+    assert "×" in said, said
 
 
 def story_step(page) -> int:
