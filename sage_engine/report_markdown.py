@@ -233,6 +233,7 @@ def write_markdown(reports: dict[str, dict], meta: dict, figures: list[tuple[str
 
 
 README_SUITES = ("tinyworld-images", "tinyworld-clips", "real")  # the README's three columns
+README_LEAVES_OUT = ("svip", "ddd")  # the related-work policies written as a user would: BENCHMARKS.md has their rows
 README_START, README_END = "<!-- results: written by sage_engine.report -->", "<!-- /results -->"
 
 
@@ -240,16 +241,19 @@ def readme_table(reports: dict[str, dict]) -> str:
     """The README's one results table, from the greedy suites' reports: per policy, tau and speedup vs `ar` on each
     suite, with the worst input of the real one; `ar`'s row gives its tokens/s."""
     suites = [s for s in README_SUITES if s in reports]
+    shown = [{**reports[s], "policies": {p: a for p, a in reports[s]["policies"].items() if p not in README_LEAVES_OUT}}
+             for s in suites]
+    real = shown[suites.index("real")] if "real" in suites else None
 
     def cell(policy: str, agg: dict, report: dict) -> str:
         if policy == "ar":
             return f"1.00 / {agg['tokens_per_second']:.0f} tok/s"
-        worst = worst_input(report, policy) if report is reports.get("real") else None
+        worst = worst_input(report, policy) if report is real else None
         return f"{agg['mean_accepted']:.2f} / {agg['speedup_vs_ar'] or 0:.2f}x" + (
             f" (worst {worst[0]:.2f}x)" if worst else "")
 
     head = ["| policy | " + " | ".join(f"{s}: tau / speedup" for s in suites) + " |", "|---" * (len(suites) + 1) + "|"]
-    return "\n".join(head + _policy_rows([reports[s] for s in suites], cell))
+    return "\n".join(head + _policy_rows(shown, cell))
 
 
 def with_readme_table(readme: str, reports: dict[str, dict]) -> str:
