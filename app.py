@@ -2,7 +2,7 @@
 
 Host and port default to Gradio's own environment variables (GRADIO_SERVER_NAME,
 GRADIO_SERVER_PORT; Hugging Face Spaces sets them), then to 127.0.0.1:7860. The model pairs
-are named presets of sage_engine/presets.py: --presets (SAGE_PRESETS) lists those the UI may
+are named presets of sage_engine/models/presets.py: --presets (SAGE_PRESETS) lists those the UI may
 offer (default: the embedded tinyworld pair), --preset (SAGE_PRESET) the one loaded first.
 --cache-examples (SAGE_CACHE_EXAMPLES, default lazy): an example's first click races it and stores the result
 in Gradio's cache dir (GRADIO_EXAMPLES_CACHE, default .gradio/cached_examples); later clicks show it, labelled
@@ -72,11 +72,11 @@ def engine_setup(threads: int, served_page: threading.Event) -> Callable[[], Non
             import torch
 
             torch.set_num_threads(threads)
-        from sage_engine import jit
+        from sage_engine.core import jit
 
         if jit.defer_compile():  # a first start: Numba compiles in the background, the first runs take plain Python
             log.info("compiling the engine's Numba code in the background")
-        import sage_engine.engine  # noqa: F401 - the engine's remaining imports, timed here rather than in the load
+        import sage_engine.core.engine  # noqa: F401 - the engine's remaining imports, timed here rather than in the load
 
         log.info("imported torch and the engine in %.1f s", time.perf_counter() - t0)
 

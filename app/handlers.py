@@ -21,7 +21,7 @@ from gradio.components.plot import PlotData
 
 from sage_engine import InputError, SageConfig, SageError, StepEvent
 from sage_engine.config import parse_spec, spec_knobs
-from sage_engine.media import DEFAULT_NUM_FRAMES, sample_video, video_frames_for
+from sage_engine.models.media import DEFAULT_NUM_FRAMES, sample_video, video_frames_for
 
 from . import plots, replay, text
 from .gpu import on_gpu, zero_gpu
@@ -40,9 +40,9 @@ from .view import View
 
 if TYPE_CHECKING:  # these import torch: the app imports them after its page is served (app/__init__.py)
     from sage_engine import PreparedInput
+    from sage_engine.core.sampling import Sampling
+    from sage_engine.models.pruning import VisualPruning
     from sage_engine.policies import Policy
-    from sage_engine.pruning import VisualPruning
-    from sage_engine.sampling import Sampling
 
 FIGURES = ("fig_alpha", "fig_accepted", "fig_tree", "fig_mapping", "fig_time")
 
@@ -67,7 +67,7 @@ INT_KNOBS = ("d_min", "d_max", "w_min", "w_max", "k", "n_max")
 
 def sampling_of(knobs: dict) -> Sampling:
     """Sampling from the panel's temperature, top-p and seed (popped from `knobs`); InputError in one line."""
-    from sage_engine.sampling import Sampling
+    from sage_engine.core.sampling import Sampling
 
     try:
         temperature, top_p = float(knobs.pop("temperature", 0.0)), float(knobs.pop("top_p", 1.0))
@@ -180,8 +180,8 @@ class Handlers:
 
     def _setup(self, image, video, prompt, max_new_tokens, policy, preset, knobs) -> Setup:
         self.pool.wait_setup()  # the engine's imports are the device thread's until then
+        from sage_engine.models.pruning import VisualPruning
         from sage_engine.policies import make_policy
-        from sage_engine.pruning import VisualPruning
 
         if not (prompt or "").strip():
             raise InputError("the prompt is empty: type a question about the image or video")
@@ -207,7 +207,7 @@ class Handlers:
     def _prepare(pair, prompt: str, image: str | None, video: str | None) -> tuple:
         """The video's frames (None for an image) and the models' inputs (run on the device thread: the processor
         computes with torch)."""
-        from sage_engine.inputs import prepare_input
+        from sage_engine.models.inputs import prepare_input
 
         clip = sample_video(video, video_frames_for(pair.processor)) if video else None
         return clip, prepare_input(pair, prompt, images=[image] if image else [], video=clip)

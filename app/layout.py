@@ -47,7 +47,7 @@ class Knobs:
     threshold: gr.Dropdown
     draw: gr.Dropdown  # under sampling: SAGE's tree from the draft's top candidates, or drawn from q
     draft_prune: gr.Checkbox  # not a SageConfig field: the engine's draft visual-token pruning
-    temperature: gr.Slider  # sampling (sage_engine/sampling.py), for both lanes: 0 is greedy
+    temperature: gr.Slider  # sampling (sage_engine/core/sampling.py), for both lanes: 0 is greedy
     top_p: gr.Slider
     seed: gr.Slider  # both lanes draw with it, so they sample the same text
 

@@ -1,6 +1,6 @@
 """Media at the app's edge: the sampled-frame strip, browser previews of videos, examples, run export.
 
-Reading and validating media is the engine's job (sage_engine.media raises one-line InputErrors);
+Reading and validating media is the engine's job (sage_engine.models.media raises one-line InputErrors);
 the app only hands it the uploaded paths and shows what came back.
 """
 
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sage_engine import InputError
-from sage_engine.media import MAX_VIDEO_PIXELS, VideoClip
-from sage_engine.presets import ASSETS
+from sage_engine.models.media import MAX_VIDEO_PIXELS, VideoClip
+from sage_engine.models.presets import ASSETS
 
 NO_MEDIA = "no image and no video: upload an image or a video (or click an example) for the model to answer about"
 BOTH_MEDIA = ("both an image and a video were given: clear one of them (the model reads one picture or one clip, "

@@ -22,7 +22,7 @@ from .served import Preset, unavailable
 
 if TYPE_CHECKING:  # these import torch: the app imports them after its page is served (app/__init__.py)
     from sage_engine import ModelPair, SpecEngine
-    from sage_engine.pruning import VisualPruning
+    from sage_engine.models.pruning import VisualPruning
 
 PairFactory = Callable[[Preset], "ModelPair"]
 log = logging.getLogger("sage.app")
@@ -30,7 +30,7 @@ log = logging.getLogger("sage.app")
 
 def load_preset(preset: Preset) -> ModelPair:
     """The default pair factory: `sage_engine.load_pair` with the preset's pair, dtype and device."""
-    from sage_engine.models import load_pair
+    from sage_engine.models.loading import load_pair
 
     reason = unavailable(preset)
     if reason:
@@ -69,7 +69,8 @@ class Loaded:
     def engine(self, draft_pruning: VisualPruning | None = None) -> SpecEngine:
         """The engine for `draft_pruning`, built on the device thread the first time (its runners time and check
         their layers there); a second caller meanwhile (the background preload and a run) waits for that build."""
-        from sage_engine import SpecEngine, jit
+        from sage_engine import SpecEngine
+        from sage_engine.core import jit
 
         with self._building:
             engine = self.engines.get(draft_pruning)
@@ -95,7 +96,7 @@ class Loaded:
     @property
     def text_only(self) -> bool:
         """A text-only pair (its processor is a bare tokenizer): it reads no image or video."""
-        from sage_engine.families import is_tokenizer
+        from sage_engine.models.families import is_tokenizer
 
         return is_tokenizer(self.pair.processor)
 

@@ -34,8 +34,8 @@ from .record import ACCEPTED, BONUS, FIRST, Lane, RunRecord
 
 if TYPE_CHECKING:  # these import torch: the app imports them after its page is served (app/__init__.py)
     from sage_engine import PreparedInput, SpecEngine
+    from sage_engine.core.sampling import Sampling
     from sage_engine.policies import Policy
-    from sage_engine.sampling import Sampling
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """What one Run produced, as plain data: the per-user state behind the plots, slider, replay and export.
 
-Built only from StepEvents and arrival times; stats come from `sage_engine.events.summarize`,
+Built only from StepEvents and arrival times; stats come from `sage_engine.core.events.summarize`,
 the same function the CLI uses, so the app and the CLI report the same figures.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sage_engine import RunStats, StepEvent
-from sage_engine.events import TreeView, summarize
+from sage_engine.core.events import TreeView, summarize
 
 ACCEPTED = "draft, accepted"  # HighlightedText labels (also the legend)
 BONUS = "target, bonus"

@@ -1,7 +1,7 @@
 """Which model pairs the app serves: a configured subset of the engine's named pairs, never a typed path.
 
 The pairs themselves (paths or hub ids, dtype, device, why the tokenizers match) are data in
-`sage_engine/presets.py`, shared with the CLI. The app offers only the names configured here
+`sage_engine/models/presets.py`, shared with the CLI. The app offers only the names configured here
 (default: the embedded tinyworld pair, which runs on a CPU Space) or chosen at start with
 `--presets` / SAGE_PRESETS; the UI can pick among those and nothing else.
 """
@@ -12,8 +12,8 @@ import os
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
-from sage_engine.presets import PRESETS as ENGINE_PRESETS
-from sage_engine.presets import Preset
+from sage_engine.models.presets import PRESETS as ENGINE_PRESETS
+from sage_engine.models.presets import Preset
 
 DEFAULT_PRESET = "tinyworld"
 SERVED: tuple[str, ...] = (DEFAULT_PRESET,)  # what `python app.py` offers unless told otherwise

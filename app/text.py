@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from html import escape
 
-from sage_engine.premise import premise
+from sage_engine.evaluation.premise import premise
 
 from .record import Divergence, RunRecord
 from .theme import AMBER, BLUE, GREEN, GREY, ORANGE, SLATE, VIOLET, token_label

@@ -9,8 +9,8 @@ Public entry points:
     register_policy(name, factory, config)       -> the policy runs by name everywhere (CLI: --policy-module FILE)
     make_policy("priced:sage") / PricedPolicy(p) -> a policy priced by this machine's measured costs
 
-What a policy author reads and writes (policy_io.py, tree.py): TreeShape (the answer to shape()), Frontier (what
-expand() reads), DraftTree (what expand() adds to), StepOutcome (what observe() learns from), Probe.
+What a policy author reads and writes (core/policy_io.py, core/tree.py): TreeShape (the answer to shape()),
+Frontier (what expand() reads), DraftTree (what expand() adds to), StepOutcome (what observe() learns from), Probe.
 reference.py is the whole loop in one file, for reading.
 
 `from sage_engine import SpecEngine` imports the submodule that defines the name when it is first asked for (PEP 562
@@ -25,17 +25,17 @@ import importlib
 # submodule -> the public names it defines
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "config": ("ChainConfig", "Eagle2Config", "PricedConfig", "SageConfig", "SpecVLMConfig", "StaticConfig"),
-    "engine": ("SpecEngine",),
+    "core.engine": ("SpecEngine",),
     "errors": ("InputError", "ModelError", "SageError"),
-    "events": ("GenerationResult", "RunStats", "StepEvent"),
-    "inputs": ("PreparedInput", "prepare_input"),
-    "models": ("DEFAULT_DRAFT", "DEFAULT_TARGET", "ModelPair", "load_pair"),
+    "core.events": ("GenerationResult", "RunStats", "StepEvent"),
+    "models.inputs": ("PreparedInput", "prepare_input"),
+    "models.loading": ("DEFAULT_DRAFT", "DEFAULT_TARGET", "ModelPair", "load_pair"),
     "policies": ("POLICY_NAMES", "AutoregressivePolicy", "ChainPolicy", "DddPolicy", "Eagle2Policy", "Policy",
                  "PricedPolicy", "SagePolicy", "SpecVLMPolicy", "StaticTreePolicy", "SvipPolicy", "make_policy",
                  "policy_names", "register_policy"),
-    "policy_io": ("Frontier", "Probe", "StepOutcome", "TreeShape"),
-    "sampling": ("Sampling",),
-    "tree": ("DraftTree",),
+    "core.policy_io": ("Frontier", "Probe", "StepOutcome", "TreeShape"),
+    "core.sampling": ("Sampling",),
+    "core.tree": ("DraftTree",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 

@@ -12,8 +12,8 @@ import sys
 import time
 import warnings
 
+from .core.events import summarize
 from .errors import SageError, first_line
-from .events import summarize
 from .policies import POLICY_NAMES
 from .run_flags import load_from_flags, load_policy_modules, model_args, pair_names, policy_module_arg
 
@@ -32,7 +32,7 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
 
 def _sampling(args):
     """Sampling settings from the flags, checked before any model loads (SageError: one line)."""
-    from .sampling import Sampling
+    from .core.sampling import Sampling
 
     try:
         return Sampling(args.temperature, args.top_p, args.seed)
@@ -110,18 +110,18 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--readme", default=None, help="also write the summary's first table into this README's "
                                                        "doctor block (the project's README shows a CPU run)")
     policy_module_arg(doctor)
-    from .experiments.cli import add_parser as add_experiment
+    from .evaluation.experiments.cli import add_parser as add_experiment
 
     add_experiment(sub)
     return parser
 
 
 def cmd_generate(args) -> int:
-    from .engine import SpecEngine
-    from .inputs import prepare_input
-    from .media import load_image
+    from .core.engine import SpecEngine
+    from .core.sampling import Sampling
+    from .models.inputs import prepare_input
+    from .models.media import load_image
     from .policies import make_policy
-    from .sampling import Sampling
 
     _check_policy(args.policy)
     sampling = _sampling(args)
@@ -166,8 +166,8 @@ def _stream_text(events, label: str) -> None:
 def cmd_bench(args) -> int:
     from tqdm import tqdm
 
-    from .bench import check_rounds, check_spec, find_inputs, format_table, needs_draft, run_bench
-    from .hf_reference import is_hf_spec
+    from .evaluation.bench import check_rounds, check_spec, find_inputs, format_table, needs_draft, run_bench
+    from .evaluation.hf_reference import is_hf_spec
 
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     for p in policies:  # a name, or a spec with knobs: sage:n_max=32:d_max=10, hf_assisted:schedule=heuristic
@@ -196,12 +196,12 @@ def cmd_bench(args) -> int:
 
 def cmd_check_sampling(args) -> int:
     """Exit 0 when the p-value is at least 0.001, 1 below it (the policy's sampling is not the target's)."""
-    from .engine import SpecEngine
-    from .families import is_tokenizer
-    from .inputs import prepare_input
-    from .media import load_image
-    from .presets import ASSETS
-    from .sampling_check import POWER, check_sampling
+    from .core.engine import SpecEngine
+    from .evaluation.sampling_check import POWER, check_sampling
+    from .models.families import is_tokenizer
+    from .models.inputs import prepare_input
+    from .models.media import load_image
+    from .models.presets import ASSETS
 
     _check_policy(args.policy)
     sampling = _sampling(args)
@@ -225,17 +225,17 @@ def cmd_check_sampling(args) -> int:
 
 
 def cmd_doctor(args) -> int:
-    """Exit 0 when every fp32 run wrote exactly `ar`'s tokens, 1 otherwise (doctor/__init__.py)."""
+    """Exit 0 when every fp32 run wrote exactly `ar`'s tokens, 1 otherwise (evaluation/doctor/__init__.py)."""
     import torch
     from transformers.utils import logging as hf_logging
 
-    from .doctor import run, write
+    from .evaluation.doctor import run, write
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     if args.threads:
         torch.set_num_threads(args.threads)
-    from .doctor import exactness
+    from .evaluation.doctor import exactness
     from .policies import MODULE_POLICIES
 
     exactness.add_policies(MODULE_POLICIES)  # a --policy-module's policies are checked against `ar` too
@@ -245,7 +245,7 @@ def cmd_doctor(args) -> int:
     if args.readme:
         from pathlib import Path
 
-        from .doctor.summary import with_readme_table
+        from .evaluation.doctor.summary import with_readme_table
 
         readme = Path(args.readme)
         readme.write_text(with_readme_table(readme.read_text(), report))
@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
             load_policy_modules(args)
         except ValueError as e:
             raise SageError(str(e)) from None
-        from .experiments.cli import cmd_experiment
+        from .evaluation.experiments.cli import cmd_experiment
 
         commands = {"generate": cmd_generate, "bench": cmd_bench, "check-sampling": cmd_check_sampling,
                     "doctor": cmd_doctor, "experiment": lambda a: cmd_experiment(a, argv)}

@@ -17,15 +17,15 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from . import rules
-from .families import adapter_for, shared_vocab
-from .models import ModelPair
-from .passes import Pass
+from .core import rules
+from .core.passes import Pass
+from .core.policy_io import Frontier, StepOutcome
+from .core.sampling import DraftSampler, RatioAcceptance, SampledAcceptance, Sampling
+from .core.tree import DraftTree, additive_mask, chain_allowed, verify_allowed
+from .models.families import adapter_for, shared_vocab
+from .models.loading import ModelPair
+from .models.pruning import pruned_prefill_inputs
 from .policies import Policy, make_policy
-from .policy_io import Frontier, StepOutcome
-from .pruning import pruned_prefill_inputs
-from .sampling import DraftSampler, RatioAcceptance, SampledAcceptance, Sampling
-from .tree import DraftTree, additive_mask, chain_allowed, verify_allowed
 
 
 class Model:

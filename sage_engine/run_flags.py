@@ -1,6 +1,6 @@
-"""The command line's model flags and what they load, and the machine a run is recorded on: a leaf module that the
-CLI (cli.py), the report (report.py) and the experiments (experiments/) share, so that none of them imports another
-for these."""
+"""The command line's model flags and what they load, and the machine a run is recorded on: a leaf module that the CLI
+(cli.py), the suites report (evaluation/suites_report.py) and the experiments (evaluation/experiments/) share, so
+that none of them imports another for these."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import platform
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .engine import TREE_FORWARDS
-from .models import DEFAULT_DRAFT, DEFAULT_TARGET
-from .placement import DTYPES
+from .core.engine import TREE_FORWARDS
+from .models.loading import DEFAULT_DRAFT, DEFAULT_TARGET
+from .models.placement import DTYPES
 
 
 def model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default=None, help="a named model pair (sage_engine/presets.py), e.g. tinyworld")
+    p.add_argument("--preset", default=None, help="a named model pair (sage_engine/models/presets.py), e.g. tinyworld")
     p.add_argument("--target", default=None, help="target model directory or hub id (default: the embedded pair)")
     p.add_argument("--draft", default=None, help="draft model directory or hub id; none: no draft")
     p.add_argument("--dtype", default=None, choices=list(DTYPES), help="default: the preset's, else float32")
@@ -52,7 +52,7 @@ def load_policy_modules(args: argparse.Namespace) -> None:
 
 def pruning_flag(value: str):
     """--draft-prune: off (None), paper (80% image, 90% video) or two ratios."""
-    from .pruning import VisualPruning
+    from .models.pruning import VisualPruning
 
     if value == "off":
         return None
@@ -69,7 +69,7 @@ def pair_names(args) -> tuple[str, str | None, str, str]:
     """(target, draft or None, dtype, device) from the flags and the preset; `--draft none` (or '') means no draft."""
     target, draft, dtype, device = DEFAULT_TARGET, DEFAULT_DRAFT, "float32", "cpu"
     if args.preset:
-        from .presets import resolve
+        from .models.presets import resolve
 
         p = resolve(args.preset)
         target, draft, dtype, device = p.target, p.draft, p.dtype, p.device
@@ -85,7 +85,7 @@ def load_from_flags(args):
     import torch
     from transformers.utils import logging as hf_logging
 
-    from .models import load_pair
+    from .models.loading import load_pair
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()

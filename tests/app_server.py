@@ -27,17 +27,17 @@ from app.media import load_examples
 from app.pool import load_preset
 from app.served import served, unavailable
 from sage_engine import RunStats
-from sage_engine.presets import Preset
+from sage_engine.models.presets import Preset
 
 TINYWORLD = served()["tinyworld"]
 TINY = Preset("tiny-random", "qwen2_5_vl", "builtin://tiny_pairs.qwen25_pair", "builtin://noisy", None, None,
-              None, None, True, "random-init tiny Qwen2.5-VL pair built in code (sage_engine/tiny_pairs.py)",
+              None, None, True, "random-init tiny Qwen2.5-VL pair built in code (sage_testing/tiny_pairs.py)",
               dtype="float32", device="cpu")
 
 
 def pair_factory(preset: Preset):
     if preset.name == TINY.name:
-        from sage_engine.tiny_pairs import qwen25_pair
+        from sage_testing.tiny_pairs import qwen25_pair
 
         return qwen25_pair("noisy")
     return load_preset(preset)

@@ -28,7 +28,7 @@ def one_math_thread():
 @pytest.fixture(scope="session")
 def saved_qwen_pair(tmp_path_factory):
     """A tiny Qwen2.5-VL target/draft pair saved like a real checkpoint (safetensors + processor)."""
-    from sage_engine.tiny_pairs import qwen25_pair, save_pair
+    from sage_testing.tiny_pairs import qwen25_pair, save_pair
 
     return save_pair(qwen25_pair("noisy", seed=3), tmp_path_factory.mktemp("tiny_qwen"))
 
@@ -36,7 +36,7 @@ def saved_qwen_pair(tmp_path_factory):
 @pytest.fixture(scope="session")
 def bench_files(tmp_path_factory):
     """benchfiles.write_fixtures: a three-row file of each benchmark format, rendered from tinyworld."""
-    from sage_engine.benchfiles import write_fixtures
+    from sage_engine.evaluation.benchfiles import write_fixtures
 
     return write_fixtures(tmp_path_factory.mktemp("bench_files"))
 

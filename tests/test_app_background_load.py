@@ -114,7 +114,7 @@ runpy.run_path("app.py")["main"](["--port", "0"])
 
 
 def test_app_py_reaches_launch_without_torch_transformers_or_numba(tmp_path, monkeypatch):
-    from sage_engine import jit
+    from sage_engine.core import jit
 
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
     jit.cache_dir().mkdir(parents=True)
@@ -137,12 +137,13 @@ def test_the_light_config_lists_the_policies_that_draft_as_the_policies_do():
 
 
 def test_the_engine_modules_the_page_needs_import_without_torch():
-    code = ("import sys, sage_engine, sage_engine.config, sage_engine.errors, sage_engine.events, "
-            "sage_engine.media, sage_engine.presets, sage_engine.premise\n"
+    code = ("import sys, sage_engine, sage_engine.config, sage_engine.errors, sage_engine.core.events, "
+            "sage_engine.models.media, sage_engine.models.presets, sage_engine.evaluation.premise\n"
             "from sage_engine import SageConfig, SageError, StepEvent\n"
             "print(sorted(m for m in ('torch', 'transformers', 'numba') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "[]", done.stdout + done.stderr[-2000:]
-    from sage_engine import SpecEngine, jit, make_policy  # and the heavy names still import from the package
+    from sage_engine import SpecEngine, make_policy  # and the heavy names still import from the package
+    from sage_engine.core import jit
 
-    assert SpecEngine.__module__ == "sage_engine.engine" and callable(make_policy) and jit.__name__.endswith("jit")
+    assert SpecEngine.__module__ == "sage_engine.core.engine" and callable(make_policy) and jit.__name__.endswith("jit")

@@ -95,7 +95,7 @@ def test_example_cache_key_follows_the_weights(tmp_path):
     import os
 
     from app.examples import fingerprint
-    from sage_engine.presets import Preset
+    from sage_engine.models.presets import Preset
 
     target, draft = tmp_path / "t", tmp_path / "d"
     for d in (target, draft):

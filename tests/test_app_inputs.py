@@ -156,7 +156,7 @@ def test_unplayable_video_gets_a_playable_preview_and_the_model_reads_the_upload
     import hostile_media as hm
 
     from app.media import Previews, browser_playable
-    from sage_engine.media import sample_video
+    from sage_engine.models.media import sample_video
 
     mp4v = hm.video(tmp_path / "mp4v.mp4", "mp4v", frames=12, size=(640, 360))
     mjpg = hm.video(tmp_path / "mjpg.avi", "MJPG")

@@ -20,7 +20,7 @@ def test_stop_switch_ends_the_race_early():
     from app.race import Race, RunControl, Transcriber, consume
     from app.record import Lane, RunRecord
     from sage_engine import SpecEngine, make_policy, prepare_input
-    from sage_engine.tiny_pairs import image, qwen25_pair
+    from sage_testing.tiny_pairs import image, qwen25_pair
 
     pair = qwen25_pair("noisy")
     prepared = prepare_input(pair, "describe the image", images=[image(0)])
@@ -45,7 +45,7 @@ def test_race_warms_up_untimed_before_its_lanes(monkeypatch):
     from app.race import Race, Transcriber, consume
     from app.record import Lane, RunRecord
     from sage_engine import SpecEngine, make_policy, prepare_input
-    from sage_engine.tiny_pairs import image, qwen25_pair
+    from sage_testing.tiny_pairs import image, qwen25_pair
 
     calls = []
     real_stream = SpecEngine.stream
@@ -86,7 +86,7 @@ def test_all_model_work_runs_on_one_device_thread(monkeypatch, media):
     team, and a second team slows decoding (app/device.py). A queued race whose visitor left never starts."""
     import threading
 
-    import sage_engine.inputs as inputs_module
+    import sage_engine.models.inputs as inputs_module
     from app.device import DeviceThread
     from app.handlers import Handlers
     from app.media import RunFiles

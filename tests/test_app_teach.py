@@ -121,7 +121,7 @@ def test_point_4_the_lanes_take_turns_and_each_is_timed_by_its_own_slices():
     from app.race import Race, Transcriber, consume
     from app.record import Lane, RunRecord
     from sage_engine import SpecEngine, make_policy, prepare_input
-    from sage_engine.tiny_pairs import image, qwen25_pair
+    from sage_testing.tiny_pairs import image, qwen25_pair
 
     pair = qwen25_pair("noisy")
     prepared = prepare_input(pair, "describe the image", images=[image(0)])

@@ -9,8 +9,8 @@ import pytest
 from test_equivalence import MAX_NEW, is_transformers_greedy, sharp_case
 
 from sage_engine import SpecEngine, load_pair, prepare_input
-from sage_engine.rules import numba
-from sage_engine.sampling import Sampling
+from sage_engine.core.rules import numba
+from sage_engine.core.sampling import Sampling
 
 ROOT = Path(__file__).resolve().parents[1]
 BACKENDS = ("forward", "layers", "fused", "numpy") + (("numba",) if numba is not None else ())

@@ -1,12 +1,13 @@
-"""Benchmark files read in their own formats (sage_engine.benchfiles): the fixtures round-trip with their format
-detected, prompts and references are built as each benchmark asks, and bad files fail in one line."""
+"""Benchmark files read in their own formats (sage_engine.evaluation.benchfiles): the fixtures round-trip with their
+format detected, prompts and references are built as each benchmark asks, and bad files fail in one line."""
 import json
 import shutil
 from pathlib import Path
 
 import pytest
 
-from sage_engine.benchfiles import (
+from sage_engine.errors import InputError
+from sage_engine.evaluation.benchfiles import (
     CAPTION_QUESTION,
     FORMATS,
     HUMANEVAL_PREFIX,
@@ -15,7 +16,6 @@ from sage_engine.benchfiles import (
     read_benchmark,
     write_fixtures,
 )
-from sage_engine.errors import InputError
 
 EXPECTED = {"textvqa": "image-qa", "gqa": "image-qa", "mvbench": "video-qa", "vdc": "video-caption",
             "gsm8k": "gsm8k", "humaneval": "humaneval"}

@@ -8,12 +8,12 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-import sage_engine.cache as cache_module
-from sage_engine.cache import KVBuffers, compact, copy_cache
+import sage_engine.core.cache as cache_module
+from sage_engine.core.cache import KVBuffers, compact, copy_cache
+from sage_engine.core.runner import ModelRunner
+from sage_engine.core.tree import DraftTree, verify_allowed
 from sage_engine.errors import ModelError
-from sage_engine.runner import ModelRunner
-from sage_engine.tiny_pairs import image, qwen25_pair
-from sage_engine.tree import DraftTree, verify_allowed
+from sage_testing.tiny_pairs import image, qwen25_pair
 
 
 def test_compact_moves_kept_columns_to_the_front_of_the_region():

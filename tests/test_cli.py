@@ -9,7 +9,7 @@ import hostile_media as hm
 import pytest
 
 from sage_engine.cli import main
-from sage_engine.tiny_pairs import write_noise_media
+from sage_testing.tiny_pairs import write_noise_media
 
 ROOT = os.path.dirname(os.path.dirname(__file__))
 
@@ -60,7 +60,7 @@ def test_generate_json_matches_ar_and_reports_stats(saved_qwen_pair, media, caps
 def test_generate_warmup_decodes_first_and_reports_only_the_last_run(saved_qwen_pair, media, capsys, monkeypatch):
     """--warmup N: the engine decodes the input N times before the reported run (same policy, a fresh one each
     time), and only that run is printed, with the target's own tokens."""
-    from sage_engine.engine import SpecEngine
+    from sage_engine.core.engine import SpecEngine
 
     target, draft = saved_qwen_pair
     calls = []
@@ -130,8 +130,8 @@ def test_bench_rounds_keep_each_inputs_median_run(saved_qwen_pair, media, monkey
     of its N per-round speedups."""
     import dataclasses
 
-    from sage_engine import bench
-    from sage_engine.models import load_pair
+    from sage_engine.evaluation import bench
+    from sage_engine.models.loading import load_pair
 
     pair = load_pair(*saved_qwen_pair)
     inputs = [bench.BenchInput(str(media / "a.png"), "image", "describe"),
@@ -199,7 +199,7 @@ def test_bad_input_exits_2_with_one_error_line(saved_qwen_pair, media, capsys, a
 
 
 def test_mismatched_tokenizers_are_refused(saved_qwen_pair, tmp_path, capsys):
-    from sage_engine.tiny_pairs import llava_pair
+    from sage_testing.tiny_pairs import llava_pair
 
     other = llava_pair("noisy")
     other.draft.save_pretrained(tmp_path / "llava")
@@ -231,8 +231,8 @@ def test_loading_a_pair_freezes_the_heap_and_the_app_pool_unfreezes_it_to_drop_o
     import gc
 
     from app.pool import PairPool
-    from sage_engine.models import load_pair
-    from sage_engine.presets import Preset
+    from sage_engine.models.loading import load_pair
+    from sage_engine.models.presets import Preset
 
     gc.unfreeze()
     try:

@@ -1,6 +1,7 @@
-"""A draft's step in one compiled call (sage_engine/draft_compiled.py): its expansion appends the nodes SagePolicy's
-and ChainPolicy's expand() add, number for number (both run rules.py), and drafting a step in one call draws the same
-trees as the engine's level loop (end tokens, a cut vocabulary), lossless, only where the compiled layers are kept."""
+"""A draft's step in one compiled call (sage_engine/backends/draft_compiled.py): its expansion appends the nodes
+SagePolicy's and ChainPolicy's expand() add, number for number (both run core/rules.py), and drafting a step in one
+call draws the same trees as the engine's level loop (end tokens, a cut vocabulary), lossless, only where the
+compiled layers are kept."""
 
 import copy
 import random
@@ -12,15 +13,16 @@ from test_equivalence import MAX_NEW, sharp_case
 from test_host import _prefer
 from test_stack import pair_for
 
-from sage_engine import SpecEngine, make_policy, rules
-from sage_engine import draft_compiled as levels_mod
+from sage_engine import SpecEngine, make_policy
+from sage_engine.backends import draft_compiled as levels_mod
 from sage_engine.config import SageConfig
-from sage_engine.costs import BreakEven
-from sage_engine.draft import Drafter
+from sage_engine.core import rules
+from sage_engine.core.costs import BreakEven
+from sage_engine.core.draft import Drafter
+from sage_engine.core.policy_io import COMPILED_LEVELS, COMPILED_STEP, PYTHON, DraftPath, Frontier, TreeShape
+from sage_engine.core.sampling import Sampling, warped
+from sage_engine.core.tree import DraftTree
 from sage_engine.policies import ChainPolicy, SagePolicy
-from sage_engine.policy_io import COMPILED_LEVELS, COMPILED_STEP, PYTHON, DraftPath, Frontier, TreeShape
-from sage_engine.sampling import Sampling, warped
-from sage_engine.tree import DraftTree
 
 K = 10  # candidates per row (SAGE's and the chain's: max(top_k, entropy_k))
 

@@ -1,21 +1,21 @@
-"""The cost meter (costs.py, windows.py) and SAGE's fall-back to plain steps (policies/fallback.py): prices, rates,
-the judge of drafted against plain steps, the try after plain steps and its probe."""
+"""The cost meter (core/costs.py, core/cost_windows.py) and SAGE's fall-back to plain steps (policies/fallback.py):
+prices, rates, the judge of drafted against plain steps, the try after plain steps and its probe."""
 
 import numpy as np
 import pytest
 from test_policy import frontier
 
 from sage_engine.config import PricedConfig, SageConfig
+from sage_engine.core.policy_io import StepOutcome
+from sage_engine.core.tree import DraftTree
 from sage_engine.policies import PricedPolicy, SagePolicy, make_policy
 from sage_engine.policies.fallback import PROBING
-from sage_engine.policy_io import StepOutcome
-from sage_engine.tree import DraftTree
 
 
 def primed_meter(key="sage"):
     """A meter whose steps cost 4 ms + 0.2 ms per node + 1.1 ms per draft forward, and on which `key`
     decodes 5 tokens per 20 ms step (25 nodes, 10 draft forwards)."""
-    from sage_engine.costs import CostMeter, StepTiming
+    from sage_engine.core.costs import CostMeter, StepTiming
     meter = CostMeter()
     for name, nodes, forwards in [("ar", 0, 0), ("chain", 5, 6), ("eagle2", 64, 7), ("static", 25, 6),
                                   ("other", 8, 3), (key, 25, 10), (key, 25, 10), (key, 25, 10)]:
@@ -25,7 +25,7 @@ def primed_meter(key="sage"):
 
 
 def test_cost_meter_measures_rate_node_and_level_prices():
-    from sage_engine.costs import CostMeter, StepTiming
+    from sage_engine.core.costs import CostMeter, StepTiming
     meter = CostMeter(min_steps=3)
     assert meter.break_even("sage") is None  # nothing measured: the paper's thresholds alone
     for _ in range(3):
@@ -41,7 +41,7 @@ def test_cost_meter_measures_rate_node_and_level_prices():
 def test_moments_fit_equals_least_squares_over_the_last_window_of_steps():
     """The meter's running sums give numpy's least-squares fit over exactly the last `window` drafted steps: steps
     that left the window are subtracted out, and a window whose regressors are collinear has no fit."""
-    from sage_engine.costs import DRAFT, FORWARDS, NODES, VERIFY, WALL, Moments
+    from sage_engine.core.costs import DRAFT, FORWARDS, NODES, VERIFY, WALL, Moments
     rng = np.random.default_rng(0)
     steps = []
     for _ in range(50):  # nodes, forwards, wall, verify, draft ms (0.1 a forward and noise)
@@ -84,7 +84,7 @@ def test_node_and_level_prices_hold_where_tree_size_and_depth_grow_together():
     (each a line through the part of the step measured apart, `CostMeter.prices_ms`) stay within 0.03 ms of both in
     every one of 20 windows, where one least-squares fit of the wall time on both counts is off by over 0.05 ms
     (half or more) in several."""
-    from sage_engine.costs import CostMeter, StepTiming
+    from sage_engine.core.costs import CostMeter, StepTiming
     joint_off = 0
     for seed in range(20):
         rng = np.random.default_rng(seed)
@@ -162,7 +162,7 @@ def priced(**knobs) -> PricedPolicy:
 
 def plain_meter(rate_tok_per_ms=1.0, n=5):
     """A meter that has seen `n` plain steps (one target forward, one token) at `rate_tok_per_ms`."""
-    from sage_engine.costs import CostMeter, StepTiming
+    from sage_engine.core.costs import CostMeter, StepTiming
     meter = CostMeter()
     for _ in range(n):
         meter.record(StepTiming("ar", 1, 0, 1.0 / rate_tok_per_ms, 0.9 / rate_tok_per_ms, 0.0, 0))
@@ -200,7 +200,7 @@ def test_cost_threshold_falls_back_to_plain_steps_while_drafting_loses_and_retri
 
 
 def test_the_rate_bound_adds_the_ratio_estimators_standard_errors():
-    from sage_engine.costs import robust_rate
+    from sage_engine.core.costs import robust_rate
     steady = [(2, 3.5)] * 4
     assert robust_rate(steady, 1.0) == pytest.approx(robust_rate(steady)) == pytest.approx(2 / 3.5)  # no spread
     varied = [(8, 3.5), (1, 3.5), (1, 3.5), (1, 3.5)]  # 11 tokens in 14 ms; residuals 5.25, -1.75 x 3
@@ -223,7 +223,7 @@ def test_varied_drafted_steps_lose_only_on_evidence(z, falls_back):
 
 
 def test_a_run_starts_plain_when_the_policys_last_drafted_steps_lost():
-    from sage_engine.costs import StepTiming
+    from sage_engine.core.costs import StepTiming
     meter = plain_meter(1.0)
     key = priced().key
     for _ in range(4):  # earlier runs: drafted steps at 0.4 tokens per ms
@@ -235,7 +235,7 @@ def test_a_run_starts_plain_when_the_policys_last_drafted_steps_lost():
 
 def probe_meter():
     """Plain steps at 1 token per ms; drafted steps that take 0.25 ms per node and per draft forward more."""
-    from sage_engine.costs import StepTiming
+    from sage_engine.core.costs import StepTiming
     meter = plain_meter(1.0)
     for nodes, forwards in [(1, 1), (4, 2), (8, 5), (0, 1), (6, 3)]:
         meter.record(StepTiming("sage", 2, nodes, 1.0 + 0.25 * (nodes + forwards), 1.0, 0.25 * forwards, forwards))
@@ -249,8 +249,8 @@ def drafted_wall_ms(meter, nodes: int, forwards: int) -> float:
 
 
 def test_a_chain_pays_when_its_expected_tokens_beat_plain_steps_at_the_fitted_wall_times():
-    from sage_engine.costs import StepTiming
-    from sage_engine.policy_io import Probe
+    from sage_engine.core.costs import StepTiming
+    from sage_engine.core.policy_io import Probe
     quote = probe_meter().quote("sage")
     assert drafted_wall_ms(quote.meter, 2, 2) == pytest.approx(2.0)
     assert drafted_wall_ms(quote.meter, 0, 0) == pytest.approx(1.0)
@@ -268,7 +268,7 @@ def test_a_chain_pays_when_its_expected_tokens_beat_plain_steps_at_the_fitted_wa
 
 
 def test_a_try_drafts_only_when_the_drafts_agreement_with_the_plain_tokens_would_pay():
-    from sage_engine.policy_io import Probe
+    from sage_engine.core.policy_io import Probe
     pol = priced(fallback_steps=2, fallback_window=4)
     q = probe_meter().quote(pol.key)
     drafted(pol, q, 1, 4.0)
@@ -297,7 +297,7 @@ def test_a_try_the_probe_lets_through_is_judged_on_a_window_of_its_own_steps(tok
     """After the probe's yes, the try drafts fallback_window (4) steps before the window judges it: two one-token
     steps do not send it back to plain steps; four of them do (4 tokens in 16 ms against plain steps' 1 per ms),
     four of 3 tokens at 2.5 ms (1.2 per ms) draft on."""
-    from sage_engine.policy_io import Probe
+    from sage_engine.core.policy_io import Probe
     pol = priced(fallback_steps=2, fallback_window=4)
     q = probe_meter().quote(pol.key)
     drafted(pol, q, 1, 4.0)
@@ -316,7 +316,7 @@ def test_a_try_the_probe_lets_through_is_judged_on_a_window_of_its_own_steps(tok
 
 
 def test_plain_rate_is_measured_or_estimated_from_the_verify_intercept():
-    from sage_engine.costs import CostMeter, StepTiming
+    from sage_engine.core.costs import CostMeter, StepTiming
     assert plain_meter(0.5).plain_rate() == pytest.approx(0.5)
     spiky = plain_meter(0.5, n=6)
     spiky.record(StepTiming("ar", 1, 0, 400.0, 399.0, 0.0, 0))  # another process took the core once
@@ -329,7 +329,7 @@ def test_plain_rate_is_measured_or_estimated_from_the_verify_intercept():
 
 
 def test_trust_is_accepted_per_forecast_token_and_scales_the_prices():
-    from sage_engine.costs import StepTiming
+    from sage_engine.core.costs import StepTiming
     meter = primed_meter(key="sage")
     assert meter.trust("sage") == 1.0  # no forecast recorded: trusted as is
     for accepted, forecast in [(1, 4.0), (2, 4.0), (1, 4.0)]:
@@ -340,7 +340,7 @@ def test_trust_is_accepted_per_forecast_token_and_scales_the_prices():
 
 
 def test_a_stall_over_the_last_run_does_not_make_the_next_run_start_plain():
-    from sage_engine.costs import STALL_RUN, StepTiming
+    from sage_engine.core.costs import STALL_RUN, StepTiming
     meter = plain_meter(1.0)
     key = priced().key
     sizes = [(8, 6), (4, 3), (10, 8), (6, 5)]
@@ -381,8 +381,8 @@ def test_a_step_the_meter_found_stalled_does_not_judge_the_draft():
 def test_a_window_keeps_the_sums_its_last_steps_give():
     """A policy's window keeps its steps' tokens, wall time and (steps with a forecast) forecast summed as steps
     come and go, equal to the sums over the steps it holds, also where its sums are made again (every maxlen)."""
-    from sage_engine.costs import StepTiming
-    from sage_engine.windows import Window
+    from sage_engine.core.cost_windows import Window
+    from sage_engine.core.costs import StepTiming
     rng = np.random.default_rng(1)
     window = Window(5)
     for i in range(23):
@@ -401,7 +401,7 @@ def test_node_and_level_prices_are_the_machines_learnt_from_every_policys_steps(
     """The documented choice (costs.py): what the machine charges is fitted over every policy's drafted steps, what a
     policy earns is its own. A chain's steps alone price a node and a draft level for a SAGE run that has drafted
     three steps of its own."""
-    from sage_engine.costs import CostMeter, StepTiming
+    from sage_engine.core.costs import CostMeter, StepTiming
 
     meter = CostMeter()
     for i in range(40):  # 4 ms + 0.2 ms a node + 1 ms a draft forward; a chain of k drafts k nodes in k forwards

@@ -20,11 +20,12 @@ from unittest import mock
 
 import pytest
 
-from sage_engine import SpecEngine, ar_check, families, layer_kinds, prepare_input
-from sage_engine import engine as engine_mod
+from sage_engine import SpecEngine, prepare_input
+from sage_engine.core import engine as engine_mod
 from sage_engine.errors import ModelError
-from sage_engine.tiny_kinds import kind_pair
-from sage_engine.tiny_pairs import image, llama_text_pair, save_pair
+from sage_engine.models import ar_check, families, layer_kinds
+from sage_testing.tiny_kinds import kind_pair
+from sage_testing.tiny_pairs import image, llama_text_pair, save_pair
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_NEW = 16

@@ -10,10 +10,10 @@ import torch
 
 from sage_engine import SpecEngine, prepare_input
 from sage_engine.cli import main
-from sage_engine.doctor import cases, machine, syncs
-from sage_engine.doctor.exactness import POLICIES, parted_at
 from sage_engine.errors import SageError
-from sage_engine.tiny_pairs import image, llava_pair, qwen25_pair, sharp_pair
+from sage_engine.evaluation.doctor import cases, machine, syncs
+from sage_engine.evaluation.doctor.exactness import POLICIES, parted_at
+from sage_testing.tiny_pairs import image, llava_pair, qwen25_pair, sharp_pair
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def test_quick_doctor_on_the_cpu_is_exact_and_reports_every_section(quick):
 
 
 def test_a_policy_that_parts_from_ar_fails_the_doctor(tmp_path, monkeypatch, capsys):
-    from sage_engine.verify import GreedyAcceptance, Verdict
+    from sage_engine.core.verify import GreedyAcceptance, Verdict
 
     real = GreedyAcceptance.__call__
 
@@ -56,7 +56,7 @@ def test_a_policy_that_parts_from_ar_fails_the_doctor(tmp_path, monkeypatch, cap
         return Verdict(v.accepted, v.accepted_tokens, v.bonus + 1, v.trials) if tree.tokens else v
 
     monkeypatch.setattr(GreedyAcceptance, "__call__", wrong)
-    import sage_engine.doctor as doctor
+    import sage_engine.evaluation.doctor as doctor
 
     one = cases.Case("tiny Qwen2.5-VL (image, noisy draft)", cases._tiny("qwen2.5-vl", "image", "noisy"), 12)
     monkeypatch.setattr(doctor, "checked_cases", lambda quick: [one])
@@ -173,7 +173,7 @@ def test_the_gpu_branches_of_the_machine_report_and_the_sync_cross_check(monkeyp
     found = machine.describe(["cuda:0", "cuda:1"])["devices"]
     assert found[1] == {"device": "cuda:1", "name": "Fake GPU", "memory_gib": 80.0, "capability": "9.0", "bf16": True,
                         "fp16": True}
-    from sage_engine.doctor.summary import markdown
+    from sage_engine.evaluation.doctor.summary import markdown
 
     report = quick[1]
     assert "cuda:1 (Fake GPU, 80.0 GiB, compute capability 9.0; bf16 yes, fp16 yes)" in markdown(
@@ -188,7 +188,7 @@ def test_the_gpu_branches_of_the_machine_report_and_the_sync_cross_check(monkeyp
 
 
 def test_the_multi_layout_spreads_the_target_and_gives_the_draft_its_own_device():
-    from sage_engine.doctor import multi_layout
+    from sage_engine.evaluation.doctor import multi_layout
 
     gpus = [f"cuda:{i}" for i in range(4)]
     assert multi_layout(gpus) == (gpus[:3], "cuda:3")

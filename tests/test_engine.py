@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from sage_engine import InputError, SpecEngine, prepare_input
-from sage_engine import engine as engine_mod
-from sage_engine.sampling import Sampling
-from sage_engine.tiny_pairs import image, llava_pair, qwen25_pair
+from sage_engine.core import engine as engine_mod
+from sage_engine.core.sampling import Sampling
+from sage_testing.tiny_pairs import image, llava_pair, qwen25_pair
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,8 @@ def test_sage_reports_its_tree_shape_and_controller(setup):
 
 
 def test_engine_meters_every_step_and_the_cost_threshold_prices_from_it(setup, monkeypatch):
-    from sage_engine import PricedConfig, costs, make_policy
+    from sage_engine import PricedConfig, make_policy
+    from sage_engine.core import costs
     from sage_engine.policies import PricedPolicy
     # no step counts as stalled here (a busy machine can slow one past SPIKE x its peers; the meter then leaves it out
     # of the windows, and the rate below, over every step the meter was handed, would differ): stalls are tested in
@@ -124,7 +125,7 @@ def test_the_runners_one_off_check_is_not_metered_as_a_step_cost(monkeypatch, wh
     meter and the policy judge drafted steps by (in the second case it is in the first step's event)."""
     import time
 
-    from sage_engine.runner import ModelRunner
+    from sage_engine.core.runner import ModelRunner
     real = ModelRunner._check_cached
 
     def slow_check(self, *args):
@@ -194,7 +195,7 @@ def test_the_draft_gives_each_fed_node_an_alpha_only_for_a_policy_that_reads_the
     """`prev_path` plans the next tree from the accepted path's alphas (each the draft's confidence after that node,
     the root's included); other sources read only the root's, and the drafter skips the per-node ones."""
     from sage_engine import SageConfig, make_policy
-    from sage_engine.rules import confidence
+    from sage_engine.core.rules import confidence
 
     pair, engine, prep = setup
     policy = make_policy("sage", SageConfig(threshold="paper", alpha_source=source, d_min=4, d_max=4))
@@ -224,7 +225,7 @@ def test_the_draft_gives_each_fed_node_an_alpha_only_for_a_policy_that_reads_the
 def test_the_transcript_decodes_as_the_tokenizer_does(setup):
     """The transcript calls the Rust tokenizer's decode directly where transformers' decode is only that call, and
     transformers' decode where it does more (here: a clean-up of spaces); both give tokenizer.decode's text."""
-    from sage_engine.transcript import text_decoder
+    from sage_engine.core.transcript import text_decoder
 
     pair, _, _ = setup
     tok = pair.tokenizer
@@ -251,7 +252,7 @@ def test_step_texts_and_tree_views_are_made_when_read_and_read_alike_in_any_orde
     thread (the app's race), gets the texts that in-order reading gives."""
     import threading
 
-    from sage_engine.events import Deferred
+    from sage_engine.core.events import Deferred
 
     pair, engine, prep = setup
     policy = "sage:threshold=paper"  # its shapes follow alpha alone: every run takes the same steps (the default's

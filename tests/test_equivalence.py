@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from sage_engine import SageConfig, SpecEngine, make_policy, prepare_input
-from sage_engine import engine as engine_mod
-from sage_engine import runner as runner_mod
 from sage_engine.config import Eagle2Config
+from sage_engine.core import engine as engine_mod
+from sage_engine.core import runner as runner_mod
+from sage_engine.core.runner import ModelRunner
 from sage_engine.errors import ModelError
-from sage_engine.runner import ModelRunner
-from sage_engine.tiny_pairs import clip, image, llava_pair, qwen25_pair, sharp_pair
+from sage_testing.tiny_pairs import clip, image, llava_pair, qwen25_pair, sharp_pair
 
 MAX_NEW = 40
 POLICIES = {

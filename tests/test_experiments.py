@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from sage_engine.cli import main
-from sage_engine.experiments import NAMES
-from sage_engine.experiments.prices import ModelledMeter, PriceModel, fit_machine, gpu_regime
-from sage_engine.experiments.report import END, START, write_benchmarks
-from sage_engine.windows import StepTiming
+from sage_engine.core.cost_windows import StepTiming
+from sage_engine.evaluation.experiments import NAMES
+from sage_engine.evaluation.experiments.benchmarks_sections import END, START, write_benchmarks
+from sage_engine.evaluation.experiments.prices import ModelledMeter, PriceModel, fit_machine, gpu_regime
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(not (ROOT / "assets" / "models").is_dir(), reason="no shipped pair in assets/models")
@@ -104,7 +104,7 @@ def test_main_reads_a_benchmark_file_of_each_visual_format(bench_files, tmp_path
 
 @pytest.fixture(scope="module")
 def text_dirs(tmp_path_factory):
-    from sage_engine.tiny_pairs import llama_text_pair, save_pair
+    from sage_testing.tiny_pairs import llama_text_pair, save_pair
 
     return save_pair(llama_text_pair("noisy", seed=3, sigma=0.05, sharpness=8.0), tmp_path_factory.mktemp("text_pair"))
 
@@ -167,8 +167,8 @@ def test_the_gpu_regime_reads_a_gpu_doctor_report_where_there_is_one(tmp_path):
 def test_main_runs_on_a_saved_moe_pair(tmp_path):
     """RQ2's other kind of model: `main --target DIR --draft DIR` on a tiny random Qwen3-VL-MoE pair, every run equal
     to `ar` (such a pair drafts nothing worth it: the point is the exactness and the table, not the speed)."""
-    from sage_engine.tiny_kinds import kind_pair
-    from sage_engine.tiny_pairs import save_pair
+    from sage_testing.tiny_kinds import kind_pair
+    from sage_testing.tiny_pairs import save_pair
 
     target, draft = save_pair(kind_pair("qwen3-vl-moe", "noisy", seed=0), tmp_path)
     out = tmp_path / "out"

@@ -9,10 +9,10 @@ import pytest
 from test_cli import media, run_main  # noqa: F401 - the CLI tests' media fixture
 
 from sage_engine import SageConfig, SagePolicy, SpecEngine, make_policy, prepare_input, register_policy
-from sage_engine.costs import StepTiming
+from sage_engine.core.costs import StepTiming
+from sage_engine.core.sampling import Sampling
 from sage_engine.policies import PricedPolicy, replay_of
-from sage_engine.sampling import Sampling
-from sage_engine.tiny_pairs import image, sharp_pair
+from sage_testing.tiny_pairs import image, sharp_pair
 
 POLICY_FILE = '''
 from dataclasses import dataclass

@@ -13,7 +13,7 @@ from tiny_families import llava_ov_pair, qwen2vl_pair, smolvlm_pair
 
 from sage_engine import SpecEngine, prepare_input
 from sage_engine.config import SPECULATIVE_POLICIES
-from sage_engine.tiny_pairs import clip, image
+from sage_testing.tiny_pairs import clip, image
 
 MAX_NEW = 24
 POLICIES = SPECULATIVE_POLICIES  # every drafting policy, each checked against ar
@@ -88,8 +88,8 @@ def test_qwen_video_frames_stay_uncapped_without_the_deprecation_warning():
 
     from transformers.utils import logging as hf_logging
 
-    from sage_engine.families import adapter_for
-    from sage_engine.inputs import _messages
+    from sage_engine.models.families import adapter_for
+    from sage_engine.models.inputs import _messages
 
     pair = get_pair("qwen2-vl", "noisy")
     video = clip(3)

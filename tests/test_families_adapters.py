@@ -1,4 +1,4 @@
-"""Family adapters (sage_engine/families.py): each config maps to its adapter, token ids and position rule;
+"""Family adapters (sage_engine/models/families.py): each config maps to its adapter, token ids and position rule;
 unknown model types fall back to a stated default; the adapters drive pruning on the tiny families."""
 
 import warnings
@@ -6,10 +6,10 @@ import warnings
 import pytest
 import torch
 
-from sage_engine import families as fam
 from sage_engine.errors import ModelError
-from sage_engine.families import adapter_for, shared_vocab
-from sage_engine.models import check_same_visual_tokens
+from sage_engine.models import families as fam
+from sage_engine.models.families import adapter_for, shared_vocab
+from sage_engine.models.loading import check_same_visual_tokens
 
 IMG, VID = 91, 92  # token ids given to the tiny configs (any ids: the adapters must read them back)
 
@@ -152,7 +152,7 @@ def test_position_rules_read_and_reset_the_model_state():
 
 
 def test_processor_kwargs_pass_the_sampled_frames_with_their_metadata():
-    from sage_engine.tiny_pairs import clip
+    from sage_testing.tiny_pairs import clip
 
     c = clip(0)
     kw = fam.QWEN2_5_VL.processor_kwargs(c)
@@ -199,9 +199,9 @@ def _pair(name):
 def test_zero_pruning_through_each_family_adapter_equals_a_normal_prefill(name, adapter, medium):
     """The adapter's LM submodule, token ids and position rows reproduce the normal prefill exactly."""
     from sage_engine import prepare_input
-    from sage_engine.pruning import VisualPruning
-    from sage_engine.runner import ModelRunner
-    from sage_engine.tiny_pairs import clip, image
+    from sage_engine.core.runner import ModelRunner
+    from sage_engine.models.pruning import VisualPruning
+    from sage_testing.tiny_pairs import clip, image
 
     pair = _pair(name)
     assert adapter_for(pair.target) is adapter and adapter_for(pair.draft) is adapter

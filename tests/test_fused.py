@@ -1,5 +1,5 @@
-"""Fused layers (sage_engine/fused.py): close to the model's forward() under a real tree mask on every family, with
-and without oneDNN-packed products, used for both models by default and for the draft alone with
+"""Fused layers (sage_engine/backends/fused_torch.py): close to the model's forward() under a real tree mask on every
+family, with and without oneDNN-packed products, used for both models by default and for the draft alone with
 tree_forward="layers", dropped by the runner's check when they are not close, and refused where a layer is not
 exactly the block they compute."""
 
@@ -9,15 +9,15 @@ import torch
 from test_stack import DEPTH, PAIRS, TREE, pair_for
 
 from sage_engine import SpecEngine, prepare_input
-from sage_engine import families as fam
 from sage_engine.backends import choose
 from sage_engine.backends import fused_torch as fused_mod
 from sage_engine.backends import padding as rows_mod
 from sage_engine.backends.hf_layers import decoder_stack
 from sage_engine.backends.padding import NO_PADDING, padded
-from sage_engine.runner import ModelRunner
-from sage_engine.tiny_pairs import image
-from sage_engine.tree import additive_mask
+from sage_engine.core.runner import ModelRunner
+from sage_engine.core.tree import additive_mask
+from sage_engine.models import families as fam
+from sage_testing.tiny_pairs import image
 
 
 def _tree_inputs(runner: ModelRunner):
@@ -167,7 +167,7 @@ def test_a_bf16_draft_keeps_its_fused_layers():
     draft in bf16 keeps its fused layers (with the norm computed in bf16 throughout, the check dropped them)."""
     from pathlib import Path
 
-    from sage_engine.models import load_pair
+    from sage_engine.models.loading import load_pair
 
     pair = load_pair(dtype="bfloat16")
     example = Path(__file__).resolve().parents[1] / "assets" / "examples" / "shapes_1.png"
@@ -285,7 +285,7 @@ def test_a_rows_product_does_not_depend_on_how_many_rows_share_it():
     """Every product of the embedded pair's fused layers (each way, packed or transposed) gives a row the same numbers,
     bit for bit, alone (an `ar` step) or among others (a verify pass): fused.Product computes one row as two, since
     BLAS's one-row path sums in another order. (Attention does not: logits may differ by ~1e-5 between the two.)"""
-    from sage_engine.models import load_pair
+    from sage_engine.models.loading import load_pair
 
     pair = load_pair()
     for model in (pair.target, pair.draft):
@@ -302,7 +302,7 @@ def test_the_targets_products_pad_their_rows_by_this_machines_rule_and_the_draft
     way the runner kept, a row alone gets the numbers it gets among others, and on transposed copies a single row is
     never computed alone (BLAS's one-row path sums in another order on every CPU measured). The draft's numbers only
     shape its guesses: its one-row products take BLAS's one-row path, about half the cost."""
-    from sage_engine.models import load_pair
+    from sage_engine.models.loading import load_pair
 
     engine = SpecEngine(load_pair())
     for p in engine.target.fused.products:
@@ -353,7 +353,7 @@ def test_a_one_token_step_carries_its_row_padded_through_the_layers_with_the_pad
     through the layers (`FusedDecoder._layers`) instead of padding at each product: the same logits and the same
     cached keys and values, bit for bit, over a run of steps, as through the products' own padding; and no product
     sees a single row on that path (one would mean the carried rows were dropped on the way)."""
-    from sage_engine.models import load_pair
+    from sage_engine.models.loading import load_pair
 
     engine = SpecEngine(load_pair())
     runner = engine.target

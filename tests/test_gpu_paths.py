@@ -9,10 +9,10 @@ import torch
 
 from sage_engine import SpecEngine, prepare_input
 from sage_engine.backends import numba_layers
-from sage_engine.doctor import syncs
-from sage_engine.passes import rows_argmax
-from sage_engine.tiny_pairs import image, sharp_pair
-from sage_engine.tree import chain_allowed, verify_allowed
+from sage_engine.core.passes import rows_argmax
+from sage_engine.core.tree import chain_allowed, verify_allowed
+from sage_engine.evaluation.doctor import syncs
+from sage_testing.tiny_pairs import image, sharp_pair
 
 
 @pytest.fixture(scope="module")

@@ -1,19 +1,19 @@
-"""transformers' own generate() as outside references (sage_engine/hf_reference.py) and in the bench CLI."""
+"""transformers' own generate() as outside references (sage_engine/evaluation/hf_reference.py) and in the bench CLI."""
 
 import json
 
 import pytest
 
 from sage_engine.cli import main
-from sage_engine.engine import SpecEngine
-from sage_engine.hf_reference import _Hooks, assistant_inputs, parse_hf_spec, run_hf
-from sage_engine.inputs import prepare_input
-from sage_engine.tiny_pairs import write_noise_media
+from sage_engine.core.engine import SpecEngine
+from sage_engine.evaluation.hf_reference import _Hooks, assistant_inputs, parse_hf_spec, run_hf
+from sage_engine.models.inputs import prepare_input
+from sage_testing.tiny_pairs import write_noise_media
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    from sage_engine.tiny_pairs import image, qwen25_pair
+    from sage_testing.tiny_pairs import image, qwen25_pair
 
     pair = qwen25_pair("noisy", seed=5)
     return pair, prepare_input(pair, "describe the image", images=[image(11)])
@@ -38,7 +38,7 @@ def test_hf_generate_and_hf_assisted_give_the_engines_ar_ids(tiny):
 def test_hf_assisted_counts_forwards_right_with_an_identical_draft():
     """A copy of the target as assistant on a text prompt: every candidate is accepted, so each round adds its
     candidates (one draft forward each) plus one bonus token (one target forward)."""
-    from sage_engine.tiny_pairs import qwen25_pair
+    from sage_testing.tiny_pairs import qwen25_pair
 
     pair = qwen25_pair("copy", seed=2)
     prep = prepare_input(pair, "how many shapes are there?")

@@ -1,7 +1,7 @@
-"""A draft's fused layers on the host: in NumPy (sage_engine/host.py) and compiled with Numba (sage_engine/compiled.py),
-each close to the model's forward() under a real tree mask on every family, its keys and values in a buffer that the
-cache's own compaction and copies handle, offered for drafts only (float32), dropped by the runner's check when
-wrong, and drafting the same trees as the torch layers."""
+"""A draft's fused layers on the host: in NumPy (sage_engine/backends/numpy_host.py) and compiled with Numba
+(sage_engine/backends/numba_layers.py), each close to the model's forward() under a real tree mask on every family,
+its keys and values in a buffer that the cache's own compaction and copies handle, offered for drafts only (float32),
+dropped by the runner's check when wrong, and drafting the same trees as the torch layers."""
 
 import numpy as np
 import pytest
@@ -16,10 +16,10 @@ from sage_engine.backends import numba_layers as compiled_mod
 from sage_engine.backends import numpy_host as host_mod
 from sage_engine.backends.numba_layers import CompiledDecoder
 from sage_engine.backends.numpy_host import HostDecoder, pick
-from sage_engine.cache import copy_cache
-from sage_engine.runner import ModelRunner
-from sage_engine.tiny_pairs import image
-from sage_engine.tree import additive_mask
+from sage_engine.core.cache import copy_cache
+from sage_engine.core.runner import ModelRunner
+from sage_engine.core.tree import additive_mask
+from sage_testing.tiny_pairs import image
 
 
 def _draft_runner(model) -> ModelRunner:

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from test_equivalence import MAX_NEW, sharp_case
 
-from sage_engine import SpecEngine, jit, rules
+from sage_engine import SpecEngine
+from sage_engine.core import jit, rules
 
 pytestmark = pytest.mark.skipif(jit.numba is None, reason="Numba is not installed")
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +35,7 @@ def test_the_cache_folder_follows_every_compiled_modules_source(monkeypatch, tmp
     monkeypatch.setattr(jit, "HERE", tmp_path)
     before = jit.cache_dir()
     assert before == jit.cache_dir()
-    with open(tmp_path / "rules.py", "a") as f:
+    with open(tmp_path / "core" / "rules.py", "a") as f:
         f.write("\n# an edit\n")
     assert jit.cache_dir() != before  # an edit of a called module starts a fresh cache
 
@@ -52,10 +53,10 @@ def test_a_deferred_engine_runs_uncompiled_paths_and_says_so(monkeypatch):
 
 @pytest.mark.timeout(300)
 def test_the_background_compile_completes_the_cache(tmp_path):
-    """What `defer_compile` starts: `python -m sage_engine.warmup` compiles every function into the cache and marks it
-    complete (a fresh cache folder: the whole compile, ~20 s)."""
+    """What `defer_compile` starts: `python -m sage_engine.backends.warmup` compiles every function into the cache and
+    marks it complete (a fresh cache folder: the whole compile, ~20 s)."""
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
-    subprocess.run([sys.executable, "-m", "sage_engine.warmup"], cwd=ROOT, env=env, check=True, timeout=280)
+    subprocess.run([sys.executable, "-m", "sage_engine.backends.warmup"], cwd=ROOT, env=env, check=True, timeout=280)
     marks = list(tmp_path.glob("numba-*/ready"))
     assert len(marks) == 1 and any(marks[0].parent.rglob("*.nbi"))
 
@@ -70,5 +71,5 @@ def test_a_second_warmup_leaves_the_compile_to_the_first(tmp_path, monkeypatch):
     folder.mkdir(parents=True)
     with open(folder / "compiling", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the first warmup, still compiling
-        subprocess.run([sys.executable, "-m", "sage_engine.warmup"], cwd=ROOT, check=True, timeout=120)
+        subprocess.run([sys.executable, "-m", "sage_engine.backends.warmup"], cwd=ROOT, check=True, timeout=120)
         assert not list(tmp_path.glob("numba-*/ready")) and not list(tmp_path.rglob("*.nbi"))

@@ -22,17 +22,18 @@ import numpy as np
 import pytest
 import torch
 
-from sage_engine import SpecEngine, layer_kinds, prepare_input
-from sage_engine import cache as cache_mod
-from sage_engine import engine as engine_mod
-from sage_engine import paths as paths_mod
-from sage_engine import runner as runner_mod
+from sage_engine import SpecEngine, prepare_input
+from sage_engine.core import cache as cache_mod
+from sage_engine.core import engine as engine_mod
+from sage_engine.core import runner as runner_mod
+from sage_engine.core.sampling import Sampling
 from sage_engine.errors import ModelError
-from sage_engine.families import adapter_for
-from sage_engine.sampling import Sampling
-from sage_engine.tiny_kinds import WINDOW, kind_pair
-from sage_engine.tiny_pairs import clip, image, llama_text_pair, save_pair
-from sage_engine.tree_check import tree_refusal
+from sage_engine.models import layer_kinds
+from sage_engine.models import recurrent_paths as paths_mod
+from sage_engine.models.families import adapter_for
+from sage_engine.models.tree_check import tree_refusal
+from sage_testing.tiny_kinds import WINDOW, kind_pair
+from sage_testing.tiny_pairs import clip, image, llama_text_pair, save_pair
 
 MAX_NEW = 40
 ROOT = Path(__file__).resolve().parent.parent
@@ -312,7 +313,7 @@ def test_the_app_refuses_a_recurrent_pair_in_one_line_and_keeps_serving(media):
 def test_the_bench_reports_what_reading_paths_costs(tmp_path):
     """bench on a recurrent pair: every policy exact, and per step the tokens read in rows, the chains read again
     and a row's cache, for both models (none for `ar`, which reads no tree)."""
-    from sage_engine import bench
+    from sage_engine.evaluation import bench
 
     pair = pair_of("qwen3.5")
     image(3, 64).save(tmp_path / "a.png")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from sage_engine import InputError
-from sage_engine.media import MAX_VIDEO_FRAMES, load_image, sample_video
+from sage_engine.models.media import MAX_VIDEO_FRAMES, load_image, sample_video
 
 
 def one_line(e: pytest.ExceptionInfo) -> str:

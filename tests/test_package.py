@@ -15,7 +15,8 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 def test_every_package_of_sage_engine_is_listed():
     listed = set(PYPROJECT["tool"]["setuptools"]["packages"])
-    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "sage_engine").rglob("__init__.py")}
+    found = {".".join(p.parent.relative_to(ROOT).parts) for part in ("sage_engine", "sage_testing")
+             for p in (ROOT / part).rglob("__init__.py")}
     assert found <= listed, f"add to pyproject.toml [tool.setuptools] packages: {sorted(found - listed)}"
     assert PYPROJECT["tool"]["setuptools"]["package-dir"]["sage_assets"] == "assets"
 
@@ -41,7 +42,7 @@ def test_requirements_and_pyproject_pin_the_same_versions():
 
 def test_the_wheel_carries_the_package_and_the_embedded_pair(tmp_path):
     src = tmp_path / "src"  # a copy: setuptools writes build/ and *.egg-info beside the sources it builds
-    for part in ("sage_engine", "assets"):
+    for part in ("sage_engine", "sage_testing", "assets"):
         shutil.copytree(ROOT / part, src / part, ignore=shutil.ignore_patterns("__pycache__"))
     for part in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / part, src / part)
@@ -53,4 +54,6 @@ def test_the_wheel_carries_the_package_and_the_embedded_pair(tmp_path):
         for file in ("model.safetensors", "config.json", "tokenizer.json"):
             assert f"sage_assets/models/{model}/{file}" in names
     assert "sage_engine/tinyworld/world.py" in names and "sage_engine/cli.py" in names
+    assert "sage_engine/core/engine.py" in names and "sage_testing/tiny_pairs.py" in names  # `sage doctor` builds them
+    assert not any(n.startswith("sage_engine/") and "tiny_" in n for n in names)  # the test pairs are no engine module
     assert not any(n.startswith(("tests/", "app/")) for n in names)

@@ -1,7 +1,7 @@
 """Multi-GPU placement: plans for the REAL 72B/7B pairs (meta device, no weights), and an execution test
 where accelerate dispatches a tiny target over CPU + disk through its hooks and equivalence still holds.
 
-Config values are those of the public config.json files cited in sage_engine/presets.py:
+Config values are those of the public config.json files cited in sage_engine/models/presets.py:
 Qwen2.5-VL-72B-Instruct [q25-72b, q2-72b], Qwen2.5-VL-7B-Instruct [q25-7b], and the llava-hf
 LLaVA-OneVision 72B/7B conversions [ov-conv] (Qwen2-72B/7B text, SigLIP-so400m minus its last layer).
 """
@@ -13,9 +13,9 @@ import torch
 
 from sage_engine import SpecEngine, prepare_input
 from sage_engine.errors import ModelError
-from sage_engine.models import ModelPair
-from sage_engine.placement import GiB, meta_model, plan_placement
-from sage_engine.tiny_pairs import clip, image, qwen25_pair
+from sage_engine.models.loading import ModelPair
+from sage_engine.models.placement import GiB, meta_model, plan_placement
+from sage_testing.tiny_pairs import clip, image, qwen25_pair
 
 QWEN25_VISION = dict(depth=32, hidden_size=1280, num_heads=16, patch_size=14, spatial_merge_size=2,
                      temporal_patch_size=2, window_size=112, fullatt_block_indexes=[7, 15, 23, 31])

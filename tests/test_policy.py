@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from sage_engine.config import MEDUSA_25, Eagle2Config, SageConfig, parse_spec
+from sage_engine.core.policy_io import Frontier, StepOutcome
+from sage_engine.core.rules import confidence as _alpha
+from sage_engine.core.tree import DraftTree
 from sage_engine.policies import ChainPolicy, Eagle2Policy, SagePolicy, StaticTreePolicy, make_policy
-from sage_engine.policy_io import Frontier, StepOutcome
-from sage_engine.rules import confidence as _alpha
-from sage_engine.tree import DraftTree
 
 
 def confidence(rows):
@@ -192,7 +192,7 @@ def test_policy_specs_change_scalar_knobs():
 
 def test_k_sets_the_top_k_of_sages_confidence():
     """alpha is the normalised entropy of the draft's top k (Eq. 7-9): k is SAGE's knob, 10 for the others."""
-    from sage_engine.draft import Drafter
+    from sage_engine.core.draft import Drafter
     logits = torch.log(torch.tensor([[0.4, 0.3, 0.1, 0.05, 0.05, 0.04, 0.03, 0.02, 0.005, 0.005, 0.0001, 0.0001]]))
     probs = torch.softmax(logits, -1).numpy()[0].astype(float)
     for k in (2, 5, 10):
@@ -210,8 +210,8 @@ def test_k_sets_the_top_k_of_sages_confidence():
 def test_sampling_tempers_the_draft_distribution_that_alpha_reads():
     """Under sampling the draft's candidates and alpha come from its tempered distribution: hotter is flatter,
     so alpha falls (and SAGE plans wider, shallower trees); top-p cuts the tail to zero."""
-    from sage_engine.draft import Drafter
-    from sage_engine.sampling import DraftSampler, Sampling
+    from sage_engine.core.draft import Drafter
+    from sage_engine.core.sampling import DraftSampler, Sampling
 
     logits = torch.log(torch.tensor([[0.4, 0.3, 0.1, 0.05, 0.05, 0.04, 0.03, 0.02, 0.005, 0.005, 0.0001, 0.0001]]))
     drafter, pol = Drafter(None), SagePolicy()

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from sage_engine.errors import ModelError
-from sage_engine.models import load_pair
-from sage_engine.presets import PRESETS, hub_problem, resolve
+from sage_engine.models.loading import load_pair
+from sage_engine.models.presets import PRESETS, hub_problem, resolve
 
 
 def test_every_preset_is_self_consistent():
@@ -31,7 +31,7 @@ def test_the_text_qwen3_vl_qwen3_5_and_gemma_presets_cite_their_sources():
     each why_valid names a source listed at the top of presets.py, and a text pair takes neither images nor video."""
     import re
 
-    import sage_engine.presets as presets
+    import sage_engine.models.presets as presets
 
     sources = set(re.findall(r"^  (\[[\w.-]+\])", presets.__doc__, re.M))
     new = {"qwen3-vl-235b-a22b/2b": "Qwen/Qwen3-VL-235B-A22B-Instruct", "qwen3-vl-32b/4b": "Qwen/Qwen3-VL-32B-Instruct",
@@ -46,7 +46,7 @@ def test_the_text_qwen3_vl_qwen3_5_and_gemma_presets_cite_their_sources():
         assert PRESETS[name].image_token_id is None and not PRESETS[name].video
     assert PRESETS["llama-3.1-8b/3.2-1b"].target_vocab == PRESETS["llama-3.1-8b/3.2-1b"].draft_vocab == 128256
     assert PRESETS["qwen3-vl-235b-a22b/2b"].device == "multi"
-    from sage_engine.families import FAMILIES, QWEN3_5
+    from sage_engine.models.families import FAMILIES, QWEN3_5
 
     for name in ("qwen3.5-9b/0.8b", "qwen3.5-27b/2b", "qwen3.5-35b-a3b/0.8b"):  # the recurrent family reads both sides
         p = PRESETS[name]

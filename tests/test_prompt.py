@@ -11,8 +11,8 @@ from sage_engine import SpecEngine, prepare_input
 from sage_engine.backends import prompt_path as prompt_path_mod
 from sage_engine.backends.fused_torch import FusedDecoder
 from sage_engine.backends.hf_layers import prompt_inputs
-from sage_engine.runner import ModelRunner
-from sage_engine.tiny_pairs import image
+from sage_engine.core.runner import ModelRunner
+from sage_testing.tiny_pairs import image
 
 
 def _checked_runner(model, inputs: dict, row_invariant: bool = True) -> ModelRunner:

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from sage_engine import SpecEngine, prepare_input
-from sage_engine.pruning import VisualPruning, keep_indices
-from sage_engine.runner import ModelRunner
-from sage_engine.tiny_pairs import clip, image, llava_pair, qwen25_pair
+from sage_engine.core.runner import ModelRunner
+from sage_engine.models.pruning import VisualPruning, keep_indices
+from sage_testing.tiny_pairs import clip, image, llava_pair, qwen25_pair
 
 
 def test_keep_indices_keeps_text_and_an_even_share_of_each_visual_kind():

@@ -94,8 +94,9 @@ def test_file_parameters_take_uploads_only(server, parameters, path):
     assert event == "complete", data
 
 
-@pytest.mark.parametrize("path", [str(ROOT / "app.py"), "app.py", str(ROOT / "sage_engine" / "models.py"),
-                                  "sage_engine/models.py", str(ROOT / "README.md"), str(ROOT / ".git" / "config"),
+@pytest.mark.parametrize("path", [str(ROOT / "app.py"), "app.py", str(ROOT / "sage_engine" / "models" / "loading.py"),
+                                  "sage_engine/models/loading.py", str(ROOT / "README.md"),
+                                  str(ROOT / ".git" / "config"),
                                   str(ROOT / "assets" / "models" / "tinyworld-target" / "config.json"),
                                   "/etc/passwd", "../../../../etc/passwd", "%2Fetc%2Fpasswd"])
 def test_file_route_serves_no_source_or_system_file(server, path):

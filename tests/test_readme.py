@@ -58,8 +58,8 @@ def test_readme_command_runs_as_written(argv, tmp_path, monkeypatch, capsys):
             assert any((tmp_path / "fresh").glob("*.png")) and any((tmp_path / "fresh").glob("*.mp4"))
         else:
             build_parser().parse_args(args)
-    elif module == "sage_engine.report":
-        from sage_engine.report import build_parser
+    elif module == "sage_engine.evaluation.suites_report":
+        from sage_engine.evaluation.suites_report import build_parser
 
         build_parser().parse_args(args)
     else:
@@ -67,10 +67,11 @@ def test_readme_command_runs_as_written(argv, tmp_path, monkeypatch, capsys):
 
 
 def test_the_readme_results_table_is_the_one_the_reports_give():
-    """The README's table is written from docs/bench/ by `sage_engine.report --readme` (no hand edits)."""
+    """The README's table is written from docs/bench/ by `sage_engine.evaluation.suites_report --readme` (no hand
+    edits)."""
     import json
 
-    from sage_engine.report_markdown import README_END, README_START, readme_table
+    from sage_engine.evaluation.suites_markdown import README_END, README_START, readme_table
 
     text = (ROOT / "README.md").read_text()
     block = text[text.index(README_START) + len(README_START) : text.index(README_END)].strip()
@@ -102,7 +103,7 @@ def test_the_readme_doctor_table_is_the_one_the_cpu_report_gives():
     `doctor --readme` (no hand edits)."""
     import json
 
-    from sage_engine.doctor.summary import README_END, README_START, headline
+    from sage_engine.evaluation.doctor.summary import README_END, README_START, headline
 
     report = json.loads((ROOT / "docs" / "doctor" / "cpu.json").read_text())
     block = (ROOT / "README.md").read_text().split(README_START)[1].split(README_END)[0].strip()

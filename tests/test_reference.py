@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import pytest
 
-from sage_engine import jit, reference
-from sage_engine.engine import SpecEngine
-from sage_engine.inputs import prepare_input
-from sage_engine.models import load_pair
-from sage_engine.sampling import Sampling
-from sage_engine.tiny_pairs import clip, image, sharp_pair
+from sage_engine import reference
+from sage_engine.core import jit
+from sage_engine.core.engine import SpecEngine
+from sage_engine.core.sampling import Sampling
+from sage_engine.models.inputs import prepare_input
+from sage_engine.models.loading import load_pair
+from sage_testing.tiny_pairs import clip, image, sharp_pair
 
 GREEDY = ("ar", "chain", "static", "eagle2", "specvlm", "sage", "sage:d_max=8:alpha_source=prev_path", "svip", "ddd")
 SAMPLED = ("chain", "chain:draw=top", "eagle2", "sage", "sage:draw=sample", "svip")

@@ -1,15 +1,15 @@
-"""BENCHMARKS.md writer (`sage_engine.report`) on a synthetic bench report, and the real-media suite built from
-the files installed packages ship. No model is loaded: seconds."""
+"""BENCHMARKS.md writer (`sage_engine.evaluation.suites_report`) on a synthetic bench report, and the real-media suite
+built from the files installed packages ship. No model is loaded: seconds."""
 
 import json
 
 import pytest
 
-from sage_engine.bench import find_inputs
 from sage_engine.errors import SageError
+from sage_engine.evaluation.bench import find_inputs
+from sage_engine.evaluation.suites import REAL, materialise_real, packaged_file
+from sage_engine.evaluation.suites_report import TABLE_HEAD, default_policies, policy_row, write_markdown
 from sage_engine.policies import POLICY_NAMES
-from sage_engine.report import TABLE_HEAD, default_policies, policy_row, write_markdown
-from sage_engine.suites import REAL, materialise_real, packaged_file
 
 POLICIES = ("ar", "chain", "sage")
 SUITES = {"tinyworld-images": "Fresh tinyworld images", "tinyworld-clips": "Fresh tinyworld clips",
@@ -45,7 +45,8 @@ def synthetic_report(media: str) -> dict:
 
 def test_markdown_has_every_suite_policy_row_and_worst_input():
     reports = {name: synthetic_report("video" if name == "tinyworld-clips" else "image") for name in SUITES}
-    meta = {"command": "python -m sage_engine.report --out X", "seed": 9001, "n": 10, "json_dir": "docs/bench",
+    meta = {"command": "python -m sage_engine.evaluation.suites_report --out X", "seed": 9001, "n": 10,
+            "json_dir": "docs/bench",
             "suites": {name: {"title": title, "about": "about it"} for name, title in SUITES.items()}}
     md = write_markdown(reports, meta)
     sections = md.split("\n## ")
@@ -61,7 +62,7 @@ def test_markdown_has_every_suite_policy_row_and_worst_input():
         assert "| 24% |" in sage_row  # the prefill share of its wall time; "-" where a report has none
         assert "| - |" in next(r for r in rows if r.startswith("| `chain`"))
         assert f"`slow.{ext}`: 1.50x" in next(r for r in rows if r.startswith("| `chain`"))
-    assert "worst input" in TABLE_HEAD and "`python -m sage_engine.report --out X`" in md
+    assert "worst input" in TABLE_HEAD and "`python -m sage_engine.evaluation.suites_report --out X`" in md
     paired = synthetic_report("image")  # a run's paired per-round speedup (bench) is the input's speedup
     next(r for r in paired["runs"] if r["policy"] == "sage" and r["input"] == "fast.png")["speedup_vs_ar"] = 0.95
     assert policy_row(paired, "sage")["worst"] == (0.95, "fast.png", 96)
@@ -70,7 +71,7 @@ def test_markdown_has_every_suite_policy_row_and_worst_input():
 
 
 def test_the_sampling_section_shows_each_temperature_side_by_side():
-    from sage_engine.report import sampled_name, temperatures
+    from sage_engine.evaluation.suites_report import sampled_name, temperatures
 
     reports = {"tinyworld-images": synthetic_report("image")}
     for t, tau in ((0.7, 3.0), (1.0, 2.5)):

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from sage_engine import rules
-from sage_engine.tree import DraftTree, additive_mask, verify_allowed, verify_inputs
+from sage_engine.core import rules
+from sage_engine.core.tree import DraftTree, additive_mask, verify_allowed, verify_inputs
 
 
 def random_tree(rng: np.random.Generator, n: int) -> DraftTree:

@@ -1,4 +1,4 @@
-"""Lossless sampling (sage_engine/sampling.py): the settings, the target's tempered top-p distribution, the tree
+"""Lossless sampling (sage_engine/core/sampling.py): the settings, the target's tempered top-p distribution, the tree
 rule by exact enumeration (with a wrong variant that the same check catches), inverse-CDF draws, and on tiny
 VLMs of two families: every policy's sample equals the target-only sample of the same seed, token for token."""
 
@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from sage_engine import SpecEngine, prepare_input
-from sage_engine.passes import Pass
-from sage_engine.sampling import RatioAcceptance, SampledAcceptance, Sampling, inverse_cdf, warped
-from sage_engine.tiny_pairs import image, llava_pair, qwen25_pair
-from sage_engine.tree import DraftTree
+from sage_engine.core.passes import Pass
+from sage_engine.core.sampling import RatioAcceptance, SampledAcceptance, Sampling, inverse_cdf, warped
+from sage_engine.core.tree import DraftTree
+from sage_testing.tiny_pairs import image, llava_pair, qwen25_pair
 
 
 @pytest.mark.parametrize("kwargs", [dict(temperature=-0.1), dict(temperature=float("nan")), dict(top_p=0.0),
@@ -344,7 +344,7 @@ def test_the_first_two_tokens_follow_the_targets_distribution_for_every_policy(f
     moves the llava case's p-value to 1e-12, tools/planted_bugs.sh); the tree-rule policies draw exactly the
     target alone's tokens for each of 30 seeds (and of every seed: the same-seed test above), so they share its
     distribution."""
-    from sage_engine.sampling_check import check_sampling
+    from sage_engine.evaluation.sampling_check import check_sampling
 
     pair, prep = family
     engine = SpecEngine(pair)
@@ -362,7 +362,7 @@ def test_the_first_two_tokens_follow_the_targets_distribution_for_every_policy(f
 def test_check_sampling_fails_a_broken_rule(family, monkeypatch):
     """The same check catches the mistakes of each rule: a tree rule that takes the draft's first child whatever
     the target drew, and a sampled chain tested like a top-k node (accept with probability p(x), not p/q)."""
-    from sage_engine.sampling_check import check_sampling
+    from sage_engine.evaluation.sampling_check import check_sampling
 
     pair, prep = family
     engine = SpecEngine(pair)

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from sage_engine import SageConfig, SagePolicy, SpecEngine, load_pair, prepare_input
-from sage_engine.experiments.prices import ModelledMeter, PriceModel
+from sage_engine.core.rules import numba
+from sage_engine.evaluation.experiments.prices import ModelledMeter, PriceModel
 from sage_engine.policies import make_policy
-from sage_engine.rules import numba
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(not (ROOT / "assets" / "models").is_dir(), reason="no shipped pair in assets/models")

@@ -1,4 +1,4 @@
-"""Tree forwards through the decoder layers (sage_engine/stack.py): bit-identical to the model's forward()
+"""Tree forwards through the decoder layers (sage_engine/backends/hf_layers.py): bit-identical to the model's forward()
 under a real tree mask on every family, kept by the runner only when its check passes, and refused where
 calling the layers in turn is not known to equal forward()."""
 
@@ -10,11 +10,11 @@ import torch
 from tiny_families import llava_ov_pair, qwen2vl_pair, smolvlm_pair
 
 from sage_engine import SpecEngine, prepare_input
-from sage_engine import families as fam
 from sage_engine.backends import hf_layers as stack_mod
-from sage_engine.runner import ModelRunner
-from sage_engine.tiny_pairs import image, llava_pair, qwen25_pair
-from sage_engine.tree import additive_mask
+from sage_engine.core.runner import ModelRunner
+from sage_engine.core.tree import additive_mask
+from sage_engine.models import families as fam
+from sage_testing.tiny_pairs import image, llava_pair, qwen25_pair
 
 PAIRS = {"qwen2.5-vl": qwen25_pair, "qwen2-vl": qwen2vl_pair, "llava-onevision": llava_ov_pair,
          "smolvlm": smolvlm_pair, "llava": llava_pair}

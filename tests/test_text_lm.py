@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from sage_engine.cli import main
-from sage_engine.engine import SpecEngine
+from sage_engine.core.engine import SpecEngine
 from sage_engine.errors import InputError, ModelError
-from sage_engine.inputs import prepare_input
-from sage_engine.models import is_text_only, is_tokenizer, load_pair
-from sage_engine.tiny_pairs import LLAVA_TEMPLATE, image, llama_text_pair, llama_text_tokenizer
+from sage_engine.models.inputs import prepare_input
+from sage_engine.models.loading import is_text_only, is_tokenizer, load_pair
+from sage_testing.tiny_pairs import LLAVA_TEMPLATE, image, llama_text_pair, llama_text_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(__file__))
 PROMPT = "describe the image in detail please"
@@ -57,7 +57,7 @@ def test_the_prompt_goes_through_the_tokenizers_chat_template(text_pair):
     assert text.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
     tok_plain = llama_text_tokenizer()
     tok_plain.chat_template = None  # no template: the plain prompt
-    from sage_engine.inputs import process
+    from sage_engine.models.inputs import process
 
     plain = process(tok_plain, PROMPT, [], None)["input_ids"][0].tolist()
     assert tok_plain.decode(plain, skip_special_tokens=True) == PROMPT
@@ -135,7 +135,7 @@ def test_a_qwen3_text_pair_is_exact_too(tmp_path):
     """Qwen3's text LM (q/k norms: no fused layers, its own layers run) through every drafting policy."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from sage_engine.tiny_pairs import _draft, sharpen
+    from sage_testing.tiny_pairs import _draft, sharpen
 
     tok = llama_text_tokenizer()
     torch.manual_seed(0)
@@ -164,7 +164,7 @@ def test_text_presets_plan_their_placement_from_the_configs():
     """--device auto|multi plans from the configs on the meta device: a text LM's config builds its causal LM."""
     from transformers import LlamaConfig
 
-    from sage_engine.placement import plan_placement
+    from sage_engine.models.placement import plan_placement
 
     target = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                          num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False)

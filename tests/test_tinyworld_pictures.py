@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sage_engine.media import on_canvas, squeeze_to_square
-from sage_engine.suites import REAL
+from sage_engine.evaluation.suites import REAL
+from sage_engine.models.media import on_canvas, squeeze_to_square
 from sage_engine.tinyworld import picture_talk as T
 from sage_engine.tinyworld import pictures as P
 from sage_engine.tinyworld.pixels import CHANGE_L, DARK, LIGHT, PALETTE, canvas, clip_facts, colour_names, picture_facts
@@ -159,7 +159,7 @@ def test_the_engine_puts_any_photo_on_the_shipped_pair_s_square_canvas(tmp_path)
     from PIL import Image
 
     from sage_engine import load_pair, prepare_input
-    from sage_engine.media import square_canvas
+    from sage_engine.models.media import square_canvas
 
     wide = flat((30, 80, 230), 300, 600)
     Image.fromarray(wide).save(tmp_path / "wide.png")

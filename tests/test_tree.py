@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from sage_engine.tree import DraftTree, accept_greedy, additive_mask, verify_allowed
+from sage_engine.core.tree import DraftTree, accept_greedy, additive_mask, verify_allowed
 
 
 def small_tree():

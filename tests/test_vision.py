@@ -12,8 +12,8 @@ from sage_engine import SpecEngine, prepare_input
 from sage_engine.backends import vision_tower as vision_mod
 from sage_engine.backends.choose import near
 from sage_engine.backends.vision_tower import FusedVision, fused_vision
-from sage_engine.runner import ModelRunner
-from sage_engine.tiny_pairs import image
+from sage_engine.core.runner import ModelRunner
+from sage_testing.tiny_pairs import image
 
 PATCH = 3 * 2 * 14 * 14  # channels x temporal patch x patch x patch
 

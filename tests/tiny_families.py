@@ -1,6 +1,6 @@
 """Tiny random-init VLMs of three more real architectures, built from configs (no download).
 
-Same style as sage_engine/tiny_pairs.py (whose tokenizer trainer and draft helpers are reused here):
+Same style as sage_testing/tiny_pairs.py (whose tokenizer trainer and draft helpers are reused here):
 each builder returns a ModelPair with the architecture's OFFICIAL processor class over a BPE
 tokenizer trained in-process, and a draft that is a noisy copy of the target, an exact copy,
 or an independent smaller model of the same family.
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from sage_engine.models import ModelPair
-from sage_engine.tiny_pairs import QWEN_SPECIALS, QWEN_TEMPLATE, _draft, train_tokenizer
+from sage_engine.models.loading import ModelPair
+from sage_testing.tiny_pairs import QWEN_SPECIALS, QWEN_TEMPLATE, _draft, train_tokenizer
 
 QWEN_EXTRA = {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>",
               "vision_start_token": "<|vision_start|>", "vision_end_token": "<|vision_end|>"}

@@ -10,7 +10,7 @@ then measures
 and, beside them, the machine's speed: `ar` tokens/s of that same first race (so a time can be read against the
 machine it was taken on). Prints one Markdown row per run.
 
-Each run ends its whole process group: app.py's background Numba compile (sage_engine.warmup) too, which would
+Each run ends its whole process group: app.py's background Numba compile (sage_engine.backends.warmup) too, which would
 otherwise go on compiling beside the next run's start and slow it. On a slower machine: `python -m
 tools.slow_machine --ar -- python -m tools.first_start`.
 """

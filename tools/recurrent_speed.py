@@ -1,5 +1,6 @@
-"""What trees through recurrent layers cost here: `ar`, `chain`, `sage` and the paper's SAGE on two Qwen3.5 pairs
-whose trees are read path by path (sage_engine/paths.py), two rounds each, with the paths' own counters.
+"""What trees through recurrent layers cost here: `ar`, `chain`, `sage` and the paper's SAGE on two Qwen3.5
+pairs whose trees are read path by path (sage_engine/models/recurrent_paths.py), two rounds each, with the paths'
+own counters.
 
     python -m tools.recurrent_speed            # the tiny sharpened pair of the tests and a random ~114M one
 
@@ -15,9 +16,9 @@ import torch
 
 from sage_engine import SpecEngine, prepare_input
 from sage_engine.config import PAPER_SAGE
-from sage_engine.models import ModelPair
-from sage_engine.tiny_kinds import _qwen3_ids, kind_pair, qwen3_processor
-from sage_engine.tiny_pairs import image, sharpen
+from sage_engine.models.loading import ModelPair
+from sage_testing.tiny_kinds import _qwen3_ids, kind_pair, qwen3_processor
+from sage_testing.tiny_pairs import image, sharpen
 
 POLICIES = ("ar", "chain", "sage", PAPER_SAGE)
 TYPES = ["linear_attention"] * 3 + ["full_attention"]

@@ -18,9 +18,9 @@ from typing import NamedTuple
 import torch
 from transformers import DynamicCache
 
-from .. import jit
-from ..cache import compact
-from ..jit import numba as numba_installed
+from ..core import jit
+from ..core.cache import compact
+from ..core.jit import numba as numba_installed
 from .fused_torch import fused_decoders
 from .hf_layers import DecoderStack, decoder_stack, stack_refusal
 from .numba_layers import compiled_decoder

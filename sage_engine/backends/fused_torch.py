@@ -46,7 +46,7 @@ from dataclasses import dataclass, field, replace
 import torch
 import torch.nn.functional as F
 
-from ..cache import KVBuffers
+from ..core.cache import KVBuffers
 from .fused_products import (  # noqa: F401 - Product, PACK_MIN_HIDDEN and the rest are read from here too
     MAX_FUSED_PARAMS,
     PACK_MIN_HIDDEN,

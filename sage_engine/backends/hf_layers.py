@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..families import TEXT, Family
-from ..layer_kinds import FullAttention, plan_for
+from ..models.families import TEXT, Family
+from ..models.layer_kinds import FullAttention, plan_for
 
 
 @dataclass(frozen=True)

@@ -28,9 +28,9 @@ import math
 import numpy as np
 import torch
 
-from .. import jit as jit_mod
-from ..jit import jit, numba  # no Numba (an unsupported platform): the NumPy layers (numpy_host.py) instead
-from ..rules import largest as _largest
+from ..core import jit as jit_mod
+from ..core.jit import jit, numba  # no Numba (an unsupported platform): the NumPy layers (numpy_host.py) instead
+from ..core.rules import largest as _largest
 from .numpy_host import HostDecoder, blas_one_thread
 
 # Numba's fast-math flags minus "nnan" and "ninf": masked attention scores are -inf, and the loops must keep them

@@ -35,7 +35,7 @@ try:  # holds the host BLAS to one thread beside torch's; without it the NumPy l
 except ImportError:
     ThreadpoolController = None
 
-from ..cache import KVBuffers
+from ..core.cache import KVBuffers
 from .fused_torch import FusedDecoder, FusedLayer
 
 _BLAS_LIMITED: dict = {}  # library path -> its threadpoolctl limit, held for the process

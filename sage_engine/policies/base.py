@@ -18,9 +18,9 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from ..costs import Quote
-from ..policy_io import PYTHON, DraftPath, Frontier, LevelRule, StepOutcome, StepRule, TreeShape
-from ..tree import DraftTree
+from ..core.costs import Quote
+from ..core.policy_io import PYTHON, DraftPath, Frontier, LevelRule, StepOutcome, StepRule, TreeShape
+from ..core.tree import DraftTree
 
 
 class Policy:

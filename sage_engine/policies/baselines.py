@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import rules
 from ..config import ChainConfig, Eagle2Config, SpecVLMConfig, StaticConfig
-from ..policy_io import CHAIN, COMPILED_STEP, PYTHON, DraftPath, LevelRule, StepRule, TreeShape
-from ..pruning import VisualPruning
+from ..core import rules
+from ..core.policy_io import CHAIN, COMPILED_STEP, PYTHON, DraftPath, LevelRule, StepRule, TreeShape
+from ..models.pruning import VisualPruning
 from .base import Policy, overridden
 
 

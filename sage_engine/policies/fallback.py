@@ -19,8 +19,8 @@ beat plain steps (costs.Quote.chain_pays).
 from __future__ import annotations
 
 from ..config import PricedConfig
-from ..costs import Quote, robust_rate
-from ..policy_io import Probe
+from ..core.costs import Quote, robust_rate
+from ..core.policy_io import Probe
 
 DRAFTING, WAITING, TRYING, PROBING = "drafting", "waiting", "trying", "probing"
 

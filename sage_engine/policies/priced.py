@@ -19,8 +19,8 @@ import functools
 from typing import Literal, NamedTuple
 
 from ..config import PRICED_PREFIX, PricedConfig
-from ..costs import BreakEven, Quote
-from ..policy_io import StepOutcome
+from ..core.costs import BreakEven, Quote
+from ..core.policy_io import StepOutcome
 from .base import Policy
 from .fallback import PlainFallback
 

@@ -16,10 +16,10 @@ import math
 
 import numpy as np
 
-from .. import rules
 from ..config import SageConfig
-from ..costs import price_numbers
-from ..policy_io import COMPILED_LEVELS, COMPILED_STEP, PYTHON, SAGE, DraftPath, LevelRule, StepRule, TreeShape
+from ..core import rules
+from ..core.costs import price_numbers
+from ..core.policy_io import COMPILED_LEVELS, COMPILED_STEP, PYTHON, SAGE, DraftPath, LevelRule, StepRule, TreeShape
 from .base import Policy, overridden
 from .baselines import parent_numbers
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import rules
-from ..policy_io import TreeShape
+from ..core import rules
+from ..core.policy_io import TreeShape
 from .base import Policy
 
 SVIP_NAME = "svip"

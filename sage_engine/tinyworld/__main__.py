@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..presets import ASSETS as _ASSETS
+from ..models.presets import ASSETS as _ASSETS
 from .training.commands import add_finetune_command, add_ship_and_card_commands, add_train_command
 
 ASSETS = _ASSETS / "models"  # the embedded pair (a checkout's assets/, or the installed copy)

@@ -31,7 +31,7 @@ import functools
 import cv2
 import numpy as np
 
-from ..media import squeeze_to_square
+from ..models.media import squeeze_to_square
 from .world import SIZE
 
 PALETTE = ("black", "white", "grey", "red", "orange", "yellow", "green", "blue", "purple", "pink", "brown")

@@ -22,7 +22,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from ..media import sample_video
+from ..models.media import sample_video
 
 SIZE = 84             # image side in pixels: 3 cells of 28 (one merged visual token each)
 CLIP_FRAMES = 8       # frames written to each MP4

@@ -1,0 +1,379 @@
+"""One small adapter per kind of decoder layer: which past a query may see, and how its cache keeps the accepted path.
+
+A model's layers are read from its text config the way transformers builds their caches
+(`cache_utils.get_layer_types_and_kwargs`: `layer_types`, else `sliding_window` / `attention_chunk_size`), so the
+engine sees the same kinds the model runs. Each kind answers two questions for tree verification:
+
+  kind               what a query at sequence index i sees of a key at index j     the engine's cache layer
+  -----------------  ------------------------------------------------------------  ---------------------------------
+  full attention     every j the tree pattern allows                                DynamicLayer, compacted
+  sliding window w   ... and j > i - w                    (Mistral, Gemma 3, GPT-OSS) DynamicLayer, compacted, then
+                                                                                     rolled to about w columns
+  chunks of c        ... and j // c == i // c                       (Llama 4)      the same, to its current chunk
+  sinks              as the kind it wraps: a sink is a per-head logit in the softmax's denominator, the same for
+                     every query and mask (GPT-OSS), so neither the mask nor the cache changes
+  anything else      refused: a recurrent layer (gated delta rule, Mamba-2) reads the tree's nodes in sequence, so a
+                     tree mask does not reach it, and cutting cache columns does not undo what a rejected branch wrote
+
+"Sequence index" is a token's place in the decoded sequence (a tree node at depth d after a root at L: L + d), the
+index transformers' own window and chunk masks use; the runner keeps it per cache column (`Columns`). transformers'
+rolling layer keeps the newest w - 1 columns after every pass, and after a tree pass those are rejected branches as
+much as accepted ones. So a windowed layer here is a plain DynamicLayer: the tree pass appends to it, the compaction
+keeps the accepted path, and only then are the columns that no later query can see dropped from its front (`roll`),
+so that it holds about its window. Its masks are built over the columns it still holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+from transformers.cache_utils import DynamicLayer, get_layer_types_and_kwargs
+
+from ..core.cache import compact_layers
+
+
+@dataclass(frozen=True)
+class FullAttention:
+    name: str = "full_attention"
+    windowed = False
+    width = None  # the keys a query sees at most: every one
+
+    def visible(self, q_seq: np.ndarray, kv_seq: np.ndarray) -> np.ndarray | None:
+        """Which keys each query may see beyond the tree's own pattern: None, every one.  # [q], [kv] -> [q, kv]"""
+        return None
+
+    def first_visible(self, L: int) -> int:
+        """The smallest sequence index a query at index L or later can still see: columns before it may go."""
+        return 0
+
+    def describe(self) -> str:
+        return "full attention"
+
+
+@dataclass(frozen=True)
+class SlidingWindow:
+    window: int  # w: a query sees the w newest sequence indices, itself included
+    name: str = "sliding_attention"
+    windowed = True
+
+    @property
+    def width(self) -> int:
+        return self.window
+
+    def visible(self, q_seq: np.ndarray, kv_seq: np.ndarray) -> np.ndarray:
+        return kv_seq[None, :] > q_seq[:, None] - self.window
+
+    def first_visible(self, L: int) -> int:
+        return L - self.window + 1
+
+    def describe(self) -> str:
+        return f"a sliding window of {self.window}"
+
+
+@dataclass(frozen=True)
+class Chunked:
+    chunk: int  # c: a query sees the keys of its own chunk of c sequence indices
+    name: str = "chunked_attention"
+    windowed = True
+
+    @property
+    def width(self) -> int:
+        return self.chunk
+
+    def visible(self, q_seq: np.ndarray, kv_seq: np.ndarray) -> np.ndarray:
+        return kv_seq[None, :] // self.chunk == q_seq[:, None] // self.chunk
+
+    def first_visible(self, L: int) -> int:
+        return L // self.chunk * self.chunk
+
+    def describe(self) -> str:
+        return f"chunks of {self.chunk}"
+
+
+@dataclass(frozen=True)
+class WithSinks:
+    """A kind whose attention adds learned sink logits (GPT-OSS): what it sees is the wrapped kind's."""
+
+    inner: FullAttention | SlidingWindow | Chunked
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @cached_property
+    def windowed(self) -> bool:
+        return self.inner.windowed
+
+    @property
+    def width(self) -> int | None:
+        return self.inner.width
+
+    def visible(self, q_seq: np.ndarray, kv_seq: np.ndarray) -> np.ndarray | None:
+        return self.inner.visible(q_seq, kv_seq)
+
+    def first_visible(self, L: int) -> int:
+        return self.inner.first_visible(L)
+
+    def describe(self) -> str:
+        return f"{self.inner.describe()} with sinks"
+
+
+@dataclass(frozen=True)
+class Recurrent:
+    """A layer that carries a state from token to token (the gated delta rule; Mamba-2, alone or beside attention):
+    a tree mask does not reach it, so its model reads every tree node along its own path (recurrent_paths.py)."""
+
+    name: str  # transformers' layer type: "linear_attention", "hybrid"
+    has_keys: bool  # also attention with key/value columns beside the state (Falcon-H1's "hybrid")
+    what: str = "a recurrent state"  # the layer's own name, from the model type (`_RECURRENT`)
+    windowed = False
+    width = None
+
+    def visible(self, q_seq: np.ndarray, kv_seq: np.ndarray) -> np.ndarray | None:
+        return None  # a path is read as a chain: every key of it is visible
+
+    def first_visible(self, L: int) -> int:
+        return 0
+
+    def describe(self) -> str:
+        return f"{self.what} beside attention" if self.has_keys else self.what
+
+
+@dataclass(frozen=True)
+class CrossAttention:
+    """A layer that attends to the vision encoder's keys and values, not to the text (Mllama's
+    `cross_attention_layers`, which transformers types as full attention): its cache holds the image's keys and
+    values, written by the prompt's pass and read whole by every later token. No tree mask reaches it (which tiles a
+    token sees is the model's cross-attention mask, carried on every pass: `families.Family.carried`), it holds no
+    text columns (the cache's length is read off another layer), and a compaction keeps it whole."""
+
+    name: str = "cross_attention"
+    windowed = False
+    width = None
+    has_keys = False  # no text columns
+    text_columns = False
+
+    def describe(self) -> str:
+        return "cross-attention to the image"
+
+
+Kind = FullAttention | SlidingWindow | Chunked | WithSinks | Recurrent | CrossAttention
+SUPPORTED = ("full attention, sliding windows, chunked attention and attention sinks (under a mask), recurrent layers "
+             "whose several-token passes continue their state (path by path), cross-attention to an image (kept "
+             "whole)")
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """A layer type tree verification cannot reach (a recurrent state, a shared cache, a type not known here)."""
+
+    name: str
+    windowed = False
+
+    def describe(self) -> str:
+        why = {"conv": "short convolution", "dummy": "a layer without its own KV cache, or one sharing another's"}.get(
+            self.name)
+        return f"{self.name} ({why})" if why else self.name
+
+
+def _sinks(model_or_config) -> bool:
+    """Does the model's attention add sink logits? Read from its modules (GPT-OSS: `self_attn.sinks`)."""
+    modules = getattr(model_or_config, "modules", None)
+    return modules is not None and any(hasattr(m, "sinks") and hasattr(m, "q_proj") for m in modules())
+
+
+def text_config(model_or_config):
+    cfg = getattr(model_or_config, "config", model_or_config)
+    getter = getattr(cfg, "get_text_config", None)
+    return getter(decoder=True) if getter is not None else cfg
+
+
+# transformers' layer type -> the kind, made from the layer's cache kwargs (cache_utils.get_layer_types_and_kwargs);
+# a type not here is refused (`Unsupported`). `register_kind` adds one.
+KINDS: dict[str, Callable[[dict], Kind | None]] = {
+    "full_attention": lambda kw: FullAttention(),
+    "sliding_attention": lambda kw: SlidingWindow(int(kw["sliding_window"])) if kw.get("sliding_window") else None,
+    # transformers passes the chunk size under the window's name
+    "chunked_attention": lambda kw: Chunked(int(kw["sliding_window"])) if kw.get("sliding_window") else None,
+    "linear_attention": lambda kw: Recurrent("linear_attention", has_keys=False),  # Qwen3.5, Qwen3-Next, Mamba
+    "hybrid": lambda kw: Recurrent("hybrid", has_keys=True),  # Falcon-H1: Mamba-2 and attention in one layer
+}
+# what a recurrent layer is, by model type (transformers calls them all "linear_attention" or "hybrid")
+_RECURRENT = {"qwen3_5": "the gated delta rule", "qwen3_5_moe": "the gated delta rule",
+              "qwen3_next": "the gated delta rule", "falcon_h1": "Mamba-2", "nemotron_h": "Mamba-2",
+              "granitemoehybrid": "Mamba-2", "bamba": "Mamba-2", "mamba2": "Mamba-2", "mamba": "Mamba",
+              "falcon_mamba": "Mamba", "jamba": "Mamba"}
+
+
+def register_kind(layer_type: str, make: Callable[[dict], Kind | None]) -> None:
+    """Make layers of `layer_type` a kind trees are verified through: `make(cache kwargs)` returns the kind (an object
+    with the attributes and methods of `SlidingWindow`), or None where those kwargs are not one it handles."""
+    KINDS[layer_type] = make
+
+
+def kinds_of(model_or_config) -> list[Kind | Unsupported]:
+    """Each decoder layer's kind, in order, as transformers reads the config to build the model's caches."""
+    text = text_config(model_or_config)
+    types, kwargs = get_layer_types_and_kwargs(text)
+    sinks = _sinks(model_or_config)
+    model_type = getattr(text, "model_type", "").removesuffix("_text")
+    cross = set(getattr(text, "cross_attention_layers", None) or ())  # Mllama: typed full attention by transformers
+    out: list[Kind | Unsupported] = []
+    for i, (t, kw) in enumerate(zip(types, kwargs)):
+        make = KINDS.get(t)
+        kind = None if make is None else make(kw)
+        if i in cross:
+            out.append(CrossAttention())
+        elif kind is None:
+            out.append(Unsupported(t))
+        else:
+            if isinstance(kind, Recurrent):
+                kind = Recurrent(kind.name, kind.has_keys, _RECURRENT.get(model_type, kind.what))
+            out.append(WithSinks(kind) if sinks and not isinstance(kind, Recurrent) else kind)
+    return out
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """A model's layer kinds, what tree verification needs of them, and why it cannot be done where it cannot (its
+    answers are computed once: the runner asks them every pass)."""
+
+    kinds: tuple[Kind | Unsupported, ...]
+
+    @cached_property
+    def by_name(self) -> dict[str, Kind]:
+        """One kind per type of layer over the text (transformers keys its per-type masks by it)."""
+        return {k.name: k for k in self.kinds if not isinstance(k, Unsupported) and getattr(k, "text_columns", True)}
+
+    @cached_property
+    def whole_layers(self) -> frozenset[int]:
+        """The layers whose cache holds no text columns (cross-attention to an image): a compaction keeps them whole."""
+        return frozenset(i for i, k in enumerate(self.kinds) if not getattr(k, "text_columns", True))
+
+    @cached_property
+    def windowed(self) -> bool:
+        """Does any layer see less than the whole past (a window, a chunk)? Then masks are built per kind."""
+        return any(k.windowed for k in self.kinds)
+
+    @cached_property
+    def recurrent(self) -> bool:
+        """Does any layer carry a state? Then trees are read path by path (recurrent_paths.py), not under a tree
+        mask."""
+        return any(isinstance(k, Recurrent) for k in self.kinds)
+
+    @cached_property
+    def kv_layer(self) -> int:
+        """The first layer with key/value columns (a hybrid model's first layers may hold only a state): the cache's
+        length is read off it."""
+        return next((i for i, k in enumerate(self.kinds) if not isinstance(k, Unsupported)
+                     and getattr(k, "has_keys", True)), 0)
+
+    @cached_property
+    def mixed(self) -> bool:
+        """Do the layers need different masks (the model then takes a mask per layer type)?"""
+        return len(self.by_name) > 1
+
+    @property
+    def refusal(self) -> str | None:
+        """Why trees cannot be verified on this model, in one line; None where they can."""
+        bad = [k for k in self.kinds if isinstance(k, Unsupported)]
+        if not bad:
+            return None
+        names = ", ".join(dict.fromkeys(k.describe() for k in bad))
+        return (f"{len(bad)} of its {len(self.kinds)} layers are {names}, which tree verification does not support "
+                f"yet (it supports {SUPPORTED})")
+
+    def describe(self) -> str:
+        counts: dict[str, int] = {}
+        for k in self.kinds:
+            counts[k.describe()] = counts.get(k.describe(), 0) + 1
+        return ", ".join(f"{n} x {d}" for d, n in counts.items())
+
+    def cache_layers(self, cache) -> None:
+        """Give every attention layer of `cache` (a DynamicCache made from the model's config) a plain DynamicLayer,
+        where transformers made a rolling window: the engine compacts it like any other and rolls it itself
+        (`Columns.roll`). Layers of an unsupported kind keep transformers' own class (their model runs `ar` only)."""
+        for i, kind in enumerate(self.kinds):
+            if kind.windowed and i < len(cache.layers):
+                cache.layers[i] = DynamicLayer()
+
+    def masks(self, columns: Columns, q_seq: np.ndarray, allowed: np.ndarray) -> dict[str, np.ndarray]:
+        """Each layer type's pattern for a pass of queries at `q_seq` [q] after the cached `columns`: the older columns
+        all allowed, `allowed` [q, r] over the newest r (the last q of them these queries'), narrowed by the kind, over
+        the columns that type's layers hold: {layer type: [q, held + q] bool}."""
+        q, r = allowed.shape
+        out = {}
+        for name, kind in self.by_name.items():
+            kv_seq = np.concatenate([columns.seq[columns.dropped.get(name, 0):], q_seq])
+            pattern = np.ones((q, kv_seq.shape[0]), np.bool_)
+            pattern[:, kv_seq.shape[0] - r:] = allowed
+            vis = kind.visible(q_seq, kv_seq)
+            out[name] = pattern if vis is None else pattern & vis
+        return out
+
+
+@dataclass
+class Columns:
+    """The cache of a model with windowed layers, column by column: the sequence index of every column a
+    full-attention layer would hold (`seq`), and for each windowed layer type how many of the first it has dropped
+    because no later query can see them (`dropped`; its layers hold seq[dropped:]). The runner's cache length is
+    len(seq) whatever the layers hold, so positions, regions and compactions speak of the same columns for every
+    kind."""
+
+    seq: np.ndarray  # [n] int64
+    dropped: dict[str, int]
+
+    @classmethod
+    def prompt(cls, plan: LayerPlan, n: int) -> Columns:
+        return cls(np.arange(n, dtype=np.int64), {k.name: 0 for k in plan.by_name.values() if k.windowed})
+
+    def copy(self) -> Columns:
+        return Columns(self.seq.copy(), dict(self.dropped))
+
+    def append(self, q_seq: np.ndarray) -> None:
+        self.seq = np.concatenate([self.seq, q_seq])
+
+    def keep(self, start: int, cols: list[int]) -> None:
+        """Columns start + cols kept, in order, the rest after `start` dropped (cache.compact's rule)."""
+        self.seq = np.concatenate([self.seq[:start], self.seq[start + np.asarray(cols, np.int64)]])
+
+    def compact(self, plan: LayerPlan, layers: list, start: int, cols: list[int]) -> None:
+        """cache.compact for a windowed model's layers: each group by what it has dropped, its region counted over the
+        columns it holds; then the columns kept and rolled."""
+        for dropped in set(self.dropped.values()) | {0}:
+            group = [layer for i, (layer, kind) in enumerate(zip(layers, plan.kinds))
+                     if self.dropped.get(kind.name, 0) == dropped and i not in plan.whole_layers]
+            compact_layers(group, start - dropped, cols)
+        self.keep(start, cols)
+        self.roll(plan, layers)
+
+    def roll(self, plan: LayerPlan, layers: list, slack: int = 16) -> None:
+        """Drop from each windowed type's layers the leading columns no query after the last column can see, once at
+        least `slack` of them (or a quarter of the window) have gathered: their keys and values become views of the
+        rest, which the layer's next update copies into a tensor of its own, so a windowed layer holds about its
+        window, not the whole sequence."""
+        n = self.seq.shape[0]
+        if not n:
+            return
+        after = int(self.seq[-1]) + 1  # every later query sits at this sequence index or after it
+        for name, kind in plan.by_name.items():
+            if not kind.windowed:
+                continue
+            unseen = self.seq < kind.first_visible(after)
+            k = n if unseen.all() else int(np.argmin(unseen))  # the leading run of columns no later query sees
+            k = min(k, n - 1)  # keep one column: a layer's length is read off its keys
+            step = k - self.dropped[name]
+            if step < max(slack, kind.width // 4):
+                continue
+            for layer, layer_kind in zip(layers, plan.kinds):
+                if layer_kind.name == name and layer.is_initialized:
+                    layer.keys, layer.values = layer.keys[:, :, step:], layer.values[:, :, step:]
+            self.dropped[name] = k
+
+
+def plan_for(model_or_config) -> LayerPlan:
+    return LayerPlan(tuple(kinds_of(model_or_config)))
+
