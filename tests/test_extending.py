@@ -47,6 +47,21 @@ register_policy("sure-chain", SureChain, SureConfig)
 '''
 
 
+@pytest.fixture(autouse=True)
+def registry():
+    """A policy a test registers (by hand or with a --policy-module file) is gone after it, from every table that
+    knows the names (restored in place: modules hold these objects by reference), so that later tests' messages list
+    the policies there are."""
+    from sage_engine import config, policies
+
+    tables = (policies._POLICIES, config.POLICY_CONFIGS, policies.MODULE_POLICIES)
+    saved = [table.copy() for table in tables]
+    yield
+    for table, before in zip(tables, saved):
+        table.clear()
+        table.update(before) if isinstance(table, dict) else table.extend(before)
+
+
 @pytest.fixture(scope="module")
 def sharp():
     pair = sharp_pair("qwen2.5-vl", "noisy")
