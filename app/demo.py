@@ -30,6 +30,10 @@ CSS = """
 #spec-text .text { font-size: 14px; white-space: pre-wrap; background-color: inherit; padding: 2px 0;
   -webkit-box-decoration-break: clone; box-decoration-break: clone; }
 #ar-text textarea { font-size: 14px; }
+/* the frame strip's label floats over the strip's top edge: one line, and the thumbnails start below it */
+#frames [data-testid="block-label"] { max-width: calc(100% - 16px); white-space: nowrap; overflow: hidden;
+  text-overflow: ellipsis; }
+#frames .grid-container { padding-top: 36px; }
 #status { min-height: 2.2em; }
 .caption { font-size: 13px; color: #475569; }
 /* a phone: one list (inputs, Run, examples, results, then the settings); short text boxes, so that after Run both

@@ -169,7 +169,7 @@ def _media() -> dict:
                               elem_id="image", height=200)
         video = gr.Video(sources=["upload"], format=None, include_audio=True, label="Video", elem_id="video",
                          height=200)
-    frames = gr.Gallery(label="Video frames the model sees (sampled uniformly)", columns=8, rows=1, height=130,
+    frames = gr.Gallery(label="Video frames the model sees (sampled uniformly)", columns=8, rows=1, height=156,
                         elem_id="frames", allow_preview=False, interactive=False, visible=False, object_fit="contain",
                         buttons=[])
     prompt = gr.Textbox(label="Prompt", lines=2, placeholder="Ask something about the image or video",

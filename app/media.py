@@ -42,10 +42,13 @@ def frame_strip(clip: VideoClip | None) -> list:
 
 
 def frames_label(clip: VideoClip) -> str:
-    """The frame strip's label: how many frames the model sees, and at which times."""
+    """The frame strip's label: which times the model sees, in one short line (the label sits over the strip's top
+    edge: a second line would cover the thumbnails)."""
     fps = clip.fps or 1.0
-    times = ", ".join(f"{i / fps:.1f}" for i in clip.frames_indices)
-    return f"The {len(clip.frames)} frames the model sees (sampled uniformly), at {times} s"
+    times = [f"{i / fps:.1f}" for i in clip.frames_indices]
+    if len(times) <= 4:
+        return f"Frames the model sees: {', '.join(times)} s"
+    return f"The {len(times)} frames the model sees: {times[0]} to {times[-1]} s"
 
 
 # Codecs (OpenCV's FOURCC, lower case) and containers a browser's <video> element plays.

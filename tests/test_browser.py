@@ -136,6 +136,12 @@ def test_video_shows_the_frames_the_model_sees(page, tmp_path_factory):
         covered = page.evaluate("""() => [...document.querySelectorAll('#frames .caption-label, #frames figcaption')]
             .filter((c) => c.getBoundingClientRect().height > 0).length""")
         assert covered == 0
+        label_over_frames = page.evaluate("""() => {
+            const label = document.querySelector('#frames [data-testid=block-label]').getBoundingClientRect();
+            return [...document.querySelectorAll('#frames img')].map((i) => i.getBoundingClientRect())
+                .filter((r) => r.width && Math.min(r.bottom, label.bottom) - Math.max(r.top, label.top) > 1 &&
+                               Math.min(r.right, label.right) - Math.max(r.left, label.left) > 1).length }""")
+        assert label_over_frames == 0  # the strip's label (its times) does not cover a thumbnail
     finally:
         fresh(page)  # no video left in the input for the next test
         page.set_viewport_size({"width": 1440, "height": 1100})
