@@ -7,7 +7,7 @@ outside it (picture_data.py): `python -m sage_engine.tinyworld finetune --out DI
 2. the target trained on from its weights: the answers' cross-entropy and the retrieval loss on the world's
    examples (train.train_target), no vision-only stage and no auxiliary or PlaceAux heads (they need per-object
    labels a photo does not have); with pixel_weight > 0 also pixel_aux.PixelAux on both towers (each cell's colours
-   and lightness from the pixels, which every picture has; tried in run P2 of RUNS.md, not shipped);
+   and lightness from the pixels, which every picture has);
 3. the draft distilled on from its weights, from the new target (train.distil_draft);
 4. both saved with the processor and summary.json; `ship` stores them in bf16.
 """

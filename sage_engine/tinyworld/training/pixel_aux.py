@@ -39,8 +39,8 @@ def clip_pixel_targets(frames: np.ndarray, temporal: int = 2) -> np.ndarray:
 
 
 class PixelAux(TowerHead):
-    """`loss(image, video)` after a forward pass: image = (n_images, 9, N_OUT) targets in the batch's image order,
-    video = (n_clips, 18, N_OUT); each term left out when its targets are None or the tower saw no such input."""
+    """`loss(image, video)` (TowerHead's) after a forward pass: image = (n_images, 9, N_OUT) targets in the batch's
+    image order, video = (n_clips, 18, N_OUT)."""
 
     def __init__(self, model):
         super().__init__(model, N_OUT)
@@ -49,12 +49,3 @@ class PixelAux(TowerHead):
         out = self.head(feats).view(target.shape)
         colour = F.binary_cross_entropy_with_logits(out[..., :-1], target[..., :-1], reduction="none").sum(-1).mean()
         return colour + L_WEIGHT * F.mse_loss(out[..., -1], target[..., -1])
-
-    def loss(self, image: torch.Tensor | None, video: torch.Tensor | None) -> torch.Tensor:
-        feats, vfeats = self.take()
-        total = torch.zeros(())
-        if feats is not None and image is not None:
-            total = total + self._one(feats, image)
-        if vfeats is not None and video is not None:
-            total = total + self._one(vfeats, video)
-        return total

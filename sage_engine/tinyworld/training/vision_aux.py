@@ -164,12 +164,25 @@ class TowerHead(torch.nn.Module):
         else:
             self._vfeats.append(output.pooler_output)
 
-    def take(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """(image features, video features) collected since the last clear(), each None if none; clears."""
+    def loss(self, image, video) -> torch.Tensor:
+        """The loss of the forwards since the last clear(): `_one(features, targets)` of the images (`image`: their
+        targets in the batch's image order) plus that of the clips (`video`); a term is left out when its targets
+        are missing (`_present`) or the tower saw no such input. Clears."""
         feats = torch.cat(self._feats) if self._feats else None
         vfeats = torch.cat(self._vfeats) if self._vfeats else None
         self.clear()
-        return feats, vfeats
+        total = torch.zeros(())
+        for f, targets in ((feats, image), (vfeats, video)):
+            if f is not None and self._present(targets):
+                total = total + self._one(f, targets)
+        return total
+
+    @staticmethod
+    def _present(targets) -> bool:
+        return targets is not None
+
+    def _one(self, feats: torch.Tensor, targets) -> torch.Tensor:
+        raise NotImplementedError
 
     def clear(self) -> None:
         self._feats = []
@@ -186,9 +199,11 @@ class VisionAux(TowerHead):
     def __init__(self, model):
         super().__init__(model, N_LABELS)
 
-    def _one(self, feats: torch.Tensor, labels: torch.Tensor, dom: torch.Tensor) -> torch.Tensor:
+    def _one(self, feats: torch.Tensor, targets: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """BCE_WEIGHT x mean BCE of the colour / size / empty labels + cross-entropy of the block's dominant shape
-        + TRIPLE_WEIGHT x the shape and triple labels' BCE summed over labels, mean over tokens."""
+        + TRIPLE_WEIGHT x the shape and triple labels' BCE summed over labels, mean over tokens; targets = (labels,
+        dom)."""
+        labels, dom = targets
         logits = self.head(feats).view(labels.shape)
         y = labels.float()
         own = torch.zeros(N_LABELS, dtype=torch.bool)
@@ -200,17 +215,12 @@ class VisionAux(TowerHead):
               if bool((dom >= 0).any()) else logits.sum() * 0)
         return BCE_WEIGHT * bce + ce + TRIPLE_WEIGHT * parts
 
-    def loss(self, image: tuple | None, video: tuple | None) -> torch.Tensor:
-        """The loss of the forwards since the last clear(): `image` = (labels (n_images, GRID^2, N_LABELS),
-        dom (n_images, GRID^2)) in the batch's image order, `video` = the same for the clips (2 GRID^2 tokens
-        each); a term is left out when its targets are None or the tower saw no such input."""
-        feats, vfeats = self.take()
-        total = torch.zeros(())
-        if feats is not None and image is not None and image[0].numel():
-            total = total + self._one(feats, *image)
-        if vfeats is not None and video is not None:
-            total = total + self._one(vfeats, *video)
-        return total
+    # loss(image, video) (TowerHead's): image = (labels (n_images, GRID^2, N_LABELS), dom (n_images, GRID^2)),
+    # video = the same for the clips (2 GRID^2 tokens each)
+
+    @staticmethod
+    def _present(targets) -> bool:
+        return targets is not None and targets[0].numel() > 0
 
     @torch.no_grad()
     def scores(self, labels: torch.Tensor, dom: torch.Tensor) -> tuple[float, float, float, float]:
