@@ -33,7 +33,8 @@ CSS = """
 /* the frame strip's label floats over the strip's top edge: one line, and the thumbnails start below it */
 #frames [data-testid="block-label"] { max-width: calc(100% - 16px); white-space: nowrap; overflow: hidden;
   text-overflow: ellipsis; }
-#frames .grid-container { padding-top: 36px; }
+/* every sampled frame in one row, however narrow (Gradio's columns are at least 100 px: a phone hid the fourth) */
+#frames .grid-container { padding-top: 36px; grid-template-columns: repeat(var(--grid-cols), minmax(0, 1fr)); }
 #status { min-height: 2.2em; }
 .caption { font-size: 13px; color: #475569; }
 /* a phone: one list (inputs, Run, examples, results, then the settings); short text boxes, so that after Run both

@@ -147,6 +147,25 @@ def test_video_shows_the_frames_the_model_sees(page, tmp_path_factory):
         page.set_viewport_size({"width": 1440, "height": 1100})
 
 
+def test_a_phone_sees_every_frame_the_model_sees(page, tmp_path_factory):
+    """390 px: the strip keeps every sampled frame in its one row (Gradio's 100-px columns hid the fourth)."""
+    media = app_server.media(str(tmp_path_factory.mktemp("browser_video_phone")))
+    page.set_viewport_size({"width": 390, "height": 844})
+    try:
+        fresh(page)
+        page.set_input_files("#video input[type=file]", media.video)
+        page.wait_for_function("document.querySelectorAll('#frames img').length >= 2", timeout=30_000)
+        outside = page.evaluate("""() => {
+            const box = document.querySelector('#frames').getBoundingClientRect();
+            return [...document.querySelectorAll('#frames img')].map((i) => i.getBoundingClientRect())
+                .filter((r) => r.left < box.left - 1 || r.right > box.right + 1 || r.bottom > box.bottom + 1)
+                .length }""")
+        assert outside == 0
+    finally:
+        fresh(page)
+        page.set_viewport_size({"width": 1440, "height": 1100})
+
+
 def test_example_videos_play_in_the_browser(page):
     """The shipped example clips decode in the browser as they are (no ffmpeg conversion on the server)."""
     from app.media import load_examples
