@@ -251,3 +251,41 @@ def test_retrieval_loss_rewards_attention_on_the_target_tokens():
     loss, share = aux.loss([focused], ids, targets)
     assert share == 0.0 and float(loss) > 10
     assert aux.loss([focused], ids, torch.zeros_like(ids))[0] == 0
+
+
+def test_a_picture_answer_s_words_point_at_the_cells_they_name():
+    """picture_spans: in held-in pictures' and clips' answers, every colour word whose span points at one cell names
+    that cell's colour, a place phrase of the brightest (darkest) part points at the brightest (darkest) cell, a row
+    sentence points inside its row, and a clip's change at both temporal groups."""
+    from sage_engine.tinyworld.picture_talk import ROW_WORDS
+    from sage_engine.tinyworld.pixels import PALETTE
+    from sage_engine.tinyworld.training.picture_data import picture_spans, picture_stream
+    checked = {"colour": 0, "place": 0, "row": 0, "change": 0}
+    for m, _, _, exs in picture_stream(4, 40, 12):
+        for ex in exs:
+            f, t = ex.facts["picture"], ex.answer
+            spans = picture_spans(ex)
+            assert all(0 <= s < e <= len(t) for s, e, _ in spans)
+            assert all(e <= s2 for (_, e, _), (s2, _, _) in zip(spans, spans[1:])), "spans overlap"
+            for s, e, bits in spans:
+                cells = [j for j in range(18) if bits >> j & 1]
+                words = re.findall(r"[a-z]+", t[s:e].lower())
+                colours = [w for w in words if w in PALETTE]
+                if ex.kind == "pic_colour":
+                    assert cells == [ex.facts["cell"]] and f.cells[cells[0]] in colours
+                    checked["colour"] += 1
+                elif len(cells) == 1 and colours:
+                    assert colours[0] == f.cells[cells[0]], (t[s:e], cells, f.cells)
+                    checked["colour"] += 1
+                elif "part is" in t[max(0, s - 9):s]:
+                    which = "brightest" if "brightest part is" in t[max(0, s - 20):s] else "darkest"
+                    assert cells == [f.brightest if which == "brightest" else f.darkest]
+                    checked["place"] += 1
+                elif t[s:e].strip().startswith("The") and " row is" in t[s:e]:
+                    r = ROW_WORDS.index(words[1])
+                    assert cells == [3 * r, 3 * r + 1, 3 * r + 2]
+                    checked["row"] += 1
+                if m == "video" and ("turns from" in t[s:e] or re.search(r"gets? (lighter|darker)", t[s:e])):
+                    assert cells and all(c + 9 in cells for c in cells if c < 9)
+                    checked["change"] += 1
+    assert min(checked.values()) >= 5, checked

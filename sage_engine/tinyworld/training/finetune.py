@@ -4,10 +4,11 @@ outside it (picture_data.py): `python -m sage_engine.tinyworld finetune --out DI
 1. a training cache: a fresh seeded stream of world scenes and clips (data.build_cache, with its confusable flags
    and retrieval targets) and the training split's pictures and clips appended (picture_data.add_pictures), all
    tokenised with the pair's own tokenizer (its vocabulary, and so its embeddings, stay);
-2. the target trained on from its weights: the answers' cross-entropy and the retrieval loss on the world's
-   examples (train.train_target), no vision-only stage and no auxiliary or PlaceAux heads (they need per-object
-   labels a photo does not have); with pixel_weight > 0 also pixel_aux.PixelAux on both towers (each cell's colours
-   and lightness from the pixels, which every picture has);
+2. the target trained on from its weights: the answers' cross-entropy and the retrieval loss (train.train_target;
+   a world example's targets come from its objects, a picture's from its pixel facts: picture_data.picture_spans),
+   no vision-only stage and no auxiliary or PlaceAux heads (they need per-object labels a photo does not have);
+   with pixel_weight > 0 also pixel_aux.PixelAux on both towers (each cell's colours and lightness from the
+   pixels, which every picture has);
 3. the draft distilled on from its weights, from the new target (train.distil_draft);
 4. both saved with the processor and summary.json; `ship` stores them in bf16.
 """

@@ -157,13 +157,18 @@ def prompt_targets(ex: Example, media: Scene | Clip, tok, prompt_text: str, prom
 
 def answer_targets(ex: Example, media: Scene | Clip, tok, answer_ids: list[int]) -> list[int]:
     """One visual-token bit mask per answer token (answer_ids: the cache's tokens of answer + <|im_end|>)."""
-    enc = tok(ex.answer + "<|im_end|>", add_special_tokens=False, return_offsets_mapping=True)
+    return span_targets(ex.answer, sentence_masks(ex, media), tok, answer_ids)
+
+
+def span_targets(answer: str, spans: list[tuple[int, int, int]], tok, answer_ids: list[int]) -> list[int]:
+    """One bit mask per answer token: the mask of the character span [s, e) that holds the token's middle, 0 where
+    none does and on <|im_end|>."""
+    enc = tok(answer + "<|im_end|>", add_special_tokens=False, return_offsets_mapping=True)
     assert enc["input_ids"] == answer_ids, "answer tokens differ from the cache's"
-    spans = sentence_masks(ex, media)
     out = []
     for a, b in enc["offset_mapping"]:
         mid = (a + b) / 2 if b > a else a
-        out.append(next((bits for s, e, bits in spans if s <= mid < e), 0) if a < len(ex.answer) else 0)
+        out.append(next((bits for s, e, bits in spans if s <= mid < e), 0) if a < len(answer) else 0)
     return out
 
 
