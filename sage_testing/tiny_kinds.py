@@ -21,6 +21,11 @@ of today on, and what they check the engine refuses.
   mamba            MambaForCausalLM                         Mamba-1 (refused whole: its own cache_params)
   mamba2           Mamba2ForCausalLM                        Mamba-2 (refused whole: its own cache_params)
   nemotron-h       NemotronHForCausalLM                     Mamba-2, full, MLP-only (refused: a "dummy" layer type)
+  gemma3n-text     Gemma3nForCausalLM (AltUp, LAuReL,       sliding, full, then both again reading the first two's
+                   per-layer inputs, activation sparsity)   keys and values (num_kv_shared_layers=2)
+  lfm2             Lfm2ForCausalLM                          short convolution, full, short convolution, full
+  lfm2-vl          Lfm2VlForConditionalGeneration           short convolution, full (LFM2); SigLIP2 NaFlex, 16 px
+                                                            patches merged 2x2, 4 to 16 tokens an image
   mllama           MllamaForConditionalGeneration           full, cross-attention to the image, full; up to two 28 px
                                                             tiles an image (a square one: one, and padding)
 
@@ -42,12 +47,15 @@ GEMMA_INIT = 0.02
 # PaliGemma 2 (Gemma 2 text): at 0.02 its attention is so flat that positions off by one barely move its logits; from
 # 0.07 up it repeats one token. (PaliGemma over Gemma 1 takes the others' 0.2: below it, it repeats one token.)
 PALIGEMMA2_INIT = 0.04
+GEMMA3N_INIT = 0.03  # Gemma 3n: from 0.05 up its greedy answer settles on one token within 20
 TEXT_TEMPLATE = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
                  "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 TEXT_KINDS = ("mistral", "gemma3-text", "gpt-oss", "llama4-text", "qwen3-next", "falcon-h1", "mamba", "mamba2",
-              "nemotron-h")
-VLM_KINDS = ("gemma3", "qwen3-vl", "qwen3-vl-moe", "qwen3.5", "qwen3.5-moe", "paligemma", "paligemma2", "mllama")
-RECURRENT = ("qwen3.5", "qwen3.5-moe", "qwen3-next", "falcon-h1")  # trees read path by path (recurrent_paths.py)
+              "nemotron-h", "gemma3n-text", "lfm2")
+VLM_KINDS = ("gemma3", "qwen3-vl", "qwen3-vl-moe", "qwen3.5", "qwen3.5-moe", "paligemma", "paligemma2", "mllama",
+             "lfm2-vl")
+# trees read path by path (recurrent_paths.py)
+RECURRENT = ("qwen3.5", "qwen3.5-moe", "qwen3-next", "falcon-h1", "lfm2", "lfm2-vl")
 REFUSED = ("nemotron-h",)  # trees refused in one line; `ar` runs
 REFUSED_WHOLE = ("mamba", "mamba2")  # every policy refused in one line, `ar` included (ar_check.py)
 QWEN_EXTRA = {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>",
@@ -73,7 +81,7 @@ def text_model(arch: str, tok, layers: int = 2, seed: int = 0):
     import transformers as T
 
     torch.manual_seed(seed)
-    c = _text_common(tok, layers, GEMMA_INIT if arch == "gemma3-text" else 0.2)
+    c = _text_common(tok, layers, {"gemma3-text": GEMMA_INIT, "gemma3n-text": GEMMA3N_INIT}.get(arch, 0.2))
     if arch == "mistral":
         model = T.MistralForCausalLM(T.MistralConfig(**c, sliding_window=WINDOW))
     elif arch == "gemma3-text":
@@ -109,6 +117,17 @@ def text_model(arch: str, tok, layers: int = 2, seed: int = 0):
         model = T.NemotronHForCausalLM(T.NemotronHConfig(
             **dict(c, num_hidden_layers=3), head_dim=16, mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=16,
             n_groups=1, mamba_chunk_size=16, hybrid_override_pattern="M*-"))
+    elif arch == "gemma3n-text":  # 4 layers: the last two share the first two's keys and values
+        c = _text_common(tok, 4, GEMMA3N_INIT)  # with 4 AltUp inputs its greedy answer still varies past token 20
+        model = T.Gemma3nForCausalLM(T.Gemma3nTextConfig(
+            **c, head_dim=16, sliding_window=WINDOW, num_kv_shared_layers=2,
+            layer_types=["sliding_attention", "full_attention"] * 2, hidden_size_per_layer_input=8,
+            vocab_size_per_layer_input=len(tok), laurel_rank=8, altup_num_inputs=4,
+            activation_sparsity_pattern=[0.95, 0.0, 0.0, 0.0]))
+    elif arch == "lfm2":  # short convolutions (a state of the last conv_L_cache inputs) beside attention
+        model = T.Lfm2ForCausalLM(T.Lfm2Config(**dict(c, num_hidden_layers=4), conv_L_cache=3,
+                                               block_auto_adjust_ff_dim=False,
+                                               layer_types=["conv", "full_attention"] * 2))
     elif arch == "falcon-h1":
         model = T.FalconH1ForCausalLM(T.FalconH1Config(**c, head_dim=16, mamba_d_ssm=64, mamba_n_heads=4,
                                                        mamba_d_head=16, mamba_d_state=16, mamba_n_groups=1,
@@ -216,6 +235,15 @@ def vlm_model(arch: str, tok, layers: int = 2, seed: int = 0):
                 for gate in ("cross_attn_attn_gate", "cross_attn_mlp_gate"):
                     if hasattr(layer, gate):
                         getattr(layer, gate).fill_(1.0)
+    elif arch == "lfm2-vl":
+        cfg = T.Lfm2VlConfig(
+            text_config=dict(**c, model_type="lfm2", conv_L_cache=3, block_auto_adjust_ff_dim=False,
+                             layer_types=["conv", "full_attention"] * (layers // 2)),
+            vision_config=dict(model_type="siglip2_vision_model", hidden_size=32, intermediate_size=64,
+                               num_hidden_layers=1, num_attention_heads=2, patch_size=16, num_patches=64,
+                               vision_use_head=False),
+            image_token_id=tok.convert_tokens_to_ids("<image>"), projector_hidden_size=64, downsample_factor=2)
+        model = T.Lfm2VlForConditionalGeneration(cfg)
     else:
         raise ValueError(f"unknown VLM architecture {arch!r}; choose one of {', '.join(VLM_KINDS)}")
     return model.eval()
@@ -260,6 +288,27 @@ def mllama_processor():
     return MllamaProcessor(image_processor=img, tokenizer=tok, chat_template=MLLAMA_TEMPLATE)
 
 
+LFM2_VL_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for item in message['content'] %}{% if item['type'] == 'image' %}<image>"
+    "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def lfm2_vl_processor():
+    """The official Lfm2VlProcessor over a tokenizer trained here: one tile an image (no splitting), 4 to 16 tokens."""
+    from transformers import Lfm2VlImageProcessor, Lfm2VlProcessor
+
+    specials = {"image_token": "<image>", "image_start_token": "<|image_start|>", "image_end_token": "<|image_end|>",
+                "image_thumbnail": "<|img_thumbnail|>"}
+    tok = train_tokenizer(["<|im_end|>", "<|im_start|>", *specials.values()], specials, LFM2_VL_TEMPLATE)
+    img = Lfm2VlImageProcessor(do_image_splitting=False, min_image_tokens=4, max_image_tokens=16,
+                               encoder_patch_size=16, downsample_factor=2, max_num_patches=64, use_thumbnail=False)
+    return Lfm2VlProcessor(image_processor=img, tokenizer=tok, chat_template=LFM2_VL_TEMPLATE)
+
+
 GEMMA_TEMPLATE = (
     "{% for message in messages %}<start_of_turn>{{ 'model' if message['role'] == 'assistant' else 'user' }}\n"
     "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
@@ -285,7 +334,7 @@ def vlm_pair(arch: str, draft_kind: str = "noisy", seed: int = 0, sigma: float =
              sharpness: float = 8.0) -> ModelPair:
     """A tiny VLM pair of `arch` with its official processor; drafts as in `text_pair`."""
     proc = {"gemma3": gemma3_processor, "paligemma": paligemma_processor, "paligemma2": paligemma_processor,
-            "mllama": mllama_processor}.get(arch, qwen3_processor)()
+            "mllama": mllama_processor, "lfm2-vl": lfm2_vl_processor}.get(arch, qwen3_processor)()
     tok = proc.tokenizer
     target = sharpen(vlm_model(arch, tok, 2, seed), sharpness)
     draft = _draft(target, draft_kind, seed, sigma, lambda: sharpen(vlm_model(arch, tok, 2, seed + 1000), sharpness))

@@ -3,10 +3,12 @@ sampled ones under a seed, on tiny random models of Mistral (sliding window), Ge
 image), GPT-OSS (sliding + sinks, MoE), Llama 4 (chunked, MoE), Qwen3-VL and Qwen3-VL-MoE (image, video, text),
 PaliGemma and PaliGemma 2 (image: a prefix that attends both ways, positions from 1), Llama 3.2 Vision (image and
 text: cross-attention to the image) and a Llama text pair, over answers that run well past their 8-token windows and
-chunks; and on Qwen3.5, Qwen3-Next and Falcon-H1, whose trees are read path by path. `ar` is checked against
-transformers' generate() and against the model's own greedy decode read without any cache. Models whose layers
-trees cannot reach (Nemotron-H's MLP-only layers) are refused in one line. Negative controls: a mask that ignores
-the window, a window rolled a column too far, a tree pass that lets a node see its sibling, broken path rules.
+chunks; Gemma 3n (text), whose last layers share earlier layers' keys and values; and on Qwen3.5, Qwen3-Next,
+Falcon-H1, LFM2 and LFM2-VL (text and image: short convolutions), whose trees are read path by path. `ar` is
+checked against transformers' generate() and against the model's own greedy decode read without any cache. Models
+whose layers trees cannot reach (Nemotron-H's MLP-only layers) are refused in one line. Negative controls: a mask
+that ignores the window, a window rolled a column too far, a tree pass that lets a node see its sibling, broken path
+rules.
 """
 from __future__ import annotations
 
@@ -42,7 +44,8 @@ CASES = [("mistral", "text"), ("gemma3-text", "text"), ("gpt-oss", "text"), ("ll
          ("gemma3", "image"), ("gemma3", "text"), ("qwen3-vl", "image"), ("qwen3-vl", "video"), ("qwen3-vl", "text"),
          ("qwen3-vl-moe", "image"), ("llama", "text"),
          ("qwen3.5", "image"), ("qwen3.5", "video"), ("qwen3.5", "text"), ("qwen3.5-moe", "image"),
-         ("qwen3-next", "text"), ("falcon-h1", "text"),
+         ("qwen3-next", "text"), ("falcon-h1", "text"), ("gemma3n-text", "text"), ("lfm2", "text"),
+         ("lfm2-vl", "image"), ("lfm2-vl", "text"),
          ("paligemma", "image"), ("paligemma2", "image"), ("mllama", "image"), ("mllama", "text")]
 _pairs: dict = {}
 
@@ -130,10 +133,12 @@ def test_a_copied_draft_is_accepted_to_full_depth(name):
         assert min(depths) == max(depths) >= 4, (policy, depths)
 
 
-def test_a_mask_that_ignores_the_window_fails():
+@pytest.mark.parametrize("name", ["mistral", "gemma3n-text"])
+def test_a_mask_that_ignores_the_window_fails(name):
     """Negative control: with the sliding kind seeing the whole past, the engine's decode check (ar_check.py) refuses
-    the model when it is built, and with that check bypassed `ar` is no longer the model's greedy decode."""
-    pair = pair_of("mistral")
+    the model when it is built, and with that check bypassed `ar` is no longer the model's greedy decode (Gemma 3n:
+    its layer that shares the sliding layer's keys reads them under the same mask)."""
+    pair = pair_of(name)
     prep = prepared(pair, "text")
     with mock.patch.object(layer_kinds.SlidingWindow, "visible", lambda self, q, kv: np.ones((len(q), len(kv)), bool)):
         assert "differ from generate()'s" in SpecEngine(pair).decode_refusal
@@ -204,7 +209,7 @@ real_forward = paths_mod.PathRegion.forward
 
 @pytest.mark.parametrize("broken", [("keep", _keeps_the_first_rows_state), ("keep", _keeps_the_state_before_the_step),
                                     ("forward", _reads_every_node_alone)], ids=lambda b: b[1].__name__)
-@pytest.mark.parametrize("name", ["qwen3-next", "falcon-h1"])
+@pytest.mark.parametrize("name", ["qwen3-next", "falcon-h1", "lfm2"])
 def test_a_broken_path_rule_gives_other_tokens(name, broken, monkeypatch):
     """Negative controls for recurrent layers: the engine's check refuses each broken rule, and with the check bypassed
     the run writes other tokens than `ar` or stops with one ModelError line."""
@@ -263,6 +268,26 @@ def test_windowed_layers_hold_about_their_window(name):
     assert held["full_attention"] == n
     windowed = next(k for k in held if k != "full_attention")
     assert held[windowed] <= WINDOW + 16 < n, (held, n, runner.columns.dropped)
+
+
+def test_layers_that_share_keys_hold_none_and_read_their_producers_columns():
+    """Gemma 3n: the last two layers are a kind of their own (their type's view of the keys and values the first two
+    just updated); after a run they still hold nothing, the sliding producer holds about its window and the full one
+    every column, and typing them as transformers does ("dummy", unknown) would refuse every drafting policy."""
+    pair = pair_of("gemma3n-text")
+    engine = SpecEngine(pair)
+    kinds = engine.target.plan.kinds
+    assert [type(k).__name__ for k in kinds] == ["SlidingWindow", "FullAttention", "SharedKV", "SharedKV"]
+    assert [k.name for k in kinds[2:]] == ["sliding_attention", "full_attention"]
+    prep = prepared(pair, "text")
+    res = engine.generate(prep, "sage", max_new_tokens=MAX_NEW, ignore_eos=True)
+    assert sum(len(s.accepted_tokens) for s in res.steps) > 0
+    runner = engine.target
+    layers, n = runner.cache.layers, runner.seq_len
+    assert layers[2].keys is None and layers[3].keys is None
+    assert layers[1].keys.shape[2] == n and layers[0].keys.shape[2] <= WINDOW + 16 < n
+    unknown = [layer_kinds.Unsupported("dummy") if isinstance(k, layer_kinds.SharedKV) else k for k in kinds]
+    assert "dummy" in (layer_kinds.LayerPlan(tuple(unknown)).refusal or "")
 
 
 def test_a_window_rolled_one_column_too_far_fails():

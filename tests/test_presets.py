@@ -37,12 +37,13 @@ def test_the_text_qwen3_vl_qwen3_5_and_gemma_presets_cite_their_sources():
     new = {"qwen3-vl-235b-a22b/2b": "Qwen/Qwen3-VL-235B-A22B-Instruct", "qwen3-vl-32b/4b": "Qwen/Qwen3-VL-32B-Instruct",
            "gemma-3-27b/4b": "google/gemma-3-27b-it", "llama-3.1-8b/3.2-1b": "meta-llama/Llama-3.1-8B-Instruct",
            "qwen3-8b/0.6b": "Qwen/Qwen3-8B", "qwen3.5-9b/0.8b": "Qwen/Qwen3.5-9B", "qwen3.5-27b/2b": "Qwen/Qwen3.5-27B",
-           "qwen3.5-35b-a3b/0.8b": "Qwen/Qwen3.5-35B-A3B"}
+           "qwen3.5-35b-a3b/0.8b": "Qwen/Qwen3.5-35B-A3B", "lfm2-vl-1.6b/450m": "LiquidAI/LFM2-VL-1.6B",
+           "lfm2-2.6b/350m": "LiquidAI/LFM2-2.6B", "gemma-3n-e4b/e2b": "google/gemma-3n-E4B-it"}
     for name, target in new.items():
         p = PRESETS[name]
         cited = set(re.findall(r"\[[\w.-]+\]", p.why_valid))
         assert p.target == target and cited and cited <= sources, (name, cited - sources)
-    for name in ("llama-3.1-8b/3.2-1b", "qwen3-8b/0.6b"):
+    for name in ("llama-3.1-8b/3.2-1b", "qwen3-8b/0.6b", "lfm2-2.6b/350m"):
         assert PRESETS[name].image_token_id is None and not PRESETS[name].video
     assert PRESETS["llama-3.1-8b/3.2-1b"].target_vocab == PRESETS["llama-3.1-8b/3.2-1b"].draft_vocab == 128256
     assert PRESETS["qwen3-vl-235b-a22b/2b"].device == "multi"

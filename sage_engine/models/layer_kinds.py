@@ -12,8 +12,13 @@ engine sees the same kinds the model runs. Each kind answers two questions for t
   chunks of c        ... and j // c == i // c                       (Llama 4)      the same, to its current chunk
   sinks              as the kind it wraps: a sink is a per-head logit in the softmax's denominator, the same for
                      every query and mask (GPT-OSS), so neither the mask nor the cache changes
-  anything else      refused: a recurrent layer (gated delta rule, Mamba-2) reads the tree's nodes in sequence, so a
-                     tree mask does not reach it, and cutting cache columns does not undo what a rejected branch wrote
+  shared keys        as its own type (Gemma 3n's last layers read the keys and values an earlier layer of that type
+                     just updated, under that type's mask)                          none of its own (SharedKV)
+  recurrent          every node read along its own path (gated delta rule, Mamba-2, LFM2's short convolutions:
+                     recurrent_paths.py)                                            its states, one copy per path
+  cross-attention    the image's tiles, whole (Mllama)                              kept whole (CrossAttention)
+  anything else      refused (an MLP-only layer typed "dummy", a type not known here): a tree mask says nothing of
+                     how it mixes tokens, and cutting cache columns would not undo what a rejected branch wrote
 
 "Sequence index" is a token's place in the decoded sequence (a tree node at depth d after a root at L: L + d), the
 index transformers' own window and chunk masks use; the runner keeps it per cache column (`Columns`). transformers'
@@ -160,10 +165,32 @@ class CrossAttention:
         return "cross-attention to the image"
 
 
-Kind = FullAttention | SlidingWindow | Chunked | WithSinks | Recurrent | CrossAttention
+@dataclass(frozen=True)
+class SharedKV:
+    """A layer that attends with the keys and values of an earlier layer of its own type, after that layer's update
+    (Gemma 3n's last `num_kv_shared_layers`: `kv_sharing_modes` "reuse"; transformers gives it a cache layer that holds
+    nothing). What it sees is its type's: it takes that type's mask, built over the columns the producing layer holds,
+    and a compaction has nothing of its own to keep (the producer's columns are compacted with the producer)."""
+
+    inner: FullAttention | SlidingWindow | Chunked
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    windowed = False  # the producer's columns are rolled with the producer; this layer holds none
+    width = None
+    has_keys = False
+    text_columns = False
+
+    def describe(self) -> str:
+        return f"{self.inner.describe()} sharing an earlier layer's keys and values"
+
+
+Kind = FullAttention | SlidingWindow | Chunked | WithSinks | Recurrent | CrossAttention | SharedKV
 SUPPORTED = ("full attention, sliding windows, chunked attention and attention sinks (under a mask), recurrent layers "
              "whose several-token passes continue their state (path by path), cross-attention to an image (kept "
-             "whole)")
+             "whole), layers that share an earlier layer's keys and values")
 
 
 @dataclass(frozen=True)
@@ -174,7 +201,7 @@ class Unsupported:
     windowed = False
 
     def describe(self) -> str:
-        why = {"conv": "short convolution", "dummy": "a layer without its own KV cache, or one sharing another's"}.get(
+        why = {"dummy": "a layer without a KV cache of its own that shares no other layer's (an MLP-only layer)"}.get(
             self.name)
         return f"{self.name} ({why})" if why else self.name
 
@@ -200,12 +227,14 @@ KINDS: dict[str, Callable[[dict], Kind | None]] = {
     "chunked_attention": lambda kw: Chunked(int(kw["sliding_window"])) if kw.get("sliding_window") else None,
     "linear_attention": lambda kw: Recurrent("linear_attention", has_keys=False),  # Qwen3.5, Qwen3-Next, Mamba
     "hybrid": lambda kw: Recurrent("hybrid", has_keys=True),  # Falcon-H1: Mamba-2 and attention in one layer
+    "conv": lambda kw: Recurrent("conv", has_keys=False),  # LFM2: a short convolution over the last few tokens
 }
 # what a recurrent layer is, by model type (transformers calls them all "linear_attention" or "hybrid")
 _RECURRENT = {"qwen3_5": "the gated delta rule", "qwen3_5_moe": "the gated delta rule",
               "qwen3_next": "the gated delta rule", "falcon_h1": "Mamba-2", "nemotron_h": "Mamba-2",
               "granitemoehybrid": "Mamba-2", "bamba": "Mamba-2", "mamba2": "Mamba-2", "mamba": "Mamba",
-              "falcon_mamba": "Mamba", "jamba": "Mamba"}
+              "falcon_mamba": "Mamba", "jamba": "Mamba", "lfm2": "a short convolution",
+              "lfm2_moe": "a short convolution"}
 
 
 def register_kind(layer_type: str, make: Callable[[dict], Kind | None]) -> None:
@@ -221,12 +250,20 @@ def kinds_of(model_or_config) -> list[Kind | Unsupported]:
     sinks = _sinks(model_or_config)
     model_type = getattr(text, "model_type", "").removesuffix("_text")
     cross = set(getattr(text, "cross_attention_layers", None) or ())  # Mllama: typed full attention by transformers
+    # Gemma 3n: transformers types a layer that reuses another's keys and values "dummy"; its own type says what it sees
+    sharing = getattr(text, "kv_sharing_modes", None) or [None] * len(types)
+    own_types = getattr(text, "layer_types", None) or types
     out: list[Kind | Unsupported] = []
     for i, (t, kw) in enumerate(zip(types, kwargs)):
         make = KINDS.get(t)
         kind = None if make is None else make(kw)
         if i in cross:
             out.append(CrossAttention())
+        elif t == "dummy" and sharing[i] == "reuse" and own_types[i] in KINDS:
+            window = getattr(text, "sliding_window", None)
+            inner = KINDS[own_types[i]]({"sliding_window": window} if window else {})
+            out.append(SharedKV(inner) if isinstance(inner, FullAttention | SlidingWindow | Chunked)
+                       else Unsupported(t))
         elif kind is None:
             out.append(Unsupported(t))
         else:
@@ -250,7 +287,8 @@ class LayerPlan:
 
     @cached_property
     def whole_layers(self) -> frozenset[int]:
-        """The layers whose cache holds no text columns (cross-attention to an image): a compaction keeps them whole."""
+        """The layers whose cache holds no text columns (cross-attention to an image; a layer sharing another's keys
+        and values, which holds nothing): a compaction and a roll keep them as they are."""
         return frozenset(i for i, k in enumerate(self.kinds) if not getattr(k, "text_columns", True))
 
     @cached_property
@@ -368,8 +406,8 @@ class Columns:
             step = k - self.dropped[name]
             if step < max(slack, kind.width // 4):
                 continue
-            for layer, layer_kind in zip(layers, plan.kinds):
-                if layer_kind.name == name and layer.is_initialized:
+            for i, (layer, layer_kind) in enumerate(zip(layers, plan.kinds)):
+                if layer_kind.name == name and layer.is_initialized and i not in plan.whole_layers:
                     layer.keys, layer.values = layer.keys[:, :, step:], layer.values[:, :, step:]
             self.dropped[name] = k
 

@@ -45,6 +45,13 @@ Sources ("hub" = the model's page on the hub):
              three linear_attention then one full_attention)
   [q35-27b]  a test's copy of Qwen3.5-27B's config (image 248056, video 248057, vision_start 248053, vision_end 248054,
              vocab 248320, hidden 5120, 64 layers, untied head)
+  [lfm2-vl-450m] hub copy varun00391/local-finetuned-model "LiquidAI:LFM2-VL-450M/lfm2-450m/config.json"
+             (Lfm2VlForConditionalGeneration: image token 396; text LFM2-350M: vocab 65536, eos 7, 16 layers, ten
+             "conv" and six "full_attention"; SigLIP2 NaFlex vision, 512-px tiles)
+  [lfm2-1.2b] notes on LFM2.5-1.2B (tedneward/Research: 16 layers, 10 convolution and 6 attention blocks, vocab 65536)
+  [g3n-e4b]  a test's copy of Gemma 3n E4B's config (gemma3n_text: 35 layers, 15 KV-shared, sliding window 512,
+             four sliding layers then one full); an E2B build script's constants (num_kv_shared_layers 15 of 35 for
+             E4B, AltUp 4, LAuReL 64); vocab 262400 is transformers' Gemma3nTextConfig default (not read in a file)
   [q35-moe]  a test mirroring Qwen3.5-35B-A3B's config.json (qwen3_5_moe: vocab 248320, hidden 2048, 40 layers);
              hub trl-internal-testing/tiny-Qwen3_5MoeForConditionalGeneration-3.6 (vocab 248320, video 248057)
 """
@@ -176,6 +183,20 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
     Preset("qwen3.5-27b/2b", "qwen3_5", "Qwen/Qwen3.5-27B", "Qwen/Qwen3.5-2B", 248320, None, None, 248056, True,
            "one Qwen3.5 release: 27B rows 248320, image 248056, video 248057 [q35-27b]; the 2B config not read "
            "(its rows, ids and the tokenizer length unverified; load_pair checks)", device="multi"),
+    Preset("lfm2-vl-1.6b/450m", "lfm2_vl", "LiquidAI/LFM2-VL-1.6B", "LiquidAI/LFM2-VL-450M", None, 65536, None, 396,
+           False,
+           "one LFM2-VL release, tokenizer and processor (short convolutions in most layers: trees run as paths); "
+           "the 450M's image token 396, vocab 65536, eos 7 [lfm2-vl-450m]; the 1.6B's config not read (its LFM2-1.2B "
+           "backbone has vocab 65536 [lfm2-1.2b]; ids and the tokenizer length unverified: load_pair checks)"),
+    Preset("lfm2-2.6b/350m", "lfm2", "LiquidAI/LFM2-2.6B", "LiquidAI/LFM2-350M", None, 65536, None, None, False,
+           "text-only LFM2 pair (its tokenizer is the processor): the 350M's vocab 65536 and eos 7 read in the "
+           "LFM2-VL-450M config's text part [lfm2-vl-450m]; the 2.6B's config not read (its rows and the tokenizer "
+           "length unverified; load_pair checks)"),
+    Preset("gemma-3n-e4b/e2b", "gemma3n", "google/gemma-3n-E4B-it", "google/gemma-3n-E2B-it", 262400, 262400, None,
+           None, False,
+           "one Gemma 3n release and tokenizer; the last 15 of the E4B's 35 layers read earlier layers' keys and "
+           "values [g3n-e4b] (a kind of its own here); rows 262400 are transformers' default; image and audio ids "
+           "and the E2B's config unverified; its vision tower is a timm MobileNetV5, so loading needs `timm`"),
     Preset("qwen3.5-35b-a3b/0.8b", "qwen3_5_moe/qwen3_5", "Qwen/Qwen3.5-35B-A3B", "Qwen/Qwen3.5-0.8B", 248320, 248320,
            None, 248056, True,
            "an MoE target with a small dense draft of one Qwen3.5 release: rows 248320 in both ([q35-moe], "
