@@ -188,3 +188,31 @@ def test_card_writes_the_shipped_training_section_from_a_summary():
     assert "; 50% of the training scenes of 3 or 4 objects have an occluding pair" in section
     summary["config"]["occlusion"] = W.OCCLUSION
     assert "training scenes of 3 or 4 objects have an occluding pair" not in _training_text(summary, 2, note)
+
+
+@pytest.mark.skipif(not (ASSETS / "tinyworld-target" / "README.md").exists(), reason="no model card")
+def test_a_second_fine_tune_adds_its_section_and_keeps_the_first(tmp_path):
+    """`card --train-summary` of a fine-tune run: the cards keep their training section and every earlier fine-tune's,
+    add this one's (its command, seed, steps and minutes) before the evaluation, and take the new status line."""
+    import shutil
+
+    from sage_engine.tinyworld.training.card import finetune_card
+    kinds = ("colour", "shape", "size", "position", "count", "yesno", "motion", "describe", "describe_video")
+    res = {"accuracy": 0.95, "by_kind": {k: 0.99 for k in kinds}}
+    result = {"n": 20, "target": res, "draft": res}
+    for role in ("target", "draft"):
+        shutil.copytree(ASSETS / f"tinyworld-{role}", tmp_path / f"tinyworld-{role}",
+                        ignore=shutil.ignore_patterns("*.safetensors"))
+    before = (tmp_path / "tinyworld-target" / "README.md").read_text()
+    first = before[before.index("## Training"):before.index("## Evaluation")]
+    ft = {"seed": 7, "world_images": 10, "world_videos": 4, "pictures": 9, "picture_clips": 3, "target_steps": 30,
+          "target_lr": 3e-4, "draft_steps": 25, "draft_lr": 3e-4, "warmup": 1, "picture_weight": 2.5,
+          "describe_weight": 3.5, "pixel_weight": 0.0}
+    summary = {"finetune": ft, "threads": 2, "seconds": {"cache": 60, "target": 600, "draft": 300, "total": 960}}
+    finetune_card(tmp_path, result, summary, "EVAL CMD", "FT CMD --seed 7")
+    after = (tmp_path / "tinyworld-target" / "README.md").read_text()
+    assert first in after and after.count("## Fine-tuned") == before.count("## Fine-tuned") + 1
+    new = after[after.rindex("## Fine-tuned"):after.index("## Evaluation")]
+    assert "`FT CMD --seed 7` (2 threads, cache 1.0 min, target 10.0 min, draft 5.0 min, total 16.0 min)" in new
+    assert "(seed 7)" in new and "descriptions drawn 3.5x" in new and "30 steps" in new and "`picture_spans`" in new
+    assert "EVAL CMD" in after and "## Per-forward cost" in after

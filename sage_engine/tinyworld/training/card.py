@@ -295,28 +295,36 @@ Clean text (no stutter, glued words or character runs): target {t['clean']:.3f},
 
 def finetune_card(models_dir: Path, eval_result: dict, summary: dict, eval_cmd: str, ft_cmd: str) -> None:
     """Rewrite both cards after `finetune`: the status line and evaluation section from `eval_result`, and a
-    section on the fine-tune (its command, data and minutes) before the evaluation; the training section of the
-    run the pair was fine-tuned from stays, and the benchmark section of the older pair is dropped."""
+    section on this fine-tune (its command, data and minutes) after the sections of the training and of any earlier
+    fine-tune, which stay (the pair was trained on from them); the benchmark section of the older pair is dropped."""
     ft, sec = summary["finetune"], summary["seconds"]
     minutes = ", ".join(f"{k} {sec[k] / 60:.1f} min" for k in ("cache", "target", "draft", "total") if k in sec)
-    section = f"""## Fine-tuned on pictures from outside the world
-
-`{ft_cmd}` ({summary['threads']} threads, {minutes}) trained the pair on from the weights above:
-{ft['world_images']:,} fresh world scenes x 3 questions and {ft['world_videos']:,} clips x 2, with
-{ft['pictures']:,} pictures x 3 and {ft['picture_clips']:,} clips x 2 of pictures.py's training split (gradients,
-noise fields, blobs, stripes, horizons and jittered crops of packaged photos; clips that pan, lighten, darken or
-recolour a region), their answers made from their pixel facts (pixels.py, picture_talk.py): the target
-{ft['target_steps']:,} steps (learning rate {ft['target_lr']:g}, the answers' cross-entropy and the retrieval loss on
-the world's examples), then the draft distilled from it {ft['draft_steps']:,} steps. Every picture and frame reaches
-the pair squeezed onto its {SIZE} x {SIZE} canvas (config `square_canvas`: the engine does it).
-
-"""
+    described = (f", the world's descriptions drawn {ft['describe_weight']:g}x"
+                 if ft.get("describe_weight") is not None else "")
+    pixels = (f", and the towers asked each cell's colours and lightness (weight {ft['pixel_weight']:g})"
+              if ft.get("pixel_weight") else "")
     for role in ("target", "draft"):
         path = models_dir / f"tinyworld-{role}" / "README.md"
         text = path.read_text()
         head, rest = text.split("## Training", 1)
-        training, rest = rest.split("## Fine-tuned on pictures", 1) if "## Fine-tuned on pictures" in rest else \
-            rest.split("## Evaluation", 1)
+        training, rest = rest.split("## Evaluation", 1)
+        again = "## Fine-tuned on pictures" in training
+        title = ("## Fine-tuned again: which cell holds a colour or the light" if again
+                 else "## Fine-tuned on pictures from outside the world")
+        start = "the weights of the section above" if again else "the weights above"
+        section = f"""{title}
+
+`{ft_cmd}` ({summary['threads']} threads, {minutes}) trained the pair on from {start} (seed {ft['seed']}):
+{ft['world_images']:,} fresh world scenes x 3 questions and {ft['world_videos']:,} clips x 2, with
+{ft['pictures']:,} pictures x 3 and {ft['picture_clips']:,} clips x 2 of pictures.py's training split (gradients,
+noise fields, blobs, stripes, horizons and jittered crops of packaged photos; clips that pan, lighten, darken or
+recolour a region), their answers made from their pixel facts (pixels.py, picture_talk.py){described}: the target
+{ft['target_steps']:,} steps (learning rate {ft['target_lr']:g}, the answers' cross-entropy and the retrieval loss:
+a world answer's heads look at its objects' cells, a picture answer's at the cells its words name, picture_data.py's
+`picture_spans`{pixels}), then the draft distilled from it {ft['draft_steps']:,} steps. Every picture and frame
+reaches the pair squeezed onto its {SIZE} x {SIZE} canvas (config `square_canvas`: the engine does it).
+
+"""
         tail = rest.split("## Per-forward cost", 1)[1].split("## Speculative decoding with this pair", 1)[0]
         lines = head.splitlines()
         lines[2] = _status(eval_result).rstrip("\n")

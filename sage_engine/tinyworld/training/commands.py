@@ -70,10 +70,16 @@ def cmd_card(a) -> None:
     import torch
     from transformers import AutoModelForImageTextToText
 
-    from .card import write_cards
+    from .card import finetune_card, write_cards
     from .timing import measure
     torch.set_num_threads(a.threads)
     models = Path(a.models)
+    summary = json.loads(Path(a.train_summary).read_text())
+    if "finetune" in summary:  # a fine-tune's summary: its section joins the cards, the rest of them stays
+        if not a.train_cmd:
+            raise SystemExit("error: a fine-tune's card needs --train-cmd (the finetune command line it ran)")
+        finetune_card(models, json.loads(Path(a.eval_json).read_text()), summary, a.eval_cmd, a.train_cmd)
+        return
     pair = [AutoModelForImageTextToText.from_pretrained(models / f"tinyworld-{r}", dtype=torch.float32).eval()
             for r in ("target", "draft")]
     timing = measure(*pair)
@@ -83,8 +89,8 @@ def cmd_card(a) -> None:
         bench = {"cmd": a.bench_cmd, "float32": json.loads(Path(a.bench_json).read_text())}
         if a.bench_bf16_json:
             bench["bfloat16"] = json.loads(Path(a.bench_bf16_json).read_text())
-    write_cards(models, json.loads(Path(a.eval_json).read_text()), json.loads(Path(a.train_summary).read_text()),
-                timing, a.eval_cmd, bench, a.train_threads, a.train_note, a.eval_note)
+    write_cards(models, json.loads(Path(a.eval_json).read_text()), summary, timing, a.eval_cmd, bench,
+                a.train_threads, a.train_note, a.eval_note)
 
 
 def _kind_weight(value: str) -> tuple[str, float]:
@@ -190,7 +196,9 @@ def add_ship_and_card_commands(sub, assets: Path) -> None:
     c.add_argument("--eval-json", required=True)
     c.add_argument("--eval-cmd", required=True, help="the eval command line that produced --eval-json")
     c.add_argument("--train-summary", required=True, metavar="SUMMARY_JSON",
-                   help="the summary.json a training run writes beside the models (train --out)")
+                   help="the summary.json a training run writes beside the models (train --out or finetune --out)")
+    c.add_argument("--train-cmd", default="",
+                   help="a fine-tune's command line (its section of the cards; `train` runs' cards name their own)")
     c.add_argument("--bench-json", default=None, help="a float32 `python -m sage_engine bench --out` report")
     c.add_argument("--bench-bf16-json", default=None, help="the same benchmark in bfloat16")
     c.add_argument("--bench-cmd", default="", help="the bench command line that produced --bench-json")
