@@ -10,9 +10,11 @@ so an example's first click in a session races live and nothing lands in the rep
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -60,7 +62,9 @@ class Server:
 @functools.cache
 def launch() -> Server:
     table = presets()
-    os.environ["GRADIO_EXAMPLES_CACHE"] = tempfile.mkdtemp(prefix="sage-examples-cache-")
+    cache = tempfile.mkdtemp(prefix="sage-examples-cache-")
+    atexit.register(shutil.rmtree, cache, True)  # the examples' cache goes with the test process
+    os.environ["GRADIO_EXAMPLES_CACHE"] = cache
     demo = build_demo(presets=table, pair_factory=pair_factory, preload="now", pool_capacity=len(table),
                       cache_examples="lazy")
     _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **launch_options())
