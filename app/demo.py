@@ -56,13 +56,35 @@ CSS = """
 """
 
 # Gradio's client closes each finished event stream through a stand-in EventSource whose close() logs
-# "Method not implemented." (twice per race: the run and the buttons' release); that line alone is dropped.
+# "Method not implemented." (twice per race: the run and the buttons' release); that line alone is dropped. The
+# second script keeps the speculative text's line breaks at its own spaces (defect 1 of issue 81).
 HEAD = """<script>
 (() => { const warn = console.warn.bind(console);
   console.warn = (...args) => {
     if (args.length === 1 && args[0] === 'Method not implemented.') return;
     warn(...args);
   };
+})();
+/* The speculative text's chunks (#spec-text, Gradio's HighlightedText) are separated by whitespace of its template,
+   outside their .text. Chrome breaks a line there even at font size 0 and white-space: nowrap, which cuts a word
+   whose tokens came from different sources ("bri" | "ghtest"). Those whitespace-only text nodes are emptied as they
+   appear (left in place: the template's own updates still find them), so that a line breaks only at the text's own
+   spaces. */
+(() => {
+  const empty = (field) => {
+    const walk = document.createTreeWalker(field, NodeFilter.SHOW_TEXT);
+    while (walk.nextNode()) {
+      const t = walk.currentNode;
+      if (t.data && !/\S/.test(t.data) && !(t.parentElement && t.parentElement.classList.contains('text'))) t.data = '';
+    }
+  };
+  const watch = () => {
+    const field = document.querySelector('#spec-text');
+    if (!field) return setTimeout(watch, 200);
+    empty(field);
+    new MutationObserver(() => empty(field)).observe(field, {childList: true, subtree: true, characterData: true});
+  };
+  if (document.readyState === 'loading') document.addEventListener('DOMContentLoaded', watch); else watch();
 })();
 </script>"""
 

@@ -20,6 +20,7 @@ def _configs():
         Gemma3Config,
         Gemma3TextConfig,
         Idefics3Config,
+        Lfm2VlConfig,
         LlamaConfig,
         LlavaConfig,
         LlavaOnevisionConfig,
@@ -54,6 +55,8 @@ def _configs():
         "qwen3_5_moe": Qwen3_5MoeConfig(text_config=mrope, image_token_id=IMG, video_token_id=VID),
         "paligemma": PaliGemmaConfig(text_config=dict(text, model_type="gemma"), image_token_index=IMG),
         "mllama": MllamaConfig(text_config=dict(text, cross_attention_layers=[0]), image_token_index=IMG),
+        # the model reads image_token_id (a hub config's image_token_index stays beside it, unread)
+        "lfm2_vl": Lfm2VlConfig(text_config=dict(text, model_type="lfm2"), image_token_id=IMG),
     }
 
 
@@ -71,6 +74,7 @@ EXPECTED = {  # model_type: (adapter, position rule, visual token ids, takes vid
     "qwen3_5_moe": (fam.QWEN3_5, "mrope", {"image": IMG, "video": VID}, True, "language_model"),
     "paligemma": (fam.PALIGEMMA, "1d", {"image": IMG}, False, "language_model"),  # positions from 1
     "mllama": (fam.MLLAMA, "1d", {"image": IMG}, False, "language_model"),  # one token an image, cross-attention
+    "lfm2_vl": (fam.LFM2_VL, "1d", {"image": IMG}, False, "language_model"),  # short convolutions: read as paths
 }
 
 
