@@ -75,7 +75,8 @@ HEAD = """<script>
     const walk = document.createTreeWalker(field, NodeFilter.SHOW_TEXT);
     while (walk.nextNode()) {
       const t = walk.currentNode;
-      if (t.data && !/\S/.test(t.data) && !(t.parentElement && t.parentElement.classList.contains('text'))) t.data = '';
+      const inText = t.parentElement && t.parentElement.classList.contains('text');
+      if (t.data && !/\\S/.test(t.data) && !inText) t.data = '';
     }
   };
   const watch = () => {
