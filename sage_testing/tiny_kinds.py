@@ -24,6 +24,8 @@ of today on, and what they check the engine refuses.
   gemma3n-text     Gemma3nForCausalLM (AltUp, LAuReL,       sliding, full, then both again reading the first two's
                    per-layer inputs, activation sparsity)   keys and values (num_kv_shared_layers=2)
   lfm2             Lfm2ForCausalLM                          short convolution, full, short convolution, full
+  gemma3n          Gemma3nForConditionalGeneration          as gemma3n-text; a tiny timm ResNet tower, 4 soft tokens an
+                                                            image; image and audio ids in their own vocabulary ranges
   lfm2-vl          Lfm2VlForConditionalGeneration           short convolution, full (LFM2); SigLIP2 NaFlex, 16 px
                                                             patches merged 2x2, 4 to 16 tokens an image
   mllama           MllamaForConditionalGeneration           full, cross-attention to the image, full; up to two 28 px
@@ -53,7 +55,7 @@ TEXT_TEMPLATE = ("{% for message in messages %}<|im_start|>{{ message['role'] }}
 TEXT_KINDS = ("mistral", "gemma3-text", "gpt-oss", "llama4-text", "qwen3-next", "falcon-h1", "mamba", "mamba2",
               "nemotron-h", "gemma3n-text", "lfm2")
 VLM_KINDS = ("gemma3", "qwen3-vl", "qwen3-vl-moe", "qwen3.5", "qwen3.5-moe", "paligemma", "paligemma2", "mllama",
-             "lfm2-vl")
+             "lfm2-vl", "gemma3n")
 # trees read path by path (recurrent_paths.py)
 RECURRENT = ("qwen3.5", "qwen3.5-moe", "qwen3-next", "falcon-h1", "lfm2", "lfm2-vl")
 REFUSED = ("nemotron-h",)  # trees refused in one line; `ar` runs
@@ -170,7 +172,8 @@ def vlm_model(arch: str, tok, layers: int = 2, seed: int = 0):
     import transformers as T
 
     torch.manual_seed(seed)
-    c = _text_common(tok, layers, {"gemma3": GEMMA_INIT, "paligemma2": PALIGEMMA2_INIT}.get(arch, 0.2))
+    c = _text_common(tok, layers, {"gemma3": GEMMA_INIT, "paligemma2": PALIGEMMA2_INIT,
+                                   "gemma3n": GEMMA3N_INIT}.get(arch, 0.2))
     vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=16,
                   spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=64,
                   deepstack_visual_indexes=[0], initializer_range=0.2)
@@ -235,6 +238,21 @@ def vlm_model(arch: str, tok, layers: int = 2, seed: int = 0):
                 for gate in ("cross_attn_attn_gate", "cross_attn_mlp_gate"):
                     if hasattr(layer, gate):
                         getattr(layer, gate).fill_(1.0)
+    elif arch == "gemma3n":  # gemma3n-text's 4 layers; the vision and audio vocabularies follow the text's
+        text_rows = tok.convert_tokens_to_ids(GEMMA3N_TAIL[0])  # the tokenizer's text part: its ids below this
+        text = T.Gemma3nTextConfig(
+            **dict(c, num_hidden_layers=4, vocab_size=len(tok)), head_dim=16, sliding_window=WINDOW,
+            num_kv_shared_layers=2, layer_types=["sliding_attention", "full_attention"] * 2,
+            hidden_size_per_layer_input=8, vocab_size_per_layer_input=text_rows, laurel_rank=8, altup_num_inputs=4,
+            activation_sparsity_pattern=[0.95, 0.0, 0.0, 0.0])
+        vision = T.Gemma3nVisionConfig(architecture="test_resnet", hidden_size=96, vocab_size=4, vocab_offset=text_rows)
+        audio = T.Gemma3nAudioConfig(hidden_size=32, conf_num_attention_heads=2, conf_num_hidden_layers=1,
+                                     sscp_conv_channel_size=(8, 4), vocab_size=4, vocab_offset=text_rows + 4)
+        ids = {name: tok.convert_tokens_to_ids(t) for name, t in GEMMA3N_SPECIALS.items()}
+        cfg = T.Gemma3nConfig(text_config=text, vision_config=vision, audio_config=audio,
+                              vision_soft_tokens_per_image=4, audio_soft_tokens_per_image=4,
+                              **{f"{name.removesuffix('_token')}_token_id": i for name, i in ids.items()})
+        model = T.Gemma3nForConditionalGeneration(cfg)
     elif arch == "lfm2-vl":
         cfg = T.Lfm2VlConfig(
             text_config=dict(**c, model_type="lfm2", conv_L_cache=3, block_auto_adjust_ff_dim=False,
@@ -297,6 +315,37 @@ LFM2_VL_TEMPLATE = (
 )
 
 
+# Gemma 3n's image and audio tokens sit in vocabulary ranges of their own after the text's (the vision tower's
+# `vocab_offset`, then the audio's): the tokenizer's last 8 ids, 4 for images and 4 for audio
+GEMMA3N_TAIL = ("<end_of_image>", "<image_soft_token>", "<vision_2>", "<vision_3>",
+                "<end_of_audio>", "<audio_soft_token>", "<audio_2>", "<audio_3>")
+GEMMA3N_SPECIALS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>",
+                    "boa_token": "<start_of_audio>", "eoa_token": "<end_of_audio>", "audio_token": "<audio_soft_token>"}
+
+
+def gemma3n_processor():
+    """The official Gemma3nProcessor over a tokenizer trained here (its image and audio ids last, as the model's
+    vocabulary ranges want), 64 px images of 4 soft tokens each."""
+    from transformers import (
+        Gemma3nAudioFeatureExtractor,
+        Gemma3nProcessor,
+        PreTrainedTokenizerFast,
+        SiglipImageProcessor,
+    )
+
+    template = GEMMA_TEMPLATE.replace("<start_of_image>", "<image_soft_token>")  # Gemma 3n's template: the soft token
+    base = train_tokenizer(["<eos>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<start_of_audio>"], {},
+                           template)
+    raw = base.backend_tokenizer
+    raw.add_special_tokens(list(GEMMA3N_TAIL))
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<eos>", pad_token="<eos>",
+                                  extra_special_tokens=GEMMA3N_SPECIALS)
+    tok.chat_template = template
+    img = SiglipImageProcessor(size={"height": 64, "width": 64})
+    return Gemma3nProcessor(feature_extractor=Gemma3nAudioFeatureExtractor(), image_processor=img, tokenizer=tok,
+                            chat_template=template, image_seq_length=4, audio_seq_length=4)
+
+
 def lfm2_vl_processor():
     """The official Lfm2VlProcessor over a tokenizer trained here: one tile an image (no splitting), 4 to 16 tokens."""
     from transformers import Lfm2VlImageProcessor, Lfm2VlProcessor
@@ -334,7 +383,8 @@ def vlm_pair(arch: str, draft_kind: str = "noisy", seed: int = 0, sigma: float =
              sharpness: float = 8.0) -> ModelPair:
     """A tiny VLM pair of `arch` with its official processor; drafts as in `text_pair`."""
     proc = {"gemma3": gemma3_processor, "paligemma": paligemma_processor, "paligemma2": paligemma_processor,
-            "mllama": mllama_processor, "lfm2-vl": lfm2_vl_processor}.get(arch, qwen3_processor)()
+            "mllama": mllama_processor, "lfm2-vl": lfm2_vl_processor,
+            "gemma3n": gemma3n_processor}.get(arch, qwen3_processor)()
     tok = proc.tokenizer
     target = sharpen(vlm_model(arch, tok, 2, seed), sharpness)
     draft = _draft(target, draft_kind, seed, sigma, lambda: sharpen(vlm_model(arch, tok, 2, seed + 1000), sharpness))

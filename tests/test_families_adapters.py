@@ -18,6 +18,7 @@ def _configs():
     """Tiny configs of every registered family, built the way tests/tiny_families.py builds them."""
     from transformers import (
         Gemma3Config,
+        Gemma3nConfig,
         Gemma3TextConfig,
         Idefics3Config,
         Lfm2VlConfig,
@@ -56,6 +57,8 @@ def _configs():
         "paligemma": PaliGemmaConfig(text_config=dict(text, model_type="gemma"), image_token_index=IMG),
         "mllama": MllamaConfig(text_config=dict(text, cross_attention_layers=[0]), image_token_index=IMG),
         # the model reads image_token_id (a hub config's image_token_index stays beside it, unread)
+        "gemma3n": Gemma3nConfig(text_config=dict(text, model_type="gemma3n_text", num_kv_shared_layers=0),
+                                 vision_config={"architecture": "test_resnet"}, image_token_id=IMG),
         "lfm2_vl": Lfm2VlConfig(text_config=dict(text, model_type="lfm2"), image_token_id=IMG),
     }
 
@@ -74,6 +77,7 @@ EXPECTED = {  # model_type: (adapter, position rule, visual token ids, takes vid
     "qwen3_5_moe": (fam.QWEN3_5, "mrope", {"image": IMG, "video": VID}, True, "language_model"),
     "paligemma": (fam.PALIGEMMA, "1d", {"image": IMG}, False, "language_model"),  # positions from 1
     "mllama": (fam.MLLAMA, "1d", {"image": IMG}, False, "language_model"),  # one token an image, cross-attention
+    "gemma3n": (fam.GEMMA3N, "1d", {"image": IMG}, False, "language_model"),  # audio ids: not visual, not pruned
     "lfm2_vl": (fam.LFM2_VL, "1d", {"image": IMG}, False, "language_model"),  # short convolutions: read as paths
 }
 

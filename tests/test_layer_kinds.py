@@ -3,7 +3,7 @@ sampled ones under a seed, on tiny random models of Mistral (sliding window), Ge
 image), GPT-OSS (sliding + sinks, MoE), Llama 4 (chunked, MoE), Qwen3-VL and Qwen3-VL-MoE (image, video, text),
 PaliGemma and PaliGemma 2 (image: a prefix that attends both ways, positions from 1), Llama 3.2 Vision (image and
 text: cross-attention to the image) and a Llama text pair, over answers that run well past their 8-token windows and
-chunks; Gemma 3n (text), whose last layers share earlier layers' keys and values; and on Qwen3.5, Qwen3-Next,
+chunks; Gemma 3n (text and image), whose last layers share earlier layers' keys and values; and on Qwen3.5, Qwen3-Next,
 Falcon-H1, LFM2 and LFM2-VL (text and image: short convolutions), whose trees are read path by path. `ar` is
 checked against transformers' generate() and against the model's own greedy decode read without any cache. Models
 whose layers trees cannot reach (Nemotron-H's MLP-only layers) are refused in one line. Negative controls: a mask
@@ -45,7 +45,7 @@ CASES = [("mistral", "text"), ("gemma3-text", "text"), ("gpt-oss", "text"), ("ll
          ("qwen3-vl-moe", "image"), ("llama", "text"),
          ("qwen3.5", "image"), ("qwen3.5", "video"), ("qwen3.5", "text"), ("qwen3.5-moe", "image"),
          ("qwen3-next", "text"), ("falcon-h1", "text"), ("gemma3n-text", "text"), ("lfm2", "text"),
-         ("lfm2-vl", "image"), ("lfm2-vl", "text"),
+         ("lfm2-vl", "image"), ("lfm2-vl", "text"), ("gemma3n", "image"),
          ("paligemma", "image"), ("paligemma2", "image"), ("mllama", "image"), ("mllama", "text")]
 _pairs: dict = {}
 

@@ -16,6 +16,8 @@ What differs per family (transformers 5.23 names), and why it matters to lossles
                                                               image; cross-attention)
   gemma3                1D         0                          image_token_id (alias        no     -                language_model
                                                               image_token_index)
+  gemma3n               1D         0                          image_token_id (audio ids    no     -                language_model
+                                                              not pruned)
   lfm2_vl               1D         0                          image_token_id (alias        no     -                language_model
                                                               image_token_index)
   llava_onevision       1D         0                          image_token_id (alias        yes    metadata taken,  language_model
@@ -193,6 +195,10 @@ PALIGEMMA = Family("paligemma", ("paligemma",), Positions1D(start=1), _LLAVA_IMA
 # read (layer_kinds.CrossAttention), under the prompt's cross-attention mask, its last row carried on every later pass
 MLLAMA = Family("mllama", ("mllama",), Positions1D(), _LLAVA_IMAGE_VIDEO[:1], supports_video=False, lm_attrs=_LM,
                 carried=("cross_attention_mask",))
+# Gemma 3n: 1D positions, image soft tokens (image_token_id) and audio soft tokens in their own vocabulary ranges (the
+# processor's token_type_ids say which), a timm vision tower; its last layers share earlier layers' keys and values
+# (layer_kinds.SharedKV)
+GEMMA3N = Family("gemma3n", ("gemma3n",), Positions1D(), _LLAVA_IMAGE_VIDEO[:1], supports_video=False, lm_attrs=_LM)
 # LFM2-VL: 1D positions, SigLIP2 image tokens (image_token_id, alias image_token_index) in tiles, an LFM2 text model
 # whose short-convolution layers are read path by path (layer_kinds.py, recurrent_paths.py)
 LFM2_VL = Family("lfm2-vl", ("lfm2_vl",), Positions1D(), _LLAVA_IMAGE_VIDEO[:1], supports_video=False, lm_attrs=_LM)
@@ -204,8 +210,8 @@ GENERIC = Family("generic", (), Positions1D(), _LLAVA_IMAGE_VIDEO, supports_vide
 GENERIC_MROPE = Family("generic-mrope", (), MRoPE(), _LLAVA_IMAGE_VIDEO, supports_video=True,
                        lm_attrs=_LM + _TEXT_MODEL, verified=False)
 
-FAMILIES: dict[str, Family] = {t: f for f in (QWEN2_5_VL, QWEN2_VL, QWEN3_VL, QWEN3_5, GEMMA3, PALIGEMMA, MLLAMA,
-                                              LFM2_VL, LLAVA_ONEVISION, LLAVA, SMOLVLM, IDEFICS3)
+FAMILIES: dict[str, Family] = {t: f for f in (QWEN2_5_VL, QWEN2_VL, QWEN3_VL, QWEN3_5, GEMMA3, GEMMA3N, PALIGEMMA,
+                                              MLLAMA, LFM2_VL, LLAVA_ONEVISION, LLAVA, SMOLVLM, IDEFICS3)
                                for t in f.model_types}
 _warned: set[str] = set()
 

@@ -196,7 +196,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
            None, False,
            "one Gemma 3n release and tokenizer; the last 15 of the E4B's 35 layers read earlier layers' keys and "
            "values [g3n-e4b] (a kind of its own here); rows 262400 are transformers' default; image and audio ids "
-           "and the E2B's config unverified; its vision tower is a timm MobileNetV5, so loading needs `timm`"),
+           "and the E2B's config unverified; its vision tower is a timm MobileNetV5 (`timm` is in requirements.txt)"),
     Preset("qwen3.5-35b-a3b/0.8b", "qwen3_5_moe/qwen3_5", "Qwen/Qwen3.5-35B-A3B", "Qwen/Qwen3.5-0.8B", 248320, 248320,
            None, 248056, True,
            "an MoE target with a small dense draft of one Qwen3.5 release: rows 248320 in both ([q35-moe], "
