@@ -250,7 +250,8 @@ def kinds_of(model_or_config) -> list[Kind | Unsupported]:
     sinks = _sinks(model_or_config)
     model_type = getattr(text, "model_type", "").removesuffix("_text")
     cross = set(getattr(text, "cross_attention_layers", None) or ())  # Mllama: typed full attention by transformers
-    # Gemma 3n: transformers types a layer that reuses another's keys and values "dummy"; its own type says what it sees
+    # Gemma 3n: transformers types a layer that reuses another's keys and values "dummy"; it reads those of the last
+    # earlier layer of its own type, and sees what that layer sees
     sharing = getattr(text, "kv_sharing_modes", None) or [None] * len(types)
     own_types = getattr(text, "layer_types", None) or types
     out: list[Kind | Unsupported] = []
@@ -259,10 +260,9 @@ def kinds_of(model_or_config) -> list[Kind | Unsupported]:
         kind = None if make is None else make(kw)
         if i in cross:
             out.append(CrossAttention())
-        elif t == "dummy" and sharing[i] == "reuse" and own_types[i] in KINDS:
-            window = getattr(text, "sliding_window", None)
-            inner = KINDS[own_types[i]]({"sliding_window": window} if window else {})
-            out.append(SharedKV(inner) if isinstance(inner, FullAttention | SlidingWindow | Chunked)
+        elif t == "dummy" and sharing[i] == "reuse":
+            producer = next((out[j] for j in reversed(range(i)) if own_types[j] == own_types[i]), None)
+            out.append(SharedKV(producer) if isinstance(producer, FullAttention | SlidingWindow | Chunked)
                        else Unsupported(t))
         elif kind is None:
             out.append(Unsupported(t))
