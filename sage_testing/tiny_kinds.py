@@ -78,6 +78,18 @@ def _pattern(kind: str, layers: int) -> list[str]:
     return [kind if i % 2 == 0 else "full_attention" for i in range(layers)]
 
 
+def _gemma3n_text(common: dict, text_rows: int):
+    """Gemma 3n's text model as both its builders make it: 4 layers, the last two sharing the first two's keys and
+    values (num_kv_shared_layers=2), AltUp with 4 inputs (at GEMMA3N_INIT its greedy answer still varies past token
+    20), LAuReL, per-layer inputs for the ids below `text_rows`, the first layer's activation sparsity."""
+    from transformers import Gemma3nTextConfig
+
+    return Gemma3nTextConfig(**dict(common, num_hidden_layers=4), head_dim=16, sliding_window=WINDOW,
+                             num_kv_shared_layers=2, layer_types=["sliding_attention", "full_attention"] * 2,
+                             hidden_size_per_layer_input=8, vocab_size_per_layer_input=text_rows, laurel_rank=8,
+                             altup_num_inputs=4, activation_sparsity_pattern=[0.95, 0.0, 0.0, 0.0])
+
+
 def text_model(arch: str, tok, layers: int = 2, seed: int = 0):
     """A random-init text LM of `arch` (TEXT_KINDS) for `tok`'s ids."""
     import transformers as T
@@ -119,13 +131,8 @@ def text_model(arch: str, tok, layers: int = 2, seed: int = 0):
         model = T.NemotronHForCausalLM(T.NemotronHConfig(
             **dict(c, num_hidden_layers=3), head_dim=16, mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=16,
             n_groups=1, mamba_chunk_size=16, hybrid_override_pattern="M*-"))
-    elif arch == "gemma3n-text":  # 4 layers: the last two share the first two's keys and values
-        c = _text_common(tok, 4, GEMMA3N_INIT)  # with 4 AltUp inputs its greedy answer still varies past token 20
-        model = T.Gemma3nForCausalLM(T.Gemma3nTextConfig(
-            **c, head_dim=16, sliding_window=WINDOW, num_kv_shared_layers=2,
-            layer_types=["sliding_attention", "full_attention"] * 2, hidden_size_per_layer_input=8,
-            vocab_size_per_layer_input=len(tok), laurel_rank=8, altup_num_inputs=4,
-            activation_sparsity_pattern=[0.95, 0.0, 0.0, 0.0]))
+    elif arch == "gemma3n-text":
+        model = T.Gemma3nForCausalLM(_gemma3n_text(c, len(tok)))
     elif arch == "lfm2":  # short convolutions (a state of the last conv_L_cache inputs) beside attention
         model = T.Lfm2ForCausalLM(T.Lfm2Config(**dict(c, num_hidden_layers=4), conv_L_cache=3,
                                                block_auto_adjust_ff_dim=False,
@@ -238,13 +245,9 @@ def vlm_model(arch: str, tok, layers: int = 2, seed: int = 0):
                 for gate in ("cross_attn_attn_gate", "cross_attn_mlp_gate"):
                     if hasattr(layer, gate):
                         getattr(layer, gate).fill_(1.0)
-    elif arch == "gemma3n":  # gemma3n-text's 4 layers; the vision and audio vocabularies follow the text's
+    elif arch == "gemma3n":  # gemma3n-text's text model; the vision and audio vocabularies follow the text's
         text_rows = tok.convert_tokens_to_ids(GEMMA3N_TAIL[0])  # the tokenizer's text part: its ids below this
-        text = T.Gemma3nTextConfig(
-            **dict(c, num_hidden_layers=4, vocab_size=len(tok)), head_dim=16, sliding_window=WINDOW,
-            num_kv_shared_layers=2, layer_types=["sliding_attention", "full_attention"] * 2,
-            hidden_size_per_layer_input=8, vocab_size_per_layer_input=text_rows, laurel_rank=8, altup_num_inputs=4,
-            activation_sparsity_pattern=[0.95, 0.0, 0.0, 0.0])
+        text = _gemma3n_text(c, text_rows)
         vision = T.Gemma3nVisionConfig(architecture="test_resnet", hidden_size=96, vocab_size=4, vocab_offset=text_rows)
         audio = T.Gemma3nAudioConfig(hidden_size=32, conf_num_attention_heads=2, conf_num_hidden_layers=1,
                                      sscp_conv_channel_size=(8, 4), vocab_size=4, vocab_offset=text_rows + 4)
