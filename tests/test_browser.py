@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import app_server
@@ -121,15 +122,26 @@ def test_upload_run_and_inspect(page, tmp_path_factory):
     assert not [e for e in page.errors if "no supported sources" not in e], page.errors
 
 
-def test_video_shows_the_frames_the_model_sees(page, tmp_path_factory):
-    """The strip of the frames the model sees: one short row (issue 81, defect 9: on main it left ~400 px of blank
-    space that pushed Prompt and Run below the fold, and its captions covered the thumbnails)."""
+@contextmanager
+def video_uploaded(page, tmp_path_factory, width: int, height: int):
+    """A fresh page `width` x `height` px with a test video uploaded and its frame strip shown; afterwards the page
+    fresh again (no video left in the input for the next test) at the usual size."""
     media = app_server.media(str(tmp_path_factory.mktemp("browser_video")))
-    page.set_viewport_size({"width": 1440, "height": 900})
+    page.set_viewport_size({"width": width, "height": height})
     try:
         fresh(page)
         page.set_input_files("#video input[type=file]", media.video)
         page.wait_for_function("document.querySelectorAll('#frames img').length >= 2", timeout=30_000)
+        yield
+    finally:
+        fresh(page)
+        page.set_viewport_size({"width": 1440, "height": 1100})
+
+
+def test_video_shows_the_frames_the_model_sees(page, tmp_path_factory):
+    """The strip of the frames the model sees: one short row (issue 81, defect 9: on main it left ~400 px of blank
+    space that pushed Prompt and Run below the fold, and its captions covered the thumbnails)."""
+    with video_uploaded(page, tmp_path_factory, 1440, 900):
         assert "0.0" in page.inner_text("#frames")  # the frames' times, in the label
         strip, run = page.locator("#frames").bounding_box(), page.locator("#run").bounding_box()
         assert strip["height"] <= 220 and run["y"] + run["height"] <= 900, (strip, run)
@@ -142,28 +154,17 @@ def test_video_shows_the_frames_the_model_sees(page, tmp_path_factory):
                 .filter((r) => r.width && Math.min(r.bottom, label.bottom) - Math.max(r.top, label.top) > 1 &&
                                Math.min(r.right, label.right) - Math.max(r.left, label.left) > 1).length }""")
         assert label_over_frames == 0  # the strip's label (its times) does not cover a thumbnail
-    finally:
-        fresh(page)  # no video left in the input for the next test
-        page.set_viewport_size({"width": 1440, "height": 1100})
 
 
 def test_a_phone_sees_every_frame_the_model_sees(page, tmp_path_factory):
     """390 px: the strip keeps every sampled frame in its one row (Gradio's 100-px columns hid the fourth)."""
-    media = app_server.media(str(tmp_path_factory.mktemp("browser_video_phone")))
-    page.set_viewport_size({"width": 390, "height": 844})
-    try:
-        fresh(page)
-        page.set_input_files("#video input[type=file]", media.video)
-        page.wait_for_function("document.querySelectorAll('#frames img').length >= 2", timeout=30_000)
+    with video_uploaded(page, tmp_path_factory, 390, 844):
         outside = page.evaluate("""() => {
             const box = document.querySelector('#frames').getBoundingClientRect();
             return [...document.querySelectorAll('#frames img')].map((i) => i.getBoundingClientRect())
                 .filter((r) => r.left < box.left - 1 || r.right > box.right + 1 || r.bottom > box.bottom + 1)
                 .length }""")
         assert outside == 0
-    finally:
-        fresh(page)
-        page.set_viewport_size({"width": 1440, "height": 1100})
 
 
 def test_example_videos_play_in_the_browser(page):
