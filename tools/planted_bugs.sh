@@ -85,7 +85,7 @@ plant "a reused policy object carrying its history into the next run" sage_engin
 plant "sage reading the machine's prices (unpriced trees that depend on the clock)" sage_engine/policies/sage.py \
   "int(cfg.w_min), int(cfg.w_max), int(cfg.n_max))" "int(cfg.w_min), int(cfg.w_max), int(cfg.n_max), quote and quote.break_even())" \
   tests/test_extending.py::test_sage_draws_the_same_trees_whatever_the_meter_has_seen
-plant "a window rolled one column further than no query sees" sage_engine/models/layer_kinds.py \
+plant "a window rolled one column further than no query sees" sage_engine/models/columns.py \
   "k = min(k, n - 1)  # keep one column" "k = min(k + 1, n - 1)  # keep one column" \
   "tests/test_layer_kinds.py::test_every_policy_equals_ar_past_the_window"
 plant "a recurrent plain step that forgets the carried path (commit)" sage_engine/models/recurrent_paths.py \

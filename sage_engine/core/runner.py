@@ -24,8 +24,9 @@ from ..backends import choose
 from ..backends.choose import sync
 from ..backends.hf_forward import ModelForward
 from ..backends.prompt_path import FusedPrompt
+from ..models.columns import Columns
 from ..models.families import Family, adapter_for
-from ..models.layer_kinds import Columns, plan_for
+from ..models.layer_kinds import plan_for
 from ..models.pruning import VisualPruning, pruned_prefill_inputs
 from ..models.recurrent_paths import PathRegion
 from .cache import compact, copy_cache
@@ -58,7 +59,7 @@ class ModelRunner:
         self.family = family or adapter_for(model)
         self.plan = plan_for(model)  # its layers' kinds (layer_kinds.py): what each sees, how its cache keeps a path
         # where a layer sees less than the whole past (a window, a chunk): every cache column's sequence index, and
-        # what each windowed layer type has dropped of them (layer_kinds.Columns). None where every layer sees all.
+        # what each windowed layer type has dropped of them (columns.Columns). None where every layer sees all.
         self.columns: Columns | None = None
         # a model with recurrent layers: its uncommitted columns, each read along its own path (recurrent_paths.py)
         self.paths = PathRegion() if self.plan.recurrent else None
