@@ -105,7 +105,8 @@ def test_the_scorers_catch_wrong_facts():
     f = picture_facts(img)
     rng = random.Random(0)
     ex = T.picture_example(f, rng, "pic_describe")
-    wrong = ex.answer.replace("The top row is blue, with white on the left.", "The top row is red.")
+    wrong = ex.answer.replace("In the top row, the left is white, the middle is blue",
+                              "In the top row, the left is red, the middle is red")
     assert wrong != ex.answer
     got = T.score_picture(ex, wrong)
     assert not got["region_0"] and not got["region_1"] and got["region_3"]
@@ -170,6 +171,8 @@ def test_the_engine_puts_any_photo_on_the_shipped_pair_s_square_canvas(tmp_path)
     assert prep.images[0].size == (SIZE, SIZE)
 
 
-def test_a_row_naming_one_colour_twice_is_counted():
-    assert T.names_a_colour_twice("The top row is white, with white on the left.")
-    assert not T.names_a_colour_twice("The top row is white, with brown on the left.")
+def test_a_row_is_read_cell_by_cell_and_a_row_missing_a_cell_says_nothing():
+    assert T.read_rows("In the top row, the left is white, the middle is blue and the right is red.") == {
+        0: ["white", "blue", "red"]}
+    assert T.read_rows("In the bottom row, the left is white and the right is red.") == {}
+    assert T.read_rows("In the top row, the left is white, the left is blue and the right is red.") == {}

@@ -276,13 +276,15 @@ def test_a_picture_answer_s_words_point_at_the_cells_they_name():
                     checked["colour"] += 1
                 elif len(cells) == 1 and colours:
                     assert colours[0] == f.cells[cells[0]], (t[s:e], cells, f.cells)
+                    side = re.match(r"the (left|middle|right) is", t[s:e])
+                    assert side is None or ("left", "middle", "right").index(side.group(1)) == cells[0] % 3
                     checked["colour"] += 1
                 elif "part is" in t[max(0, s - 9):s]:
                     which = "brightest" if "brightest part is" in t[max(0, s - 20):s] else "darkest"
                     assert cells == [f.brightest if which == "brightest" else f.darkest]
                     checked["place"] += 1
-                elif t[s:e].strip().startswith("The") and " row is" in t[s:e]:
-                    r = ROW_WORDS.index(words[1])
+                elif t[s:e].startswith("In the") and " row," in t[s:e]:
+                    r = ROW_WORDS.index(words[2])
                     assert cells == [3 * r, 3 * r + 1, 3 * r + 2]
                     checked["row"] += 1
                 if m == "video" and ("turns from" in t[s:e] or re.search(r"gets? (lighter|darker)", t[s:e])):

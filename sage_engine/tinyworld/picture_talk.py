@@ -29,6 +29,7 @@ NOT_SHAPES = "This is not a picture of shapes."
 BRIGHTNESS = {"dark": "It is mostly dark.", "light": "It is mostly light.",
               "medium": "It is neither very light nor very dark."}
 ROW_WORDS = ("top", "middle", "bottom")
+PICTURE_TEXT_VERSION = 2   # bumped whenever a picture answer's wording changes: names the fine-tune's cache
 
 # the world's prompts (so that a prompt never tells a picture from a scene), and two more for photos
 DESCRIBE_PROMPTS = language.DESCRIBE_PROMPTS + ("What is in this picture?", "Describe the photo.")
@@ -65,21 +66,17 @@ def _and(words: list[str]) -> str:
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
-SIDES = ("on the left", "in the middle", "on the right")
+SIDES = ("left", "middle", "right")
 
 
 def row_sentence(f: PictureFacts, r: int) -> str:
-    """A row's colours, left to right, never one word twice in a row: 'The top row is blue.' (one colour fills
-    it), 'The top row is blue, with white on the right.' (two share it), 'The top row is blue, white and green.'"""
+    """A row's colours cell by cell, each after its place: 'In the top row, the left is blue, the middle is blue and
+    the right is white.' Every cell gets its own word right after the word that names it, as in the answer to
+    the colour at a place, and no colour is said twice back to back (a listing such as 'blue, blue and white'
+    would read as a stutter)."""
     row = f.row(r)
-    if len(set(row)) == 1:
-        colours = row[0]
-    elif len(set(row)) == 2:
-        odd = next(k for k in range(3) if row.count(row[k]) == 1)
-        colours = f"{row[(odd + 1) % 3]}, with {row[odd]} {SIDES[odd]}"
-    else:
-        colours = _and(list(row))
-    return f"The {ROW_WORDS[r]} row is {colours}."
+    said = [f"the {SIDES[k]} is {row[k]}" for k in range(3)]
+    return f"In the {ROW_WORDS[r]} row, {said[0]}, {said[1]} and {said[2]}."
 
 
 def main_sentence(f: PictureFacts) -> str:
@@ -175,7 +172,7 @@ def clip_example(c: ClipFacts, rng: random.Random, kind: str) -> Example:
 
 # ---------------------------------------------------------------- scoring
 
-_ROW_RE = re.compile(r"the (top|middle|bottom) row is ([a-z ,]+?)\.")
+_ROW_RE = re.compile(r"in the (top|middle|bottom) row, ([a-z ,]+?)\.")
 _PLACE_RE = re.compile(r"(top left|top right|bottom left|bottom right|top|bottom|left|right|centre)")
 _SHAPE_RE = re.compile(r"\b(" + "|".join(SHAPES) + r")s?\b")
 
@@ -186,17 +183,13 @@ def _place(text: str) -> int | None:
 
 
 def read_rows(text: str) -> dict[int, list[str]]:
-    """{row: its three colours left to right} from the row sentences of row_sentence."""
+    """{row: its three colours left to right} from the row sentences of row_sentence; a row missing a cell or
+    naming one twice is left out (all its cells count as wrong)."""
     out = {}
     for word, said in _ROW_RE.findall(text.lower()):
-        m = re.fullmatch(r"([a-z]+), with ([a-z]+) (on the left|in the middle|on the right)", said)
-        if m:
-            row = [m.group(1)] * 3
-            row[SIDES.index(m.group(3))] = m.group(2)
-        else:
-            names = [w for w in re.split(r",\s*|\s+and\s+", said) if w]
-            row = names * 3 if len(names) == 1 else names
-        out[ROW_WORDS.index(word)] = row
+        cells = dict(re.findall(r"the (left|middle|right) is ([a-z]+)", said))
+        if len(cells) == 3 and len(re.findall(r"the (?:left|middle|right) is", said)) == 3:
+            out[ROW_WORDS.index(word)] = [cells[side] for side in SIDES]
     return out
 
 
@@ -275,15 +268,6 @@ def _vocabulary() -> frozenset[str]:
 
 
 _VOCAB: frozenset[str] | None = None
-
-
-_TWICE_RE = re.compile(r"\b([a-z]+), with \1 (?:on the|in the)\b")
-
-
-def names_a_colour_twice(text: str) -> bool:
-    """Whether a row sentence contradicts itself ('The top row is white, with white on the left.'): a wrong
-    sentence, though not broken text, which the evaluation counts apart."""
-    return bool(_TWICE_RE.search(text.lower()))
 
 
 def text_defects(text: str) -> list[str]:

@@ -46,6 +46,8 @@ def cmd_train(a) -> None:
 def cmd_finetune(a) -> None:
     import torch
 
+    from ..language import TEXT_VERSION
+    from ..picture_talk import PICTURE_TEXT_VERSION
     from .finetune import FinetuneConfig, run
     torch.set_num_threads(a.threads)
     ft = FinetuneConfig(seed=a.seed)
@@ -54,7 +56,8 @@ def cmd_finetune(a) -> None:
     sizes |= {"target_lr": a.lr, "draft_lr": a.lr, "pixel_weight": a.pixel_weight, "describe_weight": a.describe_weight}
     ft = dataclasses.replace(ft, **{k: v for k, v in sizes.items() if v is not None})
     cache = Path(a.cache) if a.cache else Path(tempfile.gettempdir()) / (
-        f"tinyworld-finetune-s{ft.seed}-{ft.world_images}-{ft.world_videos}-{ft.pictures}-{ft.picture_clips}")
+        f"tinyworld-finetune-s{ft.seed}-{ft.world_images}-{ft.world_videos}-{ft.pictures}-{ft.picture_clips}"
+        f"-text{TEXT_VERSION}-pictures{PICTURE_TEXT_VERSION}")
     run(Path(a.src), Path(a.out), cache, ft, log=lambda *x: print(*x, flush=True), only_draft=a.only_draft)
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..language import Example
-from ..picture_talk import CLIP_WEIGHTS, PICTURE_WEIGHTS, ROW_WORDS, SIDES, clip_example, picture_example
+from ..picture_talk import CLIP_WEIGHTS, PICTURE_WEIGHTS, ROW_WORDS, clip_example, picture_example
 from ..pictures import sample_clip_frames, sample_picture
 from ..pixels import ClipFacts, PictureFacts, clip_facts, picture_facts
 from ..world import POSITIONS, read_video, write_mp4
@@ -47,8 +47,8 @@ def picture_stream(seed: int, n_pictures: int, n_clips: int, split: str = "train
                                                  for k in sample_kind(rng, CLIP_WEIGHTS, per_clip)]
 
 
-_ROW = re.compile(r"The (top|middle|bottom) row is ([^.]*)\.")
-_TWO = re.compile(r"([a-z]+), with ([a-z]+) (on the left|in the middle|on the right)")
+_ROW = re.compile(r"In the (top|middle|bottom) row, ([^.]*)\.")
+_CELL = re.compile(r"the (?:left|middle|right) is [a-z]+")
 _PART = re.compile(r"(brightest|darkest) part is ([a-z ]+?)(?=[.,])")
 _TURNS = re.compile(r"The ([a-z ]+?) turns from [a-z]+ to [a-z]+\.", re.I)
 _GETS = re.compile(r"[^.]* gets? (lighter|darker)\.")
@@ -61,8 +61,8 @@ def _bits(cells, groups=(0,)) -> int:
 def picture_spans(ex: Example) -> list[tuple[int, int, int]]:
     """[(start, end, bits)]: character spans of a picture's or clip's answer and the visual tokens (retrieval.py's
     bit layout) each is about, from the example's pixel facts:
-    - a row sentence ("The top row is blue, with white on the right.") -> its three cells, and finer: a colour
-      word -> the cell(s) it names, the odd colour and its side -> the odd cell (the first group of a clip);
+    - a row sentence ("In the top row, the left is blue, the middle is ...") -> its opening -> its three cells,
+      each "the left is blue" -> its cell (the first group of a clip);
     - "the brightest part is in the top left" -> the place phrase -> the brightest (darkest) cell;
     - the colour at a place ("At the top, it is red.") -> the asked cell;
     - a clip's change: a cell that turns -> that cell, "... get(s) lighter" -> the cells that got lighter (darker),
@@ -74,20 +74,10 @@ def picture_spans(ex: Example) -> list[tuple[int, int, int]]:
     for m in _ROW.finditer(t):
         cells = [3 * ROW_WORDS.index(m.group(1)) + k for k in range(3)]
         out.append((m.start(), m.start(2), _bits(cells)))
-        base, said = m.start(2), m.group(2)
-        two = _TWO.fullmatch(said)
-        words = list(re.finditer(r"[a-z]+", said))
-        colours = [w for w in words if w.group(0) != "and"]
-        if two:
-            odd = cells[SIDES.index(two.group(3))]
-            out += [(base + two.start(1), base + two.end(1), _bits([c for c in cells if c != odd])),
-                    (base + two.end(1), base + two.start(2), _bits(cells)),
-                    (base + two.start(2), m.end(), _bits([odd]))]
-        elif len(colours) == 3:
-            edges = [base] + [w.end() + base for w in colours[:2]] + [m.end()]
-            out += [(edges[k], edges[k + 1], _bits([cells[k]])) for k in range(3)]
-        else:
-            out.append((base, m.end(), _bits(cells)))
+        base = m.start(2)
+        parts = list(_CELL.finditer(m.group(2)))
+        edges = [base + w.start() for w in parts] + [m.end()]
+        out += [(edges[k], edges[k + 1], _bits([cells[k]])) for k in range(len(parts))]
     for m in _PART.finditer(t):
         out.append((m.start(2), m.end(2) + 1, _bits([f.brightest if m.group(1) == "brightest" else f.darkest])))
     if ex.kind == "pic_colour":
