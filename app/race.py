@@ -5,11 +5,11 @@ so drawing never paces decoding. The two decoders NEVER run at the same time, an
 (they queue on the one device thread): on a shared device a parallel run would slow both.
 
 Given an engine for each lane (two engines on the same models: each holds one decode's caches), the lanes take turns
-in short slices (`SLICE_S` of decoding, at least one step each): a shared CPU's neighbours, busy one moment and idle
-the next, then slow both lanes alike instead of whichever lane happened to run at the time. Each lane's time is the
-sum of its own slices (the time spent inside its engine's `stream()`), so it is what that lane cost, measured on the
-same machine as the other. Each lane's CPU time (the process's, in its own slices) is kept too: a neighbour that
-takes the core makes a lane wait, not compute, so CPU time is what the lane cost whatever the neighbours did (one
+in lockstep by tokens (`Race._alternate`: a speculative step, then the autoregressive lane catches up with it): a
+shared CPU's neighbours, busy one moment and idle the next, then slow both lanes alike instead of whichever lane
+happened to run at the time. Each lane's time is the sum of its own steps (the time spent inside its engine's
+`stream()`), so it is what that lane cost, measured on the same machine as the other. Each lane's CPU time (the
+process's, in its own steps) is kept too: a neighbour that takes the core makes a lane wait, not compute, so CPU time is what the lane cost whatever the neighbours did (one
 decoding thread: the device's; the page's drawing meanwhile adds a little to both). With one engine the lanes run
 one after the other, each timed like `SpecEngine.generate()` (the CLI). Before the lanes, the worker decodes a few
 plain tokens of the same input untimed (`WARM_TOKENS`): after the machine sat idle or ran other work, a decode runs
@@ -44,8 +44,8 @@ class Arrival:
 
     lane: str  # "ar" | "spec"
     event: StepEvent | None
-    at: float  # seconds since the lane started (in turns: the lane's own slices)
-    cpu: float | None = None  # CPU seconds the process spent in the lane's own slices (in turns only)
+    at: float  # seconds the lane has decoded (in turns: the sum of its own steps)
+    cpu: float | None = None  # CPU seconds the process spent in the lane's own steps (in turns only)
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,6 @@ class Failure:
 _END = object()
 RACING = "sage-race"  # the device thread's name while it decodes a race
 WARM_TOKENS = 8  # the untimed plain decode before the lanes (a few target forwards: warms the caches)
-SLICE_S = 0.02  # a lane decodes this long (at least one step) before the other lane's turn
 
 
 class RunControl:
@@ -141,35 +140,37 @@ class Race:
         return True
 
     def _alternate(self) -> None:
-        """Both lanes in turns of SLICE_S; each lane's clock runs only inside its own engine's steps."""
+        """Both lanes in lockstep by tokens: the lane with fewer tokens so far decodes its next step (on a tie, the
+        lane that did not just run), so the speculative lane takes one step and the autoregressive lane then catches
+        up with it token by token. Each lane's clock runs only inside its own engine's steps.
+
+        Why by tokens and not by time: a lane that is done early would leave the other decoding alone, timed while
+        the neighbours did whatever they did then. In lockstep both lanes cover the same stretch of the answer in
+        the same tens of milliseconds, so a neighbour's burst weighs on each in proportion to its own work."""
         engines = {"ar": self.ar_engine, "spec": self.engine}
-        turns = [[lane, iter(engines[lane].stream(self.prepared, policy, self.max_new_tokens, sampling=self.sampling)),
-                  0.0, 0.0] for lane, policy in self.lanes]  # [lane, its step stream, its seconds, its CPU seconds]
+        turns = {lane: iter(engines[lane].stream(self.prepared, policy, self.max_new_tokens, sampling=self.sampling))
+                 for lane, policy in self.lanes}
+        tokens, seconds, cpu = dict.fromkeys(turns, 0), dict.fromkeys(turns, 0.0), dict.fromkeys(turns, 0.0)
+        last = "ar"
         try:
-            i = 0
             while turns:
-                turn = turns[i % len(turns)]
-                lane, steps = turn[0], turn[1]
-                start = time.perf_counter()
-                while True:
-                    t0, c0 = time.perf_counter(), time.process_time()
-                    ev = next(steps, None)
-                    t1, c1 = time.perf_counter(), time.process_time()
-                    turn[2] += t1 - t0
-                    turn[3] += c1 - c0
-                    self._queue.put(Arrival(lane, ev, turn[2], turn[3]))
-                    if ev is None:
-                        turns.remove(turn)
-                        i -= 1  # the next lane has this index now
-                        break
-                    if self._switch.is_set() or self._quit.is_set():
-                        return
-                    if t1 - start >= SLICE_S:
-                        break
-                i += 1
+                lane = min(turns, key=lambda k: (tokens[k], k == last))
+                t0, c0 = time.perf_counter(), time.process_time()
+                ev = next(turns[lane], None)
+                t1, c1 = time.perf_counter(), time.process_time()
+                seconds[lane] += t1 - t0
+                cpu[lane] += c1 - c0
+                self._queue.put(Arrival(lane, ev, seconds[lane], cpu[lane]))
+                if ev is None:
+                    del turns[lane]
+                    continue
+                tokens[lane] += len(ev.new_token_ids)
+                last = lane
+                if self._switch.is_set() or self._quit.is_set():
+                    return
         finally:
-            for turn in turns:
-                turn[1].close()
+            for steps in turns.values():
+                steps.close()
 
     def batches(self, every: Callable[[], float]) -> Iterator[list[Arrival]]:
         """Everything that arrived since the last batch, polled every `every()` s (a batch may be []).

@@ -29,7 +29,7 @@ class Lane:
     text: str = ""
     text_ends: list[int] = field(default_factory=list)  # len(text) after each step (race replay)
     seconds: float | None = None  # wall time of the whole lane; None while it runs
-    cpu_seconds: float | None = None  # CPU time of the lane's own slices when the lanes took turns (race.py)
+    cpu_seconds: float | None = None  # CPU time of the lane's own steps when the lanes took turns (race.py)
 
     @property
     def decode_steps(self) -> list[StepEvent]:
@@ -155,8 +155,8 @@ class RunRecord:
             "max_new_tokens": self.max_new_tokens,
             "policy": self.policy,
             "policy_config": self.policy_config,
-            "note": ("the two decoders took turns in short slices on the same input, never at the same time; each "
-                     "lane's seconds are the sum of its own slices" if self.alternated else
+            "note": ("the two decoders took turns on the same input in lockstep by tokens, never at the same "
+                     "time; each lane's seconds are the sum of its own steps" if self.alternated else
                      "the two decoders ran one after the other on the same input, never at the same time"),
             "alternated": self.alternated,
             "ar": lane(self.ar),

@@ -112,9 +112,10 @@ def test_defect_17_a_race_slower_than_ar_says_it_was_slower_and_why(client, serv
         assert "slower" in said and "because" in said, said
 
 
-def test_point_4_the_lanes_take_turns_and_each_is_timed_by_its_own_slices():
-    """Given an engine per lane, the race alternates the lanes in short slices (the arrivals interleave), each lane's
-    time is the sum of its own slices (together at most the race's wall time), and the outputs stay identical."""
+def test_point_4_the_lanes_take_turns_in_lockstep_and_each_is_timed_by_its_own_steps():
+    """Given an engine per lane, the race alternates the lanes in lockstep by tokens (a lane steps only while it has
+    no more tokens than the other, so neither runs on alone while the other waits), each lane's time is the sum of
+    its own steps (together at most the race's wall time), and the outputs stay identical."""
     import time
 
     from app.device import DeviceThread
@@ -130,11 +131,19 @@ def test_point_4_the_lanes_take_turns_and_each_is_timed_by_its_own_slices():
     race.start()
     record, transcriber, order = RunRecord("p", "q", 200, "sage", {}, {}, spec=Lane("spec", "sage")), Transcriber(), []
     started = time.perf_counter()
+    tokens, ahead = {"ar": 0, "spec": 0}, []
     for batch in race.batches(every=lambda: 0.01):
         consume(record, transcriber, batch)
-        order += [a.lane for a in batch if a.event is not None]
+        for a in batch:
+            if a.event is not None:
+                other = "spec" if a.lane == "ar" else "ar"
+                if not (record.ar if other == "ar" else record.spec).done:
+                    ahead.append(tokens[a.lane] - tokens[other])  # before this step
+                tokens[a.lane] += len(a.event.new_token_ids)
+                order.append(a.lane)
     wall = time.perf_counter() - started
     switches = sum(1 for a, b in zip(order, order[1:]) if a != b)
     assert switches >= 3, order  # not one lane and then the other
+    assert max(ahead) <= 0, ahead  # a lane steps only while it is not ahead of the other
     assert record.ar.done and record.spec.done and record.ar.token_ids == record.spec.token_ids
     assert record.ar.seconds + record.spec.seconds <= wall, (record.ar.seconds, record.spec.seconds, wall, t0)
