@@ -29,7 +29,7 @@ def policy_choices(registered=()) -> tuple[str, ...]:
     of app.py registered (sage_engine.register_policy)."""
     return POLICIES + tuple(n for n in registered if n not in POLICIES)
 MAX_NEW_TOKENS = 512
-DEFAULT_NEW_TOKENS = 96
+DEFAULT_NEW_TOKENS = 192  # room for a whole description: a photo's about 120 tokens, a clip's up to about 170
 
 
 @dataclass

@@ -11,6 +11,8 @@ import app_server
 import pytest
 from app_server import OUT, check_summary, figure
 
+from app.layout import DEFAULT_NEW_TOKENS
+
 pytestmark = pytest.mark.timeout(300)
 
 
@@ -37,7 +39,7 @@ def test_cached_example_races_once_then_replays(client, server, media):
     assert cached["status"].startswith("**Cached result**") and "Done" not in cached["status"]
     assert "timings measured then" in cached["status"] and "press **Run** to race live" in cached["status"]
     s = check_summary(live)
-    assert s["preset"] == server.default_preset and len(s["ar"]["token_ids"]) <= 96  # the layout's defaults
+    assert s["preset"] == server.default_preset and len(s["ar"]["token_ids"]) <= DEFAULT_NEW_TOKENS  # defaults
     assert cached["summary"]["speculative"]["token_ids"] == s["speculative"]["token_ids"]
     assert cached["summary"] == s  # the same run, timings included: shown, not raced again
     assert t_cached < 3.0

@@ -2,7 +2,7 @@
 answers back against their pixel facts (pixels.py).
 
 The answers say only what the pair can see at its resolution: that the picture is not a scene of shapes, how
-light or dark it is, its main colours, each row's colours (left to right), where its brightest and darkest parts
+light or dark it is, its main colours, each cell's colour (row by row), where its brightest and darkest parts
 are, and for a clip what changes between its first and second half. Kinds:
 - pic_describe: the whole description; pic_colour: the colour at a place; pic_light: light or dark;
   pic_main: the main colour; pic_bright: the brightest or darkest part; pic_noshape: a question about shapes;
@@ -60,10 +60,6 @@ def where(cell: int) -> str:
     if p in ("left", "right"):
         return f"on the {p}"
     return f"in the {p}"
-
-
-def _and(words: list[str]) -> str:
-    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
 SIDES = ("left", "middle", "right")
