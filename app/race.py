@@ -9,11 +9,12 @@ in lockstep by tokens (`Race._alternate`: a speculative step, then the autoregre
 shared CPU's neighbours, busy one moment and idle the next, then slow both lanes alike instead of whichever lane
 happened to run at the time. Each lane's time is the sum of its own steps (the time spent inside its engine's
 `stream()`), so it is what that lane cost, measured on the same machine as the other. Each lane's CPU time (the
-process's, in its own steps) is kept too: a neighbour that takes the core makes a lane wait, not compute, so CPU time is what the lane cost whatever the neighbours did (one
-decoding thread: the device's; the page's drawing meanwhile adds a little to both). With one engine the lanes run
-one after the other, each timed like `SpecEngine.generate()` (the CLI). Before the lanes, the worker decodes a few
-plain tokens of the same input untimed (`WARM_TOKENS`): after the machine sat idle or ran other work, a decode runs
-~10% slower for its first tens of milliseconds.
+process's, in its own steps) is kept too: a neighbour that takes the core makes a lane wait, not compute, so CPU
+time is what the lane cost whatever the neighbours did (one decoding thread: the device's; the page's drawing
+meanwhile adds a little to both). With one engine the lanes run one after the other, each timed like
+`SpecEngine.generate()` (the CLI). Before the lanes, the worker decodes a few plain tokens of the same input untimed
+(`WARM_TOKENS`): after the machine sat idle or ran other work, a decode runs ~10% slower for its first tens of
+milliseconds.
 """
 
 from __future__ import annotations
