@@ -19,11 +19,11 @@ INTRO = (
 
 FAIRNESS = (
     "**Fair timing:** the two decoders **take turns** on the same input and device, never at the same time: one "
-    "speculative step, then the autoregressive lane catches up to the same token, so both cover the same part of "
-    "the answer within the same few tens of milliseconds, a busy neighbour on a shared CPU slows both alike, and "
-    "each lane's time is the sum of its own steps. **Target forwards** (one pass of the big model each) do not "
-    "depend on the machine at all: the autoregressive lane needs one per token, the speculative lane one per step. "
-    "The *race replay* below starts both together, each at the speed it measured."
+    "speculative step, then the autoregressive lane catches up to the same token. Both cover the same part of the"
+    " answer within the same few tens of milliseconds, so a busy neighbour on a shared CPU slows both alike. Each"
+    " lane's time is the sum of its own steps. **Target forwards** (one pass of the big model each) do not depend"
+    " on the machine at all: the autoregressive lane needs one per token, the speculative lane one per step. The "
+    "*race replay* below starts both together, each at the speed it measured."
 )
 
 
