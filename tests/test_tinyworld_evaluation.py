@@ -216,3 +216,7 @@ def test_a_second_fine_tune_adds_its_section_and_keeps_the_first(tmp_path):
     assert "`FT CMD --seed 7` (2 threads, cache 1.0 min, target 10.0 min, draft 5.0 min, total 16.0 min)" in new
     assert "(seed 7)" in new and "descriptions drawn 3.5x" in new and "30 steps" in new and "`picture_spans`" in new
     assert "EVAL CMD" in after and "## Per-forward cost" in after
+    finetune_card(tmp_path, result, summary, "EVAL CMD", "FT CMD --seed 8", title="Fine-tuned a third time")
+    third = (tmp_path / "tinyworld-target" / "README.md").read_text()
+    assert new in third and third.count("## Fine-tuned") == after.count("## Fine-tuned") + 1
+    assert "## Fine-tuned a third time\n\n`FT CMD --seed 8`" in third

@@ -293,10 +293,13 @@ Clean text (no stutter, glued words or character runs): target {t['clean']:.3f},
 """
 
 
-def finetune_card(models_dir: Path, eval_result: dict, summary: dict, eval_cmd: str, ft_cmd: str) -> None:
+def finetune_card(models_dir: Path, eval_result: dict, summary: dict, eval_cmd: str, ft_cmd: str,
+                  title: str = "") -> None:
     """Rewrite both cards after `finetune`: the status line and evaluation section from `eval_result`, and a
     section on this fine-tune (its command, data and minutes) after the sections of the training and of any earlier
-    fine-tune, which stay (the pair was trained on from them); the benchmark section of the older pair is dropped."""
+    fine-tune, which stay (the pair was trained on from them); the benchmark section of the older pair is dropped.
+    title: the section's heading (default: "on pictures from outside the world" for the first fine-tune, "again:
+    which cell holds a colour or the light" for the second)."""
     ft, sec = summary["finetune"], summary["seconds"]
     minutes = ", ".join(f"{k} {sec[k] / 60:.1f} min" for k in ("cache", "target", "draft", "total") if k in sec)
     described = (f", the world's descriptions drawn {ft['describe_weight']:g}x"
@@ -309,8 +312,9 @@ def finetune_card(models_dir: Path, eval_result: dict, summary: dict, eval_cmd: 
         head, rest = text.split("## Training", 1)
         training, rest = rest.split("## Evaluation", 1)
         again = "## Fine-tuned on pictures" in training
-        title = ("## Fine-tuned again: which cell holds a colour or the light" if again
-                 else "## Fine-tuned on pictures from outside the world")
+        title = f"## {title}" if title else (
+            "## Fine-tuned again: which cell holds a colour or the light" if again
+            else "## Fine-tuned on pictures from outside the world")
         start = "the weights of the section above" if again else "the weights above"
         section = f"""{title}
 

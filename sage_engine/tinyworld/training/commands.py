@@ -81,7 +81,8 @@ def cmd_card(a) -> None:
     if "finetune" in summary:  # a fine-tune's summary: its section joins the cards, the rest of them stays
         if not a.train_cmd:
             raise SystemExit("error: a fine-tune's card needs --train-cmd (the finetune command line it ran)")
-        finetune_card(models, json.loads(Path(a.eval_json).read_text()), summary, a.eval_cmd, a.train_cmd)
+        finetune_card(models, json.loads(Path(a.eval_json).read_text()), summary, a.eval_cmd, a.train_cmd,
+                      a.train_title)
         return
     pair = [AutoModelForImageTextToText.from_pretrained(models / f"tinyworld-{r}", dtype=torch.float32).eval()
             for r in ("target", "draft")]
@@ -202,6 +203,7 @@ def add_ship_and_card_commands(sub, assets: Path) -> None:
                    help="the summary.json a training run writes beside the models (train --out or finetune --out)")
     c.add_argument("--train-cmd", default="",
                    help="a fine-tune's command line (its section of the cards; `train` runs' cards name their own)")
+    c.add_argument("--train-title", default="", help="a fine-tune section's heading (default: by its place)")
     c.add_argument("--bench-json", default=None, help="a float32 `python -m sage_engine bench --out` report")
     c.add_argument("--bench-bf16-json", default=None, help="the same benchmark in bfloat16")
     c.add_argument("--bench-cmd", default="", help="the bench command line that produced --bench-json")
