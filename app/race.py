@@ -13,8 +13,8 @@ process's, in its own steps) is kept too: a neighbour that takes the core makes 
 time is what the lane cost whatever the neighbours did (one decoding thread: the device's; the page's drawing
 meanwhile adds a little to both). With one engine the lanes run one after the other, each timed like
 `SpecEngine.generate()` (the CLI). Before the lanes, the worker decodes a few plain tokens of the same input untimed
-(`WARM_TOKENS`): after the machine sat idle or ran other work, a decode runs ~10% slower for its first tens of
-milliseconds.
+(`WARM_TOKENS`), then a few speculative ones: after the machine sat idle or ran other work, a decode runs ~10% slower
+for its first tens of milliseconds, and the speculative lane's first steps slower still.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class Failure:
 
 _END = object()
 RACING = "sage-race"  # the device thread's name while it decodes a race
-WARM_TOKENS = 8  # the untimed plain decode before the lanes (a few target forwards: warms the caches)
+WARM_TOKENS = 8  # the untimed decodes before the lanes (plain, then speculative: warms the caches)
 
 
 class RunControl:
@@ -118,7 +118,10 @@ class Race:
         thread = threading.current_thread()
         idle_name, thread.name = thread.name, RACING  # while it decodes a race (a profiler, or a test, can tell)
         try:
-            (self.ar_engine or self.engine).generate(self.prepared, "ar", WARM_TOKENS)  # untimed: a warm machine
+            # untimed: a warm machine, and both lanes' models and code paths warm (the speculative lane's draft and
+            # compiled step sit cold since the last run)
+            (self.ar_engine or self.engine).generate(self.prepared, "ar", WARM_TOKENS)
+            self.engine.generate(self.prepared, self.lanes[1][1], WARM_TOKENS)  # stream() resets the policy after
             if self.ar_engine is not None:
                 self._alternate()
                 return

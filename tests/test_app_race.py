@@ -38,8 +38,9 @@ def test_stop_switch_ends_the_race_early():
 
 
 def test_race_warms_up_untimed_before_its_lanes(monkeypatch):
-    """A race decodes WARM_TOKENS plain tokens of its input before the two timed lanes, and none of their events reach
-    the record: the autoregressive lane, which goes first, no longer pays for a machine that sat idle."""
+    """A race decodes WARM_TOKENS plain tokens of its input, then WARM_TOKENS with its speculative policy, before the
+    two timed lanes, and none of their events reach the record: neither lane pays for a machine, a draft or a compiled
+    step that sat idle."""
     from app import race as race_module
     from app.device import DeviceThread
     from app.race import Race, Transcriber, consume
@@ -61,7 +62,8 @@ def test_race_warms_up_untimed_before_its_lanes(monkeypatch):
     record, transcriber = RunRecord("p", "q", 12, "sage", {}, {}, spec=Lane("spec", "sage")), Transcriber()
     for batch in race.batches(every=lambda: 0.01):
         consume(record, transcriber, batch)
-    assert calls == [("ar", race_module.WARM_TOKENS), ("ar", 12), ("sage", 12)]
+    warm = race_module.WARM_TOKENS
+    assert calls == [("ar", warm), ("sage", warm), ("ar", 12), ("sage", 12)]
     assert record.ar.done and record.spec.done and len(record.ar.token_ids) == len(record.spec.token_ids) == 12
     assert record.ar.token_ids == record.spec.token_ids
 

@@ -15,6 +15,7 @@ import argparse
 import random
 import statistics
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -31,6 +32,9 @@ while True:
         pass
     time.sleep(rng.uniform(0.05, 0.6))
 """
+
+
+SETTLE_S = 1.0  # seconds the neighbours run before the first timed race
 
 
 def bursty_neighbours():
@@ -74,6 +78,7 @@ def main(argv=None) -> int:
     race()  # untimed: engines built, caches warm
     speedups, cpu = [], []
     with bursty_neighbours() if args.neighbours == "bursty" else _nothing():
+        time.sleep(SETTLE_S)  # the neighbours' own start-up is not the pattern: the first race waits it out
         for i in range(args.races):
             s = race()
             a, b = s["ar"]["stats"], s["speculative"]["stats"]
