@@ -268,7 +268,7 @@ class ModelRunner:
         q_seq = np.asarray(positions, dtype=np.int64)
         # [1, 1, q, held + q] per layer type: each type's layers hold their own columns
         masks = {name: additive_mask(m, 0, self.dtype, self.device)
-                 for name, m in self.plan.masks(self.columns, q_seq, allowed).items()}
+                 for name, m in self.columns.masks(self.plan, q_seq, allowed).items()}
         mask = masks if self.plan.mixed else next(iter(masks.values()))
         self.columns.append(q_seq)
         ids_pos = torch.from_numpy(np.array(tokens + shifted, dtype=np.int64)).view(2, 1, q)

@@ -68,3 +68,18 @@ class Columns:
                 if layer_kind.name == name and layer.is_initialized and i not in plan.whole_layers:
                     layer.keys, layer.values = layer.keys[:, :, step:], layer.values[:, :, step:]
             self.dropped[name] = k
+
+    def masks(self, plan: LayerPlan, q_seq: np.ndarray, allowed: np.ndarray) -> dict[str, np.ndarray]:
+        """Each layer type's pattern for a pass of queries at `q_seq` [q] after these columns: the older columns
+        all allowed, `allowed` [q, r] over the newest r (the last q of them these queries'), narrowed by the kind, over
+        the columns that type's layers hold: {layer type: [q, held + q] bool}."""
+        q, r = allowed.shape
+        out = {}
+        for name, kind in plan.by_name.items():
+            kv_seq = np.concatenate([self.seq[self.dropped.get(name, 0):], q_seq])
+            pattern = np.ones((q, kv_seq.shape[0]), np.bool_)
+            pattern[:, kv_seq.shape[0] - r:] = allowed
+            vis = kind.visible(q_seq, kv_seq)
+            out[name] = pattern if vis is None else pattern & vis
+        return out
+

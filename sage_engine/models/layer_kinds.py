@@ -33,14 +33,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING
 
 import numpy as np
 from transformers.cache_utils import DynamicLayer, get_layer_types_and_kwargs
-
-if TYPE_CHECKING:
-    from .columns import Columns
-
 
 
 @dataclass(frozen=True)
@@ -340,20 +335,6 @@ class LayerPlan:
         for i, kind in enumerate(self.kinds):
             if kind.windowed and i < len(cache.layers):
                 cache.layers[i] = DynamicLayer()
-
-    def masks(self, columns: Columns, q_seq: np.ndarray, allowed: np.ndarray) -> dict[str, np.ndarray]:
-        """Each layer type's pattern for a pass of queries at `q_seq` [q] after the cached `columns`: the older columns
-        all allowed, `allowed` [q, r] over the newest r (the last q of them these queries'), narrowed by the kind, over
-        the columns that type's layers hold: {layer type: [q, held + q] bool}."""
-        q, r = allowed.shape
-        out = {}
-        for name, kind in self.by_name.items():
-            kv_seq = np.concatenate([columns.seq[columns.dropped.get(name, 0):], q_seq])
-            pattern = np.ones((q, kv_seq.shape[0]), np.bool_)
-            pattern[:, kv_seq.shape[0] - r:] = allowed
-            vis = kind.visible(q_seq, kv_seq)
-            out[name] = pattern if vis is None else pattern & vis
-        return out
 
 
 def plan_for(model_or_config) -> LayerPlan:
