@@ -168,7 +168,9 @@ def clip_example(c: ClipFacts, rng: random.Random, kind: str) -> Example:
 
 # ---------------------------------------------------------------- scoring
 
-_ROW_RE = re.compile(r"in the (top|middle|bottom) row, ([a-z ,]+?)\.")
+# a row sentence of row_sentence (in lower case: the scorers read answers lowered) and each cell's part of it
+ROW_RE = re.compile(r"in the (top|middle|bottom) row, ([a-z ,]+?)\.")
+CELL_RE = re.compile(r"the (left|middle|right) is ([a-z]+)")
 _PLACE_RE = re.compile(r"(top left|top right|bottom left|bottom right|top|bottom|left|right|centre)")
 _SHAPE_RE = re.compile(r"\b(" + "|".join(SHAPES) + r")s?\b")
 
@@ -182,9 +184,10 @@ def read_rows(text: str) -> dict[int, list[str]]:
     """{row: its three colours left to right} from the row sentences of row_sentence; a row missing a cell or
     naming one twice is left out (all its cells count as wrong)."""
     out = {}
-    for word, said in _ROW_RE.findall(text.lower()):
-        cells = dict(re.findall(r"the (left|middle|right) is ([a-z]+)", said))
-        if len(cells) == 3 and len(re.findall(r"the (?:left|middle|right) is", said)) == 3:
+    for word, said in ROW_RE.findall(text.lower()):
+        parts = CELL_RE.findall(said)
+        cells = dict(parts)
+        if len(parts) == len(cells) == 3:
             out[ROW_WORDS.index(word)] = [cells[side] for side in SIDES]
     return out
 

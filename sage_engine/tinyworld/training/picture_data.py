@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..language import Example
-from ..picture_talk import CLIP_WEIGHTS, PICTURE_WEIGHTS, ROW_WORDS, clip_example, picture_example
+from ..picture_talk import CELL_RE, CLIP_WEIGHTS, PICTURE_WEIGHTS, ROW_RE, ROW_WORDS, clip_example, picture_example
 from ..pictures import sample_clip_frames, sample_picture
 from ..pixels import ClipFacts, PictureFacts, clip_facts, picture_facts
 from ..world import POSITIONS, read_video, write_mp4
@@ -47,8 +47,6 @@ def picture_stream(seed: int, n_pictures: int, n_clips: int, split: str = "train
                                                  for k in sample_kind(rng, CLIP_WEIGHTS, per_clip)]
 
 
-_ROW = re.compile(r"In the (top|middle|bottom) row, ([^.]*)\.")
-_CELL = re.compile(r"the (?:left|middle|right) is [a-z]+")
 _PART = re.compile(r"(brightest|darkest) part is ([a-z ]+?)(?=[.,])")
 _TURNS = re.compile(r"The ([a-z ]+?) turns from [a-z]+ to [a-z]+\.", re.I)
 _GETS = re.compile(r"[^.]* gets? (lighter|darker)\.")
@@ -71,11 +69,11 @@ def picture_spans(ex: Example) -> list[tuple[int, int, int]]:
     t = ex.answer
     f: PictureFacts = ex.facts["picture"]
     out: list[tuple[int, int, int]] = []
-    for m in _ROW.finditer(t):
+    for m in ROW_RE.finditer(t.lower()):  # lower case keeps every character where it was
         cells = [3 * ROW_WORDS.index(m.group(1)) + k for k in range(3)]
         out.append((m.start(), m.start(2), _bits(cells)))
         base = m.start(2)
-        parts = list(_CELL.finditer(m.group(2)))
+        parts = list(CELL_RE.finditer(m.group(2)))
         edges = [base + w.start() for w in parts] + [m.end()]
         out += [(edges[k], edges[k + 1], _bits([cells[k]])) for k in range(len(parts))]
     for m in _PART.finditer(t):
