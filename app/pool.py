@@ -52,6 +52,12 @@ def _log_failure(done) -> None:
         log.error("engine setup failed", exc_info=done.exception())
 
 
+def _target_runs_alike(a: SpecEngine, b: SpecEngine) -> bool:
+    """Do the two engines' targets run their cached passes and their prompts on the same backends?"""
+    ta, tb = a.backends()["target"], b.backends()["target"]
+    return (ta["cached"], ta["prompt"]) == (tb["cached"], tb["prompt"])
+
+
 AR_LANE = "ar-lane"  # Loaded.engines' key of the race's autoregressive engine
 
 
@@ -79,19 +85,16 @@ class Loaded:
                                                                         draft_pruning=draft_pruning)
             return engine
 
-    def ar_engine(self, like: SpecEngine, attempts: int = 3) -> SpecEngine | None:
+    def ar_engine(self, like: SpecEngine) -> SpecEngine | None:
         """A second engine on the same models, for the autoregressive lane of a race: the two lanes decode in turns
-        (app/race.py), and each engine holds one decode's caches. Its target must run on the backend `like`'s does
-        (auto picks among backends by timing them: a rebuild may pick another); None if `attempts` builds did not."""
-        from sage_engine import SpecEngine
-
+        (app/race.py), and each engine holds one decode's caches. It is `like`'s twin (SpecEngine.twin: each model on
+        the backend `like`'s checks kept, not timed again), built once and kept. None where its target's check turned
+        that backend or its prompt path down: the race then runs its lanes one after the other, and says so."""
         with self._building:
             engine = self.engines.get(AR_LANE)
-            for _ in range(attempts):
-                if engine is not None and engine.backends()["target"] == like.backends()["target"]:
-                    return engine
-                engine = self.engines[AR_LANE] = self.device.call(SpecEngine, self.pair)
-            return engine if engine.backends()["target"] == like.backends()["target"] else None
+            if engine is None or not _target_runs_alike(engine, like):
+                engine = self.engines[AR_LANE] = self.device.call(like.twin)
+            return engine if _target_runs_alike(engine, like) else None
 
     @property
     def text_only(self) -> bool:

@@ -184,8 +184,11 @@ def scoreboard(record: RunRecord | None, token_text=None) -> str:
                          f"the processor. A busy neighbour makes a lane wait, not compute, so this holds on a shared "
                          f"machine'>in CPU time</span> · by the clock {clock:.2f}×")
         else:
-            lines.append("<span title='tokens per second, speculative over autoregressive, by the clock'>by the "
-                         "clock</span>")
+            lines.append("<span title='tokens per second, speculative over autoregressive, by the clock. The lanes "
+                         "ran one after the other, not in turns: turns need a second engine whose target runs on the "
+                         "backend the speculative lane's does, and its check turned that backend down; so a busy "
+                         "neighbour may have slowed one lane more'>by the clock, the lanes one after the "
+                         "other</span>")
         lines.append(f"τ = {stats.mean_accepted:.2f} <span title='τ: the mean number of tokens each forward pass of "
                      f"the target wrote (accepted draft tokens + 1 bonus)'>tokens per target forward</span>")
         lines.append(f"<span title='one forward pass of the big model each: the autoregressive lane needs one per "

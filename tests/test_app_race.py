@@ -68,6 +68,45 @@ def test_race_warms_up_untimed_before_its_lanes(monkeypatch):
     assert record.ar.token_ids == record.spec.token_ids
 
 
+def test_the_autoregressive_lane_runs_on_the_backends_the_speculative_engine_kept(monkeypatch):
+    """The race's second engine (Loaded.ar_engine) is the first one's twin: its target runs the backend the first one's
+    check and timing kept, even where timing again would pick another (as it may on a busy machine); a race whose
+    lanes ran on different backends would compare backends, not decoders. Before, the pool rebuilt the engine up to
+    three times hoping the timing agreed, then ran the lanes one after the other."""
+    from app.device import DeviceThread
+    from app.pool import Loaded
+    from app.served import served
+    from sage_engine.backends import choose
+    from sage_engine.models.loading import load_pair
+
+    preset = next(iter(served().values()))
+    pair = load_pair(target=preset.target, draft=preset.draft)
+    real_fastest = choose.fastest
+    picked: set[str] = set()  # what the first engine's timing kept
+    timed = []
+
+    def fastest(candidates, *args, **kw):  # after the first build, timing picks what it did not
+        timed.append([c.name for c in candidates])
+        if not picked:
+            return real_fastest(candidates, *args, **kw)
+        return next((c for c in candidates if c.name not in picked), candidates[0])
+
+    monkeypatch.setattr(choose, "fastest", fastest)
+    like = SpecEngine(pair)
+    picked.update((like.target.tree_forward, like.draft.tree_forward))
+    assert len(like.target.offered.candidates) > 1, "the shipped target must offer several backends"
+    assert SpecEngine(pair).target.tree_forward != like.target.tree_forward  # timing again would part the lanes
+    timed.clear()
+    loaded = Loaded(preset, pair, 0.0, DeviceThread())
+    twin = loaded.ar_engine(like)
+    assert twin is not None and twin is not like
+    assert twin.backends()["target"]["cached"] == like.target.tree_forward
+    assert twin.backends()["target"]["prompt"] == like.target.prompt_path
+    assert twin.draft.tree_forward == like.draft.tree_forward
+    assert all(len(names) == 1 for names in timed), timed  # one candidate each: nothing timed again
+    assert loaded.ar_engine(like) is twin  # kept for the next race
+
+
 def test_default_threads_follow_the_cpus_the_process_may_use(monkeypatch):
     """The app's decoding threads come from the CPUs a container lets it use, not from os.cpu_count(), which gives the
     host's (a CPU Space's count, 16, against its quota of 2): here a limit joblib's count honours as it does a cgroup

@@ -406,3 +406,17 @@ def test_a_runner_call_from_outside_inference_mode_runs_in_it():
     assert not torch.is_inference_mode_enabled()
     out = runner.forward([6, 7, 8], [5, 6, 7], np.tril(np.ones((3, 3), bool)))
     assert out.logits.is_inference() and runner.cache.layers[0].keys.is_inference()
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+def test_a_runner_asked_for_a_backend_by_name_is_offered_that_one_alone():
+    """ModelRunner(named=...): the one backend of that name (what SpecEngine.twin pins), nothing to time; a name not
+    offered to this model leaves a note and runs the layers, never another fused backend in silence."""
+    model = _wide_text_model()
+    both = ModelRunner(model, backend="auto")
+    assert sorted(c.name for c in both.offered.candidates) == ["fused", "fused+packed"]
+    for name in ("fused", "fused+packed"):
+        assert [c.name for c in ModelRunner(model, backend="auto", named=name).offered.candidates] == [name]
+    target_numba = ModelRunner(model, backend="auto", named="fused+numba")  # never offered to a target
+    assert target_numba.offered.candidates == [] and any("fused+numba asked for" in n for n in target_numba.notes)
+    assert ModelRunner(model, backend="auto", named="forward").offered.stack is None

@@ -56,10 +56,22 @@ class Offer(NamedTuple):
     notes: list[str]  # what was asked for and not offered, and why
 
 
-def offer(model: torch.nn.Module, family, wanted: str = "auto", row_invariant: bool = True) -> Offer:
+def offer(model: torch.nn.Module, family, wanted: str = "auto", row_invariant: bool = True,
+          named: str | None = None) -> Offer:
     """The backends `wanted` allows for `model` (BACKENDS). A target (row_invariant: its numbers must not depend on how
     many rows share a product, or its verify passes could part from its `ar` steps) is offered the torch fused layers
-    at most: the NumPy and Numba layers take BLAS's one-row path; asked for them, it gets the torch ones and a note."""
+    at most: the NumPy and Numba layers take BLAS's one-row path; asked for them, it gets the torch ones and a note.
+    named: only the backend of this name (a runner's `tree_forward`, e.g. "fused+packed"): a second runner of a model
+    on the backend another one's checks kept, checked against forward() like any but not timed against the others,
+    whose timing on a busy machine may pick another one."""
+    if named in ("forward", "layers") or named in REGISTERED:  # asked for by that name as it is
+        wanted, named = named, None
+    if named is not None:
+        made = offer(model, family, wanted, row_invariant)
+        kept = [c for c in made.candidates if c.name == named]
+        why = [] if kept else [f"{named} asked for and not offered here: "
+                               + ("; ".join(made.notes) or f"offered {', '.join(c.name for c in made.candidates)}")]
+        return made._replace(candidates=kept, vision=made.vision if kept else None, notes=made.notes + why)
     if not known(wanted):
         raise ValueError(f"unknown backend {wanted!r}; choose one of {', '.join([*BACKENDS, *REGISTERED])}")
     notes: list[str] = []

@@ -60,25 +60,28 @@ class SpecEngine:
     """Lossless tree speculative decoding of a target VLM with a draft VLM (batch of one)."""
 
     def __init__(self, pair: ModelPair, acceptance=None, draft_pruning: VisualPruning | None = None,
-                 tree_forward: str = "auto", keep_prompt: bool = False):
+                 tree_forward: str = "auto", keep_prompt: bool = False, pinned: dict[str, str] | None = None):
         """draft_pruning: feed the draft only part of the visual tokens (draft-only; output unchanged), whatever the
         policy (a policy's own, `Policy.draft_pruning`, applies where this is None).
         tree_forward: the backend both models' passes run on (backends/): "auto", the fastest of those that apply and
         pass their check against forward(); "forward", "layers", "fused", "numpy" or "numba" that one where it applies
         (a target is never offered "numpy" or "numba"; what each model got, and why, is in `backends()`).
         keep_prompt: runs on the same PreparedInput as the last one reuse both models' prefilled caches
-        (runner.py); for many draws on one prompt, never where prefill is timed."""
+        (runner.py); for many draws on one prompt, never where prefill is timed.
+        pinned: {"target" | "draft": a backend's name}: that model offered only that backend (a runner's
+        `tree_forward`), still checked against forward() but not timed against the others (`twin`)."""
         if not known_backend(tree_forward):
             raise ValueError(f"unknown tree_forward {tree_forward!r}; choose one of {', '.join(TREE_FORWARDS)}")
         self.pair = pair
         self.compiled = jit.ACTIVE if jit.numba is not None else None  # built with compiled code (None: no Numba)
         self.draft_pruning = draft_pruning
         self.tokenizer = pair.tokenizer
-        self.target = ModelRunner(pair.target, backend=tree_forward)
+        pinned = pinned or {}
+        self.target = ModelRunner(pair.target, backend=tree_forward, named=pinned.get("target"))
         self.draft = None
         if pair.draft is not None:
             self.draft = ModelRunner(pair.draft, vocab_limit=shared_vocab(pair.target, pair.draft),
-                                     backend=tree_forward, row_invariant=False)
+                                     backend=tree_forward, row_invariant=False, named=pinned.get("draft"))
         self.drafter = Drafter(self.draft) if self.draft is not None else None
         if self.drafter is not None:
             warm_verify_inputs()  # the compiled builder of a verify pass's inputs, loaded now, not in a first step
@@ -103,6 +106,13 @@ class SpecEngine:
         self.accept = acceptance or GreedyAcceptance()
         self.costs = CostMeter()  # step timings of every run on this engine (cost-aware policies read them)
         self.telemetry = Telemetry(self.tokenizer)
+
+    def twin(self) -> SpecEngine:
+        """A second engine on the same pair that runs as this one does: each model on the backend this engine's checks
+        kept (checked again, not timed again: on a busy machine the timing may pick another one). Each engine holds
+        one decode's caches; the app's race decodes its two lanes in turns on two (app/race.py)."""
+        return SpecEngine(self.pair, acceptance=self.accept, draft_pruning=self.draft_pruning,
+                          pinned={role: b["cached"] for role, b in self.backends().items()})
 
     def check_trees(self, policy: Policy | str) -> None:
         """Raise the one-line ModelError where `policy` cannot run on this pair: the target's plain decode is not its

@@ -48,13 +48,14 @@ class _KeptPrompt:
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, vocab_limit: int | None = None, family: Family | None = None,
-                 backend: str = "layers", row_invariant: bool = True):
+                 backend: str = "layers", row_invariant: bool = True, named: str | None = None):
         """backend: the backends the model may run on (backends.choose.BACKENDS): "auto" every one that applies, the
         fastest that passes its check kept; "forward" the model's forward() alone; "layers" its own decoder layers in
         turn where checked bit-identical to forward(); "fused", "numpy", "numba" those layers computed another way,
         where checked close to forward(). row_invariant: a row's numbers may not depend on how many rows share a
         product (a target: its `ar` steps against its verify passes); False for a draft, whose numbers only shape its
-        guesses (then the NumPy and Numba layers may be offered too)."""
+        guesses (then the NumPy and Numba layers may be offered too). named: only the backend of that name (another
+        runner's `tree_forward`; choose.offer), checked but not timed."""
         self.model = model
         self.family = family or adapter_for(model)
         self.plan = plan_for(model)  # its layers' kinds (layer_kinds.py): what each sees, how its cache keeps a path
@@ -65,7 +66,7 @@ class ModelRunner:
         self.paths = PathRegion() if self.plan.recurrent else None
         # forward(): what every other backend is checked against
         self.reference = ModelForward(model, None if self.family.masks_by_type else self.family.language_model(model))
-        self.offered = choose.offer(model, self.family, backend, row_invariant)
+        self.offered = choose.offer(model, self.family, backend, row_invariant, named)
         self.stack = self.offered.stack
         # the fused backend kept by the check (until checked: the first offered), None: none
         self.fused = self.offered.candidates[0] if self.offered.candidates else None
