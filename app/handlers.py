@@ -231,8 +231,12 @@ class Handlers:
         try:
             # poll fast until the first token shows, then only as often as the text is redrawn
             for batch in race.batches(every=lambda: POLL if not record.ar.steps else self.text_every):
-                if not consume(record, transcriber, batch) or record.done or not record.ar.text:
+                changed = consume(record, transcriber, batch)
+                if not changed or record.done or not record.ar.text:
                     continue  # nothing new, or nothing to show yet (the first token may be half a character)
+                if changed == {"timing"}:  # the texts are done: say that the race is timed again, at once (the
+                    yield self._live_view(record, figures).row()  # figures as they are: no drawing while it is timed)
+                    continue
                 now = time.perf_counter()
                 if record.spec.steps and not spec_started:
                     spec_started = True

@@ -30,6 +30,8 @@ class Lane:
     text_ends: list[int] = field(default_factory=list)  # len(text) after each step (race replay)
     seconds: float | None = None  # wall time of the whole lane; None while it runs
     cpu_seconds: float | None = None  # CPU time of the lane's own steps when the lanes took turns (race.py)
+    # in turns: (seconds, CPU seconds) of each timed round (race.py); `seconds` and `cpu_seconds` are their means
+    rounds: list[tuple[float, float]] = field(default_factory=list)
 
     @property
     def decode_steps(self) -> list[StepEvent]:
@@ -74,6 +76,7 @@ class RunRecord:
     stopped: bool = False  # the user pressed Stop: the lanes may be incomplete
     backends: dict = field(default_factory=dict)  # what each model ran on, and why a faster path was turned down
     alternated: bool = False  # the lanes decoded in turns (race.py), not one after the other
+    retiming: int = 0  # the texts are done and round `retiming` (2, 3, ...) of the race's timing runs
     sage_cfg: object = None  # the knobs panel's SageConfig, drawn by the alpha -> (D, W) chart (not exported)
 
     @property
@@ -136,6 +139,7 @@ class RunRecord:
             "speedup": self.speedup(),
             "cpu_speedup": self.cpu_speedup(),
             "forwards_ratio": self.forwards_ratio(),
+            "timed_rounds": len(self.spec.rounds) or None,  # in turns: how many times the race was decoded to time it
             "preset": self.preset,
             "stopped": self.stopped,
             "backends": self.backends,
@@ -144,7 +148,7 @@ class RunRecord:
     def export(self) -> dict:
         """The full run for download: settings, both lanes' step events with arrival times, stats."""
         def lane(x: Lane) -> dict:
-            return {**x.summary(), "seconds": x.seconds, "cpu_seconds": x.cpu_seconds,
+            return {**x.summary(), "seconds": x.seconds, "cpu_seconds": x.cpu_seconds, "rounds": x.rounds,
                     "steps": [{**s.to_dict(), "arrival_s": t} for s, t in zip(x.steps, x.arrivals)]}
 
         return {
@@ -156,7 +160,9 @@ class RunRecord:
             "policy": self.policy,
             "policy_config": self.policy_config,
             "note": ("the two decoders took turns on the same input in lockstep by tokens, never at the same "
-                     "time; each lane's seconds are the sum of its own steps" if self.alternated else
+                     "time; each lane's seconds are the sum of its own steps, the mean of its timed rounds (a short "
+                     "race is decoded again to time it; its steps' arrival_s are the first round's, scaled to that "
+                     "mean)" if self.alternated else
                      "the two decoders ran one after the other on the same input, never at the same time"),
             "alternated": self.alternated,
             "ar": lane(self.ar),
@@ -176,7 +182,8 @@ class RunRecord:
                 tree = d.pop("tree")
                 steps.append(StepEvent(**d, tree=TreeView(**tree) if tree else None))
             return Lane(name, x.get("policy", "ar"), steps=steps, token_ids=list(x["token_ids"]), arrivals=arrivals,
-                        text=x["text"], seconds=x["seconds"], cpu_seconds=x.get("cpu_seconds"))
+                        text=x["text"], seconds=x["seconds"], cpu_seconds=x.get("cpu_seconds"),
+                        rounds=[tuple(r) for r in x.get("rounds", [])])
 
         if run.get("format") != "sage-run/1":
             raise ValueError(f"not a sage-run/1 export: {run.get('format')!r}")

@@ -6,6 +6,7 @@ from html import escape
 
 from sage_engine.evaluation.premise import premise
 
+from .race import MAX_ROUNDS, TIMED_SPEC_STEPS
 from .record import Divergence, RunRecord
 from .theme import AMBER, BLUE, GREEN, GREY, ORANGE, SLATE, VIOLET, token_label
 
@@ -19,11 +20,12 @@ INTRO = (
 
 FAIRNESS = (
     "**Fair timing:** the two decoders **take turns** on the same input and device, never at the same time: one "
-    "speculative step, then the autoregressive lane catches up to the same token. Both cover the same part of the"
-    " answer within the same few tens of milliseconds, so a busy neighbour on a shared CPU slows both alike. Each"
-    " lane's time is the sum of its own steps. **Target forwards** (one pass of the big model each) do not depend"
-    " on the machine at all: the autoregressive lane needs one per token, the speculative lane one per step. The "
-    "*race replay* below starts both together, each at the speed it measured."
+    "speculative step, then the autoregressive lane catches up to the same token. Both cover the same part of the "
+    "answer within the same few tens of milliseconds, so a busy neighbour on a shared CPU slows both alike. Each "
+    "lane's time is the sum of its own steps; a short race is decoded again, unseen, until its speculative lane has "
+    "run for a few tenths of a second, and each lane is timed by the mean of its rounds. **Target forwards** (one "
+    "pass of the big model each) do not depend on the machine at all: the autoregressive lane needs one per token, "
+    "the speculative lane one per step. The *race replay* below starts both together, each at the speed it measured."
 )
 
 
@@ -171,6 +173,9 @@ def scoreboard(record: RunRecord | None, token_text=None) -> str:
     if record.stopped:  # a stopped run is not a race: its lanes were cut at different points
         cards.append(_card("Speedup", "–", "stopped: no race to compare"))
         cards.append(_card("Same output?", "–", "stopped before the end"))
+    elif speedup is None and record.retiming:  # both texts are done; the race is decoded again to time it
+        cards.append(_card("Speedup", "…", f"timing: round {record.retiming} of at most {MAX_ROUNDS}"))
+        cards.append(_card("Same output?", "–", "after the timing"))
     elif speedup is None:
         cards.append(_card("Speedup", "–", "after both runs"))
         cards.append(_card("Same output?", "–", "after both runs"))
@@ -189,6 +194,12 @@ def scoreboard(record: RunRecord | None, token_text=None) -> str:
                          "backend the speculative lane's does, and its check turned that backend down; so a busy "
                          "neighbour may have slowed one lane more'>by the clock, the lanes one after the "
                          "other</span>")
+        rounds = len(record.spec.rounds)
+        if rounds > 1:
+            lines.append(f"<span title='the speculative lane took {len(record.spec.decode_steps)} steps, fewer than "
+                         f"{TIMED_SPEC_STEPS}, so the race was decoded {rounds} times in all (unseen after the first) "
+                         f"and each lane is timed by the mean of its rounds: on a shared machine a few steps alone "
+                         f"would time the neighbours as much as the decoders'>timed over {rounds} rounds</span>")
         lines.append(f"τ = {stats.mean_accepted:.2f} <span title='τ: the mean number of tokens each forward pass of "
                      f"the target wrote (accepted draft tokens + 1 bonus)'>tokens per target forward</span>")
         lines.append(f"<span title='one forward pass of the big model each: the autoregressive lane needs one per "
@@ -231,6 +242,10 @@ def run_note(lane) -> str:
 
 
 def status_running(record: RunRecord) -> str:
+    if record.retiming:
+        return (f"Timing the race: round {record.retiming}. Both texts are done; a short race is decoded again, "
+                f"unseen, so that its speedup rests on more than a few steps of a shared machine "
+                f"(at most {MAX_ROUNDS} rounds)")
     if record.alternated:
         return (f"Running: the two lanes take turns… autoregressive {_tokens(len(record.ar.token_ids))}, "
                 f"speculative ({record.spec.policy}) {_tokens(len(record.spec.token_ids))}")

@@ -68,6 +68,72 @@ def test_race_warms_up_untimed_before_its_lanes(monkeypatch):
     assert record.ar.token_ids == record.spec.token_ids
 
 
+def _raced(monkeypatch, spec_steps: int, max_rounds: int, stop_in_round: int | None = None):
+    """A race in turns on the tiny pair with the timing budget set, its record, the Retiming rounds it announced, and
+    how many times each lane decoded (warm-up included)."""
+    from app import race as race_module
+    from app.device import DeviceThread
+    from app.race import Race, RunControl, Transcriber, consume
+    from app.record import Lane, RunRecord
+    from sage_engine import prepare_input
+    from sage_testing.tiny_pairs import image, qwen25_pair
+
+    monkeypatch.setattr(race_module, "TIMED_SPEC_STEPS", spec_steps)
+    monkeypatch.setattr(race_module, "MAX_ROUNDS", max_rounds)
+    calls = []
+    real_stream = SpecEngine.stream
+
+    def spy(self, prepared, policy, max_new_tokens, *args, **kwargs):
+        calls.append(policy if isinstance(policy, str) else policy.name)
+        return real_stream(self, prepared, policy, max_new_tokens, *args, **kwargs)
+
+    monkeypatch.setattr(SpecEngine, "stream", spy)
+    pair = qwen25_pair("noisy")
+    prepared = prepare_input(pair, "describe the image", images=[image(0)])
+    control = RunControl()
+    race = Race(SpecEngine(pair), prepared, make_policy("sage"), 40, DeviceThread(), control.switch,
+                ar_engine=SpecEngine(pair)).start()
+    record, transcriber = RunRecord("p", "q", 40, "sage", {}, {}, spec=Lane("spec", "sage")), Transcriber()
+    announced = []
+    for batch in race.batches(every=lambda: 0.01):
+        consume(record, transcriber, batch)
+        announced += [a.round for a in batch if isinstance(a, race_module.Retiming)]
+        if stop_in_round is not None and record.retiming == stop_in_round:
+            control.stop()
+    return race, record, announced, calls
+
+
+def test_a_short_race_is_timed_over_rounds_each_lane_by_their_mean(monkeypatch):
+    """A speculative lane of fewer than TIMED_SPEC_STEPS steps is decoded again, unseen, up to MAX_ROUNDS rounds: the
+    page hears of each extra round (Retiming), the texts and step events are the first round's alone, each lane's
+    seconds and CPU seconds are the means of its rounds, and the replay's arrival times are scaled to that mean."""
+    race, record, announced, calls = _raced(monkeypatch, spec_steps=10**6, max_rounds=3)
+    assert announced == [2, 3] and calls.count("ar") == 1 + 3 and calls.count("sage") == 1 + 3  # warm-up + rounds
+    assert not race.stopped and record.ar.token_ids == record.spec.token_ids and len(record.ar.token_ids) == 40
+    assert len(record.ar.steps) == 40  # one round's events: prefill + 39 plain steps
+    for lane in (record.ar, record.spec):
+        assert len(lane.rounds) == 3 and all(t > 0 and c > 0 for t, c in lane.rounds)
+        assert lane.seconds == pytest.approx(sum(t for t, _ in lane.rounds) / 3)
+        assert lane.cpu_seconds == pytest.approx(sum(c for _, c in lane.rounds) / 3)
+        assert lane.arrivals[-1] <= lane.seconds + 1e-9 and lane.arrivals == sorted(lane.arrivals)
+    assert record.export()["speculative"]["rounds"] == record.spec.rounds
+    from app import text
+    assert "timed over 3 rounds" in text.scoreboard(record)  # the speedup card says so
+    record.retiming, record.ar.seconds = 2, None  # as the page sees it while round 2 runs
+    assert text.status_running(record).startswith("Timing the race: round 2.")
+    assert "timing: round 2 of at most" in text.scoreboard(record)
+    # a speculative lane of enough steps: one round
+    race, record, announced, calls = _raced(monkeypatch, spec_steps=1, max_rounds=5)
+    assert announced == [] and len(record.spec.rounds) == 1 and calls.count("sage") == 2
+
+
+def test_stop_while_a_race_is_timed_again_keeps_the_rounds_done(monkeypatch):
+    """Stop after the texts are done ends the timing, not the race: the rounds finished so far are its figures."""
+    race, record, announced, _ = _raced(monkeypatch, spec_steps=10**6, max_rounds=5, stop_in_round=2)
+    assert not race.stopped and record.done and 1 <= len(record.spec.rounds) < 5
+    assert record.speedup() is not None and record.cpu_speedup() is not None
+
+
 def test_the_autoregressive_lane_runs_on_the_backends_the_speculative_engine_kept(monkeypatch):
     """The race's second engine (Loaded.ar_engine) is the first one's twin: its target runs the backend the first one's
     check and timing kept, even where timing again would pick another (as it may on a busy machine); a race whose

@@ -86,7 +86,7 @@ def main(argv=None) -> int:
             cpu.append(s.get("cpu_speedup"))
             print(f"race {i + 1}: speedup {s['speedup']:.2f}x  ar {a['seconds']:.3f} s  spec {b['seconds']:.3f} s  "
                   f"target forwards ar {a['target_forwards']} spec {b['target_forwards']}  "
-                  f"tau {b['mean_accepted']:.2f}"
+                  f"tau {b['mean_accepted']:.2f}  rounds {s.get('timed_rounds')}"
                   + (f"  CPU-time speedup {cpu[-1]:.2f}x" if cpu[-1] else ""),
                   flush=True)
     for what, xs in (("speedup (clock)", speedups), ("speedup (CPU time)", cpu)):
