@@ -132,13 +132,14 @@ def _card(key: str, value: str, sub: str, cls: str = "", color: str | None = Non
             f'<div class="s">{sub}</div></div>')
 
 
-def _lane_card(title: str, lane, color: str, stopped: bool = False) -> str:
+def _lane_card(title: str, lane, color: str, stopped: bool = False, timing: bool = False) -> str:
     if not lane.steps:
         return _card(title, "–", "not started: stopped" if stopped else "waiting", color=color)
     n = len(lane.token_ids)
     stats = lane.stats()
     if stats is None:
-        return _card(title, f"{n} <small>tokens</small>", "stopped here" if stopped else "decoding…", color=color)
+        doing = "stopped here" if stopped else "done; timing…" if timing else "decoding…"
+        return _card(title, f"{n} <small>tokens</small>", doing, color=color)
     extra = f" · τ = {stats.mean_accepted:.2f}" if lane.name == "spec" else ""
     return _card(title, f"{stats.tokens_per_second:.1f} <small>tok/s</small>",
                  f"{n} tokens · {stats.seconds:.2f} s · {stats.target_forwards} target forwards{extra}", color=color)
@@ -167,8 +168,9 @@ def scoreboard(record: RunRecord | None, token_text=None) -> str:
     if record is None:
         return '<div class="sb-note">Press Run to race the two decoders.</div>'
     ar_title, spec_title = "Autoregressive", f"Speculative ({record.spec.policy})"
-    cards = [_lane_card(ar_title, record.ar, AMBER, record.stopped),
-             _lane_card(spec_title, record.spec, VIOLET, record.stopped)]
+    timing = bool(record.retiming)
+    cards = [_lane_card(ar_title, record.ar, AMBER, record.stopped, timing),
+             _lane_card(spec_title, record.spec, VIOLET, record.stopped, timing)]
     speedup, note = record.headline_speedup(), ""
     if record.stopped:  # a stopped run is not a race: its lanes were cut at different points
         cards.append(_card("Speedup", "–", "stopped: no race to compare"))

@@ -121,7 +121,7 @@ def test_a_short_race_is_timed_over_rounds_each_lane_by_their_mean(monkeypatch):
     assert "timed over 3 rounds" in text.scoreboard(record)  # the speedup card says so
     record.retiming, record.ar.seconds = 2, None  # as the page sees it while round 2 runs
     assert text.status_running(record).startswith("Timing the race: round 2.")
-    assert "timing: round 2 of at most" in text.scoreboard(record)
+    assert "timing: round 2 of at most" in text.scoreboard(record) and "done; timing" in text.scoreboard(record)
     # a speculative lane of enough steps: one round
     race, record, announced, calls = _raced(monkeypatch, spec_steps=1, max_rounds=5)
     assert announced == [] and len(record.spec.rounds) == 1 and calls.count("sage") == 2

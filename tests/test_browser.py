@@ -9,6 +9,7 @@ the compare view to docs/compare.png and the race view's 64-node eagle2 tree to 
 from __future__ import annotations
 
 import os
+import re
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -735,3 +736,24 @@ def test_point_5_one_step_opened_in_words_with_its_numbers_forward_and_back(page
     page.wait_for_function(f"document.querySelector('#step-story').innerText.includes('Step {want}, opened')",
                            timeout=20_000)
     assert tree_title(page).startswith(f"Step {want}:")
+
+
+def test_a_short_race_says_it_is_timed_again_and_over_how_many_rounds(page):
+    """Issue 81, point 4: a short race (the shapes example: 7 speculative steps) is decoded again, unseen, to time it;
+    the page says so while it happens (status and speedup card) and then how many rounds the speedup rests on."""
+    fresh(page)
+    page.set_input_files("#image input[type=file]", str(EXAMPLE_IMAGE))
+    page.wait_for_selector("#image img")
+    page.fill("#prompt textarea", "Describe the image in detail.")
+    page.evaluate(f"""() => {{
+        window.sageTimingSeen = [];
+        new MutationObserver(() => {{
+            const said = {STATUS};
+            if (said.includes('Timing the race: round')) window.sageTimingSeen.push(said + ' | ' + {BOARD});
+        }}).observe(document.body, {{subtree: true, childList: true, characterData: true}});
+    }}""")
+    run_to_the_end(page)
+    seen = page.evaluate("window.sageTimingSeen")
+    assert seen and any("timing: round" in s for s in seen), seen[:3]
+    card = page.locator("#scoreboard .card", has_text="Speedup").inner_text()
+    assert re.search(r"timed over [2-6] rounds", card), card
