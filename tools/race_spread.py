@@ -3,7 +3,8 @@
 Races one input (an example image, its prompt, 96 new tokens, `sage`) through the app's own handler
 (`Handlers.compare`, no server) `--races` times after one untimed race, while neighbours that are busy one moment and
 idle the next run on every usable core (`--neighbours bursty`; `none`: no neighbours of ours, the machine as it is).
-Prints each race's speedup, lane seconds and target forwards, then the median and the largest distance from it.
+Prints each race's speedup, lane seconds (the mean of the rounds it was timed over: app/race.py), target forwards
+and rounds, then the median and the largest distance from it.
 
 The app code comes from the first `app` package on the path: run it with `PYTHONPATH=<an older checkout>` to measure
 that checkout's race the same way (issue 81 measured the race before and after the lanes took turns).
