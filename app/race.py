@@ -9,9 +9,10 @@ in lockstep by tokens (`Race._alternate`: a speculative step, then the autoregre
 shared CPU's neighbours, busy one moment and idle the next, then slow both lanes alike instead of whichever lane
 happened to run at the time. Each lane's time is the sum of its own steps (the time spent inside its engine's
 `stream()`), so it is what that lane cost, measured on the same machine as the other. Each lane's CPU time (the
-process's, in its own steps) is kept too: a neighbour that takes the core makes a lane wait, not compute, so CPU
-time is what the lane cost whatever the neighbours did (one decoding thread: the device's; the page's drawing
-meanwhile adds a little to both). With one engine the lanes run one after the other, each timed like
+process's, in its own steps) is kept too: a neighbour that takes the core mostly makes a lane wait, which CPU time
+leaves out (not all: on a shared CPU a token's CPU time still moves ~2x with the neighbours; one decoding thread:
+the device's; the page's drawing meanwhile adds a little to both). A short race is timed over several rounds (the
+same input decoded again, unseen: `_alternate`). With one engine the lanes run one after the other, each timed like
 `SpecEngine.generate()` (the CLI). Before the lanes, the worker decodes a few plain tokens of the same input untimed
 (`WARM_TOKENS`), then a few speculative ones: after the machine sat idle or ran other work, a decode runs ~10% slower
 for its first tens of milliseconds, and the speculative lane's first steps slower still.
@@ -202,7 +203,7 @@ class Race:
         turns = {lane: iter(engines[lane].stream(self.prepared, policy, self.max_new_tokens, sampling=self.sampling))
                  for lane, policy in self.lanes}
         tokens, seconds, cpu = dict.fromkeys(turns, 0), dict.fromkeys(turns, 0.0), dict.fromkeys(turns, 0.0)
-        last, steps = "ar", 0
+        last, spec_steps = "ar", 0
         try:
             while turns:
                 lane = min(turns, key=lambda k: (tokens[k], k == last))
@@ -217,14 +218,14 @@ class Race:
                 if stream:
                     self._queue.put(Arrival(lane, ev, seconds[lane], cpu[lane]))
                 tokens[lane] += len(ev.new_token_ids)
-                steps += lane == "spec" and ev.kind == "decode"
+                spec_steps += lane == "spec" and ev.kind == "decode"
                 last = lane
                 if self._switch.is_set() or self._quit.is_set():
                     return None
         finally:
-            for steps in turns.values():
-                steps.close()
-        return {**{lane: (seconds[lane], cpu[lane]) for lane in seconds}, "steps": steps}
+            for unfinished in turns.values():
+                unfinished.close()
+        return {**{lane: (seconds[lane], cpu[lane]) for lane in seconds}, "steps": spec_steps}
 
     def batches(self, every: Callable[[], float]) -> Iterator[list[Arrival]]:
         """Everything that arrived since the last batch, polled every `every()` s (a batch may be []).

@@ -106,7 +106,7 @@ class RunRecord:
 
     def cpu_speedup(self) -> float | None:
         """Tokens per CPU second, speculative over autoregressive (the lanes took turns; else None): what each lane
-        cost the processor, which a busy neighbour does not change (it makes a lane wait, not compute)."""
+        cost the processor, which a busy neighbour changes less than the clock (it mostly makes a lane wait)."""
         a, s = self.ar, self.spec
         if not (self.done and a.cpu_seconds and s.cpu_seconds and a.token_ids and s.token_ids):
             return None

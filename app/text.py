@@ -23,9 +23,10 @@ FAIRNESS = (
     "speculative step, then the autoregressive lane catches up to the same token. Both cover the same part of the "
     "answer within the same few tens of milliseconds, so a busy neighbour on a shared CPU slows both alike. Each "
     "lane's time is the sum of its own steps; a short race is decoded again, unseen, until its speculative lane has "
-    "run for a few tenths of a second, and each lane is timed by the mean of its rounds. **Target forwards** (one "
-    "pass of the big model each) do not depend on the machine at all: the autoregressive lane needs one per token, "
-    "the speculative lane one per step. The *race replay* below starts both together, each at the speed it measured."
+    f"taken {TIMED_SPEC_STEPS} steps in all, and each lane is timed by the mean of its rounds. **Target forwards** "
+    "(one pass of the big model each) do not depend on the machine at all: the autoregressive lane needs one per "
+    "token, the speculative lane one per step. The *race replay* below starts both together, each at the speed it "
+    "measured."
 )
 
 
@@ -188,8 +189,9 @@ def scoreboard(record: RunRecord | None, token_text=None) -> str:
         lines = []
         if cpu is not None:  # the lanes took turns: the CPU-time ratio is the headline, the clock's beside it
             lines.append(f"<span title='tokens per CPU second, speculative over autoregressive: what each lane cost "
-                         f"the processor. A busy neighbour makes a lane wait, not compute, so this holds on a shared "
-                         f"machine'>in CPU time</span> · by the clock {clock:.2f}×")
+                         f"the processor. A busy neighbour mostly makes a lane wait, which CPU time leaves out, so "
+                         f"it moves less than the clock on a shared machine'>in CPU time</span> · by the clock "
+                         f"{clock:.2f}×")
         else:
             lines.append("<span title='tokens per second, speculative over autoregressive, by the clock. The lanes "
                          "ran one after the other, not in turns: turns need a second engine whose target runs on the "
