@@ -71,7 +71,7 @@ WARM_TOKENS = 8  # the untimed decodes before the lanes (plain, then speculative
 # in turns, a race is timed over rounds until its speculative lane has taken TIMED_SPEC_STEPS steps in all, at most
 # MAX_ROUNDS rounds, and no round starts that would take the extra rounds past MAX_RETIME_S (Race._alternate)
 TIMED_SPEC_STEPS = 40
-MAX_ROUNDS = 6
+MAX_ROUNDS = 12
 MAX_RETIME_S = 4.0
 
 
