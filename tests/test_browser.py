@@ -756,4 +756,5 @@ def test_a_short_race_says_it_is_timed_again_and_over_how_many_rounds(page):
     seen = page.evaluate("window.sageTimingSeen")
     assert seen and any("timing: round" in s for s in seen), seen[:3]
     card = page.locator("#scoreboard .card", has_text="Speedup").inner_text()
-    assert re.search(r"timed over [2-6] rounds", card), card
+    rounds = re.search(r"timed over (\d+) rounds", card)
+    assert rounds and 2 <= int(rounds[1]) <= 12, card
