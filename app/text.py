@@ -84,7 +84,8 @@ has not learnt, its guesses are mostly rejected. So by
 default `sage` prices every node and draft level with this machine's measured costs and how often the
 draft has recently been right, and when drafted steps keep losing to plain ones it decodes **plain steps**
 (no draft) and retries the draft now and then. The note under the scoreboard says how many steps were plain,
-and how well α predicted the accepted length (a correlation: +1 = the surer the draft, the more it got accepted).
+and how well α predicted the accepted length (a correlation: +1 = the surer the draft, the more it got accepted;
+where α hardly moved, the note says that instead).
 
 **Why could the two outputs differ?** Greedy speculative decoding is exact in exact arithmetic. In bfloat16 or
 float16, the target scoring a token inside a tree (many positions in one pass) can round differently from
@@ -229,6 +230,10 @@ def scoreboard(record: RunRecord | None, token_text=None) -> str:
     return f'<div class="sb">{"".join(cards)}</div>{note}'
 
 
+# below this spread of α over a run's drafted steps its correlation with the accepted length is noise, not a finding
+ALPHA_SPREAD_MIN = 0.1
+
+
 def run_note(lane) -> str:
     """How the speculative lane spent its steps: drafted or plain, and how well α predicted acceptance."""
     decode = lane.decode_steps
@@ -239,7 +244,13 @@ def run_note(lane) -> str:
     why = (f", {plain} plain (no draft, the target alone: drafting was not paying at those steps)" if plain else
            ", none plain")
     said = f"{len(decode) - plain} steps drafted a tree{why}."
-    if fit.current_root is not None:
+    alphas = [s.root_alpha for s in decode if s.root_alpha is not None]
+    if alphas and max(alphas) - min(alphas) < ALPHA_SPREAD_MIN:
+        low, high = f"{min(alphas):.2f}", f"{max(alphas):.2f}"
+        where = f"was {low} at every drafted step" if low == high else f"stayed between {low} and {high}"
+        said += (f" α {where}: the draft was about as sure at every step, too narrow a range for α to predict the "
+                 f"accepted length (a correlation over it would be noise).")
+    elif fit.current_root is not None:
         said += (f" How well α predicted the accepted length over the {fit.steps} drafted steps: "
                  f"{fit.current_root:+.2f} (a correlation: +1 = the surer the draft, the more the target kept).")
     return f'<div class="sb-note">{said}</div>'

@@ -4,6 +4,7 @@ The browser's side is in test_browser.py (test_defect_*)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import urllib.request
@@ -150,3 +151,31 @@ def test_point_4_the_lanes_take_turns_in_lockstep_and_each_is_timed_by_its_own_s
     assert timed <= wall, (record.ar.rounds, record.spec.rounds, wall, t0)
     for lane in (record.ar, record.spec):  # each lane's time: the mean of its rounds
         assert lane.seconds == pytest.approx(sum(t for t, _ in lane.rounds) / len(lane.rounds))
+
+
+def test_the_run_note_does_not_read_a_correlation_into_an_alpha_that_hardly_moved():
+    """Issue 81 (symbols a student cannot read): on the shapes examples α is near 1 at every step, and a correlation
+    of the accepted length with it (one run measured -0.94) is noise that reads as "α predicts badly". Where α spans
+    less than ALPHA_SPREAD_MIN the note gives α's range instead; where it varies, the correlation."""
+    from dataclasses import replace
+
+    from app import text
+    from app.record import Lane
+    from sage_engine import StepEvent
+
+    def step(i: int, alpha: float, accepted: int) -> StepEvent:
+        fields = {f.name: None for f in dataclasses.fields(StepEvent)}
+        return replace(StepEvent(**fields), kind="decode", step=i, depth=4, root_alpha=alpha,
+                       accepted_tokens=[1] * accepted)
+
+    sure = Lane("spec", "sage", steps=[step(i, a, n) for i, (a, n) in
+                                       enumerate([(0.99, 12), (1.0, 3), (0.98, 14), (0.995, 2), (0.97, 11)])])
+    note = text.run_note(sure)
+    assert "α stayed between 0.97 and 1.00" in note and "correlation over it would be noise" in note, note
+    assert "+" not in note.split("α stayed")[1]  # no correlation figure
+    same = Lane("spec", "sage", steps=[step(i, 0.999, n) for i, n in enumerate([12, 3, 14])])
+    assert "α was 1.00 at every drafted step" in text.run_note(same)
+    mixed = Lane("spec", "sage", steps=[step(i, a, n) for i, (a, n) in
+                                        enumerate([(0.4, 1), (0.9, 10), (0.5, 2), (0.95, 12), (0.6, 4)])])
+    note = text.run_note(mixed)
+    assert "How well α predicted the accepted length over the 5 drafted steps: +0.9" in note, note
