@@ -52,6 +52,19 @@ class Arrival:
 
 
 @dataclass(frozen=True)
+class Round:
+    """One timed round of both lanes in lockstep (`Race._lockstep`)."""
+
+    lanes: dict[str, tuple[float, float]]  # "ar" | "spec" -> (seconds, CPU seconds) of the lane's own steps
+    spec_steps: int  # the speculative lane's decode steps
+
+    @property
+    def seconds(self) -> float:
+        """Both lanes' own seconds: what another round of the same race will take."""
+        return sum(t for t, _ in self.lanes.values())
+
+
+@dataclass(frozen=True)
 class Retiming:
     """The texts are done and the lanes decode the same input again, untimed on the page, to time it (`round`: 2...)."""
 
@@ -175,8 +188,8 @@ class Race:
             return
         self._texts_done = True
         rounds, extra = [first], 0.0
-        while (len(rounds) < MAX_ROUNDS and len(rounds) * first["steps"] < TIMED_SPEC_STEPS
-               and extra + first["ar"][0] + first["spec"][0] <= MAX_RETIME_S):
+        while (len(rounds) < MAX_ROUNDS and len(rounds) * first.spec_steps < TIMED_SPEC_STEPS
+               and extra + first.seconds <= MAX_RETIME_S):
             self._queue.put(Retiming(len(rounds) + 1))
             t0 = time.perf_counter()
             timed = self._lockstep(stream=False)
@@ -185,16 +198,15 @@ class Race:
                 break
             rounds.append(timed)
         for lane in ("ar", "spec"):
-            own = tuple(r[lane] for r in rounds)
+            own = tuple(r.lanes[lane] for r in rounds)
             self._queue.put(Arrival(lane, None, sum(t for t, _ in own) / len(own), sum(c for _, c in own) / len(own),
                                     own))
 
-    def _lockstep(self, stream: bool) -> dict[str, tuple[float, float]] | None:
+    def _lockstep(self, stream: bool) -> Round | None:
         """One round of both lanes in lockstep by tokens: the lane with fewer tokens so far decodes its next step (on
         a tie, the lane that did not just run), so the speculative lane takes one step and the autoregressive lane
         then catches up with it token by token. Each lane's clock runs only inside its own engine's steps.
-        stream: its step events go to the page. {lane: (seconds, CPU seconds), "steps": the speculative lane's
-        decode steps}; None where Stop was pressed or the page is gone.
+        stream: its step events go to the page. None where Stop was pressed or the page is gone.
 
         Why by tokens and not by time: a lane that is done early would leave the other decoding alone, timed while
         the neighbours did whatever they did then. In lockstep both lanes cover the same stretch of the answer in
@@ -225,7 +237,7 @@ class Race:
         finally:
             for unfinished in turns.values():
                 unfinished.close()
-        return {**{lane: (seconds[lane], cpu[lane]) for lane in seconds}, "steps": spec_steps}
+        return Round({lane: (seconds[lane], cpu[lane]) for lane in seconds}, spec_steps)
 
     def batches(self, every: Callable[[], float]) -> Iterator[list[Arrival]]:
         """Everything that arrived since the last batch, polled every `every()` s (a batch may be []).
