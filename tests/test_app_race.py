@@ -37,6 +37,19 @@ def test_stop_switch_ends_the_race_early():
     assert not control.switch.is_set()
 
 
+def _streams(monkeypatch) -> list[tuple[str, int]]:
+    """Every SpecEngine.stream() call from now on, as (policy name, max_new_tokens), in order."""
+    calls = []
+    real_stream = SpecEngine.stream
+
+    def spy(self, prepared, policy, max_new_tokens, *args, **kwargs):
+        calls.append((policy if isinstance(policy, str) else policy.name, max_new_tokens))
+        return real_stream(self, prepared, policy, max_new_tokens, *args, **kwargs)
+
+    monkeypatch.setattr(SpecEngine, "stream", spy)
+    return calls
+
+
 def test_race_warms_up_untimed_before_its_lanes(monkeypatch):
     """A race decodes WARM_TOKENS plain tokens of its input, then WARM_TOKENS with its speculative policy, before the
     two timed lanes, and none of their events reach the record: neither lane pays for a machine, a draft or a compiled
@@ -48,14 +61,7 @@ def test_race_warms_up_untimed_before_its_lanes(monkeypatch):
     from sage_engine import SpecEngine, make_policy, prepare_input
     from sage_testing.tiny_pairs import image, qwen25_pair
 
-    calls = []
-    real_stream = SpecEngine.stream
-
-    def spy(self, prepared, policy, max_new_tokens, *args, **kwargs):
-        calls.append((policy if isinstance(policy, str) else policy.name, max_new_tokens))
-        return real_stream(self, prepared, policy, max_new_tokens, *args, **kwargs)
-
-    monkeypatch.setattr(SpecEngine, "stream", spy)
+    calls = _streams(monkeypatch)
     pair = qwen25_pair("noisy")
     prepared = prepare_input(pair, "describe the image", images=[image(0)])
     race = Race(SpecEngine(pair), prepared, make_policy("sage"), 12, DeviceThread()).start()
@@ -80,14 +86,7 @@ def _raced(monkeypatch, spec_steps: int, max_rounds: int, stop_in_round: int | N
 
     monkeypatch.setattr(race_module, "TIMED_SPEC_STEPS", spec_steps)
     monkeypatch.setattr(race_module, "MAX_ROUNDS", max_rounds)
-    calls = []
-    real_stream = SpecEngine.stream
-
-    def spy(self, prepared, policy, max_new_tokens, *args, **kwargs):
-        calls.append(policy if isinstance(policy, str) else policy.name)
-        return real_stream(self, prepared, policy, max_new_tokens, *args, **kwargs)
-
-    monkeypatch.setattr(SpecEngine, "stream", spy)
+    streams = _streams(monkeypatch)
     pair = qwen25_pair("noisy")
     prepared = prepare_input(pair, "describe the image", images=[image(0)])
     control = RunControl()
@@ -100,7 +99,7 @@ def _raced(monkeypatch, spec_steps: int, max_rounds: int, stop_in_round: int | N
         announced += [a.round for a in batch if isinstance(a, race_module.Retiming)]
         if stop_in_round is not None and record.retiming == stop_in_round:
             control.stop()
-    return race, record, announced, calls
+    return race, record, announced, [policy for policy, _ in streams]
 
 
 def test_a_short_race_is_timed_over_rounds_each_lane_by_their_mean(monkeypatch):
