@@ -138,7 +138,7 @@ def test_only_configured_presets(client, media):
                                       ({"w_min": 5, "w_max": 2}, False), ({"k": 1}, False),
                                       ({"threshold": "cost"}, True), ({"threshold": "cheap"}, False)])
 def test_sage_knobs_validated(knobs, ok):
-    from app.handlers import sage_config
+    from app.arguments import sage_config
     from sage_engine import InputError, SageConfig
 
     if ok:

@@ -193,8 +193,9 @@ def test_a_policy_module_s_policy_is_in_the_app_s_dropdown_and_races_exactly(med
 
     import app_server
 
+    from app.arguments import speculative_policy
     from app.demo import build_demo
-    from app.handlers import Handlers, InputError, speculative_policy
+    from app.handlers import Handlers, InputError
     from app.layout import POLICIES, policy_choices
     from app.media import RunFiles
     from app.pool import PairPool

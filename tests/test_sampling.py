@@ -449,7 +449,7 @@ def test_generate_num_samples_prints_one_json_line_per_seed(saved_qwen_pair, tmp
 @pytest.mark.parametrize("knobs,message", [(dict(temperature="nan"), "temperature"), (dict(top_p=2.0), "top-p"),
                                            (dict(seed=1.5), "seed"), (dict(temperature=float("inf")), "temperature")])
 def test_the_apps_sampling_knobs_are_checked_in_one_line(knobs, message):
-    from app.handlers import sampling_of
+    from app.arguments import sampling_of
     from sage_engine import InputError
 
     with pytest.raises(InputError, match=message) as e:
